@@ -1,0 +1,88 @@
+"""Error family and the one policy for bad samples: skip-and-record, or fail fast."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+ON_ERROR_CHOICES = ("skip", "fail")
+
+
+class ShardkitError(Exception):
+    """Base of every error shardkit raises on purpose; the message says how to fix it."""
+
+
+class ConfigError(ShardkitError, ValueError):
+    """A configuration value is invalid (names the value, what was expected, and the flag)."""
+
+
+class ManifestError(ShardkitError):
+    """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
+
+
+class ShardError(ShardkitError):
+    """A shard is missing, truncated, corrupt, or fails its checksum (names the shard)."""
+
+
+class RejectedInput(ShardkitError):
+    """Raised inside a stage for one bad sample; the policy records it or fails the job."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """One rejected input: where it came from, which stage rejected it, and why."""
+
+    path: str
+    stage: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True)
+
+    @property
+    def kind(self) -> str:
+        """The reason without its details, for counting (text before the first ':')."""
+        return self.reason.split(":", 1)[0]
+
+
+class FailFast(ShardkitError):
+    """The first rejection under --on-error fail."""
+
+    def __init__(self, rejection: Rejection):
+        super().__init__(
+            f"rejected {rejection.path!r} in stage {rejection.stage!r}: {rejection.reason} "
+            "(run with --on-error skip to record bad inputs in errors.jsonl and continue)"
+        )
+        self.rejection = rejection
+
+
+class RejectionLog:
+    """Collects rejections under one policy; 'fail' raises FailFast on the first one."""
+
+    def __init__(self, policy: str = "skip"):
+        if policy not in ON_ERROR_CHOICES:
+            raise ConfigError(f"on_error={policy!r}; expected one of {ON_ERROR_CHOICES}")
+        self.policy = policy
+        self.items: list[Rejection] = []
+
+    def reject(self, path: str, stage: str, reason: str) -> None:
+        rejection = Rejection(path, stage, reason)
+        self.items.append(rejection)
+        if self.policy == "fail":
+            raise FailFast(rejection)
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.kind for r in self.items).items()))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def count_by_reason(rejections) -> dict[str, int]:
+    """Rejections counted by the kind of reason, sorted for stable output."""
+    return dict(sorted(Counter(r.kind for r in rejections).items()))

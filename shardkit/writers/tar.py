@@ -1,0 +1,81 @@
+"""Plain WebDataset tar shards with fixed header fields, plus a member-offset index sidecar."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+
+from shardkit.fs import atomic_writer, sha256_file
+from shardkit.writers import ShardInfo, encode_value, shard_relpath
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    # Fixed metadata: two builds of the same input must give byte-identical shards.
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "strict")
+
+
+class _HashingFile:
+    """Counts and hashes what is written, so the shard is not read back to checksum it."""
+
+    def __init__(self, f):
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.h.update(data)
+        self.n += len(data)
+
+
+def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
+    """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo.
+
+    The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
+    sample lacks the field) lets readers slice members out of the shard without parsing headers.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rel = shard_relpath(shard_id, "tar")
+    names = sorted(fields)
+    keys: list[str] = []
+    offsets = {n: [] for n in names}
+    sizes = {n: [] for n in names}
+    with atomic_writer(os.path.join(root, rel)) as raw:
+        f = _HashingFile(raw)
+        for sample in samples:
+            keys.append(sample.key)
+            for name in names:
+                if name not in sample.fields:
+                    offsets[name].append(-1)
+                    sizes[name].append(-1)
+                    continue
+                data = encode_value(fields[name], sample.fields[name])
+                f.write(_header(f"{sample.key}.{name}", len(data)))
+                offsets[name].append(f.n)
+                sizes[name].append(len(data))
+                f.write(data)
+                f.write(b"\0" * (-len(data) % BLOCK))
+        f.write(b"\0" * (2 * BLOCK))
+        f.write(b"\0" * (-f.n % RECORD))
+        digest, nbytes = f.h.hexdigest(), f.n
+    columns = {"__key__": pa.array(keys, pa.string())}
+    for name in names:
+        columns[f"{name}.offset"] = pa.array(offsets[name], pa.int64())
+        columns[f"{name}.size"] = pa.array(sizes[name], pa.int64())
+    index_rel = rel + ".idx.parquet"
+    with atomic_writer(os.path.join(root, index_rel)) as out:
+        pq.write_table(pa.table(columns), out, compression="zstd")
+    index_path = os.path.join(root, index_rel)
+    index = {"path": index_rel, "bytes": os.path.getsize(index_path), "sha256": sha256_file(index_path)}
+    return ShardInfo(shard_id, "tar", rel, len(keys), nbytes, digest, index)
