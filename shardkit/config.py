@@ -76,7 +76,8 @@ class BuildConfig:
         positive("shard_size", self.shard_size, "--shard-size")
         positive("max_samples_per_shard", self.max_samples_per_shard, "--max-samples-per-shard")
         positive("image_size", self.image_size, "--image-size", allow_none=True)
-        positive("workers", self.workers, "--workers", allow_none=True)
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":

@@ -1,0 +1,254 @@
+"""The `shardkit` command: parse flags → a config dataclass → one library call → a summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from shardkit._version import __version__
+from shardkit.config import ENCODINGS, FORMATS, RESIZE_MODES
+from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class _Group(click.Group):
+    """Turns shardkit's own errors into one clear line and exit status 1 (no traceback)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ShardkitError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(1)
+        except FileNotFoundError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="shardkit")
+def main():
+    """shardkit: preprocess once, stream compact shards, drop near-duplicates, and see when the GPU waits.
+
+    \b
+    Quick start:
+      shardkit sample demo/raw                      # a generated raw folder to try things on
+      shardkit build demo/raw demo/out --image-size 224 --resize-mode center-crop
+      shardkit inspect demo/out
+      shardkit verify demo/out
+    """
+
+
+def _parse_size(ctx, param, value):
+    from shardkit.config import parse_bytes
+
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
+              help="Shard format: WebDataset tar, Parquet, or both (same samples in each).")
+@click.option("--shard-size", default="256MB", show_default=True, callback=_parse_size,
+              help="Target bytes per shard (e.g. 64MB, 1GiB); cut from estimated output sizes.")
+@click.option("--max-samples-per-shard", type=int, default=10_000, show_default=True)
+@click.option("--image-size", type=int, default=None, help="Target size in pixels (see --resize-mode).")
+@click.option("--resize-mode", type=click.Choice(RESIZE_MODES), default="shorter", show_default=True,
+              help="shorter: shorter side → N; center-crop: then crop N×N; pad: longer side → N, pad to N×N.")
+@click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
+              help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size).")
+@click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
+@click.option("--labels/--no-labels", default=True, show_default=True,
+              help="Label each sample by its first-level subfolder (field cls, class list in the manifest).")
+@click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
+@click.option("--workers", type=int, default=None,
+              help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage "
+                   "the workers share, under the same paths).")
+@click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
+              help="skip: record bad inputs in OUT/errors.jsonl and go on; fail: stop at the first one.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_mode, encode, quality,
+          labels, text_field, workers, scheduler, on_error, progress):
+    """Turn a raw folder SRC into shards + manifest in OUT.
+
+    \b
+    SRC conventions: files sharing a stem are one sample (cats/001.jpg + cats/001.json);
+    the first-level subfolder is the label; .txt/.md are text; each .jsonl line is a sample.
+    Rerunning skips shards whose inputs and options did not change.
+
+    \b
+    Examples:
+      shardkit build raw/ out/ --image-size 256
+      shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --encode raw --format both
+      shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
+    """
+    from shardkit.config import BuildConfig
+    from shardkit.executor import build as run_build
+
+    cfg = BuildConfig(src=src, out=out, format=fmt, shard_size=shard_size,
+                      max_samples_per_shard=max_samples_per_shard, image_size=image_size,
+                      resize_mode=resize_mode, encode=encode, quality=quality, labels=labels,
+                      text_field=text_field, workers=workers, scheduler=scheduler, on_error=on_error,
+                      progress=progress)
+    result = run_build(cfg)
+    click.echo(build_summary(result))
+
+
+def build_summary(r) -> str:
+    """The one-screen summary of a build."""
+    total_bytes = sum(s.bytes for s in r.shards)
+    per_format = sorted({s.format for s in r.shards})
+    n_shards = len({s.id for s in r.shards})
+    lines = [
+        f"built {r.out}",
+        f"  inputs          {r.inputs}",
+        f"  samples written {r.samples}",
+        f"  rejected        {len(r.rejections)}" + (" (see errors.jsonl)" if r.rejections else ""),
+    ]
+    lines += [f"    {n:>5}  {reason}" for reason, n in r.rejected_by_reason.items()]
+    if r.utf8_replaced:
+        lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
+    lines += [
+        f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
+        + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),
+        f"  bytes           {human_bytes(total_bytes)}",
+        f"  time            {r.seconds:.1f} s",
+        f"  images/s        {r.images / r.seconds:.0f}" if r.seconds > 0 else "",
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(dataset, as_json):
+    """Summarise a dataset: samples, fields, classes, shards, sizes.
+
+    \b
+    Example:
+      shardkit inspect out/
+    """
+    from shardkit.manifest import load_manifest
+
+    m = load_manifest(dataset)
+    info = {
+        "samples": m.samples,
+        "fields": m.fields,
+        "classes": m.classes,
+        "formats": m.formats,
+        "shards": {fmt: len(m.shards_of(fmt)) for fmt in m.formats},
+        "bytes": {fmt: sum(s.bytes for s in m.shards_of(fmt)) for fmt in m.formats},
+        "errors": m.errors,
+        "build": m.build,
+    }
+    if as_json:
+        click.echo(json.dumps(info, indent=1, sort_keys=True))
+        return
+    click.echo(f"dataset {dataset}  ({m.created_by})")
+    click.echo(f"  samples  {m.samples}")
+    for name, spec in sorted(m.fields.items()):
+        click.echo(f"  field    {name:<6} {' '.join(f'{k}={v}' for k, v in sorted(spec.items()))}")
+    if m.classes:
+        shown = ", ".join(m.classes[:12]) + (" …" if len(m.classes) > 12 else "")
+        click.echo(f"  classes  {len(m.classes)}: {shown}")
+    for fmt in m.formats:
+        shards = m.shards_of(fmt)
+        sizes = [s.bytes for s in shards]
+        click.echo(f"  {fmt:<8} {len(shards)} shards, {human_bytes(sum(sizes))} "
+                   f"(min {human_bytes(min(sizes))}, max {human_bytes(max(sizes))})")
+    click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
+
+
+@main.command()
+@click.argument("dataset")
+def verify(dataset):
+    """Re-hash every shard (and index) against the manifest; exit 1 naming each bad or missing file.
+
+    \b
+    Example:
+      shardkit verify out/ && echo ok
+    """
+    from shardkit.fs import sha256_file
+    from shardkit.manifest import load_manifest, safe_relpath
+
+    m = load_manifest(dataset)
+    problems, checked = [], 0
+    for shard in m.shards:
+        entries = [(shard.path, shard.bytes, shard.sha256)]
+        if shard.index:
+            entries.append((shard.index["path"], shard.index["bytes"], shard.index["sha256"]))
+        for rel, size, digest in entries:
+            path = os.path.join(dataset, safe_relpath(rel))
+            checked += 1
+            if not os.path.isfile(path):
+                problems.append(f"missing   {rel}")
+            elif os.path.getsize(path) != size:
+                problems.append(f"size      {rel}: {os.path.getsize(path)} bytes, manifest says {size}")
+            elif sha256_file(path) != digest:
+                problems.append(f"checksum  {rel}: sha256 differs from the manifest")
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.secho(f"{len(problems)} of {checked} files failed verification; rebuild with `shardkit build`",
+                    fg="red", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {checked} files match the manifest ({m.samples} samples)")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--images-per-class", type=int, default=40, show_default=True)
+@click.option("--documents", type=int, default=20, show_default=True)
+@click.option("--bad/--no-bad", default=True, show_default=True, help="Add deliberately bad and unusual files.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def sample(out, images_per_class, documents, bad, seed):
+    """Generate a raw folder to try shardkit on: class folders of photo-like images with sidecars,
+    text documents, a .jsonl corpus, and (by default) bad files that the build must reject.
+
+    \b
+    Example:
+      shardkit sample demo/raw && shardkit build demo/raw demo/out
+    """
+    from shardkit.datagen import raw_folder
+
+    info = raw_folder(out, images_per_class=images_per_class, documents=documents, bad=bad, seed=seed)
+    click.echo(f"wrote {out}: {info['images']} images in {len(info['classes'])} classes, "
+               f"{info['documents']} documents + a .jsonl corpus, {len(info['edge_cases'])} edge cases")
+    for rel, what in info["edge_cases"].items():
+        click.echo(f"  {rel:<28} {what}")
+
+
+def _register_optional():
+    """Commands that live in their own modules (kept out of this file's import time)."""
+    import importlib
+
+    for module, name in (("shardkit.cli_dedup", "dedup"), ("shardkit.cli_bench", "bench")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        main.add_command(getattr(mod, name))
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()

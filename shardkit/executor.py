@@ -1,0 +1,284 @@
+"""Runs a build on Dask: plan shards up front, one task per shard, skip finished ones, manifest last."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from shardkit.config import BuildConfig
+from shardkit.errors import FailFast, Rejection, RejectionLog, count_by_reason
+from shardkit.fs import atomic_write
+from shardkit.manifest import MANIFEST_NAME, Manifest, write_manifest
+from shardkit.sources import InputRecord, ScanResult, read_record, scan
+from shardkit.stages import compose, map_samples
+from shardkit.stages.image import images
+from shardkit.writers import ShardInfo, get_writer
+
+log = logging.getLogger("shardkit.build")
+STATE_DIR = ".shardkit"
+MARKER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which inputs one output shard holds: decided before any task runs, from sorted keys."""
+
+    id: int
+    records: tuple[InputRecord, ...]
+
+    def fingerprint(self, config_hash: str) -> str:
+        h = hashlib.sha256(f"{MARKER_VERSION}|{config_hash}|{self.id}".encode())
+        for r in self.records:
+            h.update(r.fingerprint().encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+
+@dataclass
+class ShardResult:
+    id: int
+    shards: list[ShardInfo]
+    rejections: list[Rejection]
+    images: int = 0
+    utf8_replaced: int = 0
+    seconds: float = 0.0
+    skipped: bool = False  # reused from a previous build
+    failed: Rejection | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
+                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
+                "images": self.images, "utf8_replaced": self.utf8_replaced}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ShardResult":
+        return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
+                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True)
+
+
+@dataclass
+class BuildResult:
+    """What the one-screen summary shows."""
+
+    out: str
+    inputs: int
+    samples: int
+    rejections: list[Rejection]
+    shards: list[ShardInfo]
+    seconds: float
+    images: int
+    reused_shards: int = 0
+    utf8_replaced: int = 0
+    manifest: Manifest | None = field(default=None, repr=False)
+
+    @property
+    def rejected_by_reason(self) -> dict[str, int]:
+        return count_by_reason(self.rejections)
+
+
+def estimate_bytes(rec: InputRecord, cfg: BuildConfig, has_image: bool) -> int:
+    """Output size guess used to cut shards before anything is encoded (shards are a target size)."""
+    if not has_image or cfg.image_size is None or cfg.resize_mode == "none":
+        return rec.size
+    px = cfg.image_size ** 2 * (4 / 3 if cfg.resize_mode == "shorter" else 1)
+    per_px = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}[cfg.encode]
+    return int(px * per_px) + (rec.size if len(rec.files) > 1 else 0) // 8
+
+
+def plan_shards(records: list[InputRecord], cfg: BuildConfig) -> list[ShardPlan]:
+    """Cut the sorted records into shards by estimated bytes and sample count (deterministic)."""
+    from shardkit.sources import IMAGE_EXTS
+
+    plans, current, size = [], [], 0
+    for rec in records:
+        est = estimate_bytes(rec, cfg, any(os.path.splitext(f)[1].lower() in IMAGE_EXTS for f in rec.files))
+        if current and (size + est > cfg.shard_size or len(current) >= cfg.max_samples_per_shard):
+            plans.append(ShardPlan(len(plans), tuple(current)))
+            current, size = [], 0
+        current.append(rec)
+        size += est
+    if current:
+        plans.append(ShardPlan(len(plans), tuple(current)))
+    return plans
+
+
+def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
+    """The manifest's field specs, known before any task runs so every shard has the same schema."""
+    fields = {}
+    if "image" in result.kinds:
+        spec = {"kind": "image", "encoding": cfg.encode}
+        if cfg.encode == "raw":
+            spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
+        fields[cfg.image_field] = spec
+    if "txt" in result.kinds:
+        fields["txt"] = {"kind": "text"}
+    if "json" in result.kinds:
+        fields["json"] = {"kind": "json"}
+    if result.classes is not None:
+        fields["cls"] = {"kind": "int", "dtype": "int64"}
+    return fields
+
+
+def _marker_path(cfg: BuildConfig, shard_id: int) -> str:
+    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+
+
+def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: str) -> ShardResult:
+    """The Dask task: read the plan's inputs, run the stages, write one shard per format, mark it done."""
+    start = time.perf_counter()
+    rejections = RejectionLog(cfg.on_error)
+    stats = {"images": 0, "utf8_replaced": 0}
+
+    def read(rec: InputRecord):
+        sample = read_record(cfg.src, rec, cfg.text_field)
+        stats["images"] += "image" in sample.fields
+        stats["utf8_replaced"] += sample.meta.get("utf8_replaced", 0)
+        return sample
+
+    try:
+        samples = list(compose(
+            plan.records,
+            lambda recs: map_samples(recs, read, stage="read", log=rejections, where=lambda r: r.source),
+            lambda s: images(s, cfg=cfg, log=rejections),
+        ))
+    except FailFast as e:
+        return ShardResult(plan.id, [], rejections.items, failed=e.rejection)
+    formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
+    infos = [get_writer(fmt)(samples, cfg.out, plan.id, fields) for fmt in formats] if samples else []
+    result = ShardResult(plan.id, infos, rejections.items, stats["images"], stats["utf8_replaced"],
+                         time.perf_counter() - start)
+    marker = {"fingerprint": plan.fingerprint(config_hash), "result": result.to_json()}
+    atomic_write(_marker_path(cfg, plan.id), json.dumps(marker, sort_keys=True))
+    return result
+
+
+def _reusable(plan: ShardPlan, cfg: BuildConfig, config_hash: str) -> ShardResult | None:
+    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
+    try:
+        with open(_marker_path(cfg, plan.id), encoding="utf-8") as f:
+            marker = json.load(f)
+        if marker["fingerprint"] != plan.fingerprint(config_hash):
+            return None
+        result = ShardResult.from_json(marker["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for info in result.shards:
+        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
+        for rel, size in files:
+            full = os.path.join(cfg.out, rel)
+            if not os.path.isfile(full) or os.path.getsize(full) != size:
+                return None
+    return result
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None, workers: int | None):
+    """An existing cluster (`--scheduler ADDRESS`) or an embedded LocalCluster closed on exit."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        client = Client(scheduler, timeout="30s")
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    n = workers or max(1, os.cpu_count() or 1)
+    # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _progress(cfg: BuildConfig, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="shard", desc="build", disable=None if cfg.progress else True)
+
+
+def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar) -> list[ShardResult]:
+    if not todo:
+        return []
+    if cfg.workers == 0:  # in-process, no cluster: for debugging and tiny folders
+        results = []
+        for plan in todo:
+            results.append(build_shard(plan, cfg, fields, config_hash))
+            bar.update(1)
+            if results[-1].failed:
+                raise FailFast(results[-1].failed)
+        return results
+    from distributed import as_completed
+
+    results = []
+    with dask_client(cfg.scheduler, cfg.workers) as client:
+        futures = [client.submit(build_shard, plan, cfg, fields, config_hash, retries=2, pure=False,
+                                 key=f"build-shard-{plan.id:05d}-{config_hash}-{os.getpid()}-{time.time_ns()}")
+                   for plan in todo]
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as e:
+                client.cancel(futures)
+                raise RuntimeError(f"building a shard failed after 2 retries: {type(e).__name__}: {e}") from e
+            bar.update(1)
+            if result.failed:
+                client.cancel(futures)
+                raise FailFast(result.failed)
+            results.append(result)
+    return results
+
+
+def _remove_stale(cfg: BuildConfig, keep: set[str], n_plans: int) -> None:
+    """Delete shard files and markers a previous, larger build left behind."""
+    shard_dir = os.path.join(cfg.out, "shards")
+    for name in os.listdir(shard_dir):
+        rel = f"shards/{name}"
+        if name.startswith("data-") and rel not in keep:
+            os.remove(os.path.join(shard_dir, name))
+    done_dir = os.path.join(cfg.out, STATE_DIR, "done")
+    for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
+        if name.startswith("shard-") and int(name[6:11]) >= n_plans:
+            os.remove(os.path.join(done_dir, name))
+
+
+def build(cfg: BuildConfig) -> BuildResult:
+    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest."""
+    from dataclasses import replace
+
+    start = time.perf_counter()
+    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    scanned = scan(cfg)
+    source_log = RejectionLog(cfg.on_error)
+    for r in scanned.rejections:
+        source_log.reject(r.path, r.stage, r.reason)
+    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
+    # Until this build ends, no manifest may name shards it is about to replace.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+    fields, config_hash = field_specs(scanned, cfg), cfg.output_hash()
+    plans = plan_shards(scanned.records, cfg)
+    reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
+    todo = [p for p in plans if p.id not in reused]
+    log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
+    with _progress(cfg, len(plans), len(reused)) as bar:
+        results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar)
+    results.sort(key=lambda r: r.id)
+    shards = [info for r in results for info in r.shards]
+    rejections = sorted(scanned.rejections + [x for r in results for x in r.rejections],
+                        key=lambda r: (r.path, r.stage, r.reason))
+    keep = {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
+    _remove_stale(cfg, keep, len(plans))
+    atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
+    first_format = "parquet" if cfg.format == "parquet" else "tar"
+    samples = sum(s.samples for s in shards if s.format == first_format)
+    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
+                        build={"config": cfg.recorded(), "hash": config_hash},
+                        errors={"count": len(rejections), "by_reason": count_by_reason(rejections)})
+    write_manifest(cfg.out, manifest)
+    return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
+                       sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
+                       manifest)
