@@ -1,0 +1,36 @@
+# The README's two commands: `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   := demo
+# Take the CPU build of torch that lies on this machine's disk first; a looser requirement
+# resolved by pip would pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(BIN)/shardkit sample $(DEMO)/raw
+	$(BIN)/shardkit build $(DEMO)/raw $(DEMO)/out --image-size 64 --resize-mode center-crop --encode raw --format both
+	$(BIN)/shardkit inspect $(DEMO)/out
+	$(BIN)/shardkit verify $(DEMO)/out
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/build_bench.py
+
+clean:
+	rm -rf $(DEMO) .pytest_cache

@@ -1,0 +1,140 @@
+"""A build killed with SIGKILL leaves no lying manifest; a real `dask scheduler` + workers build equals the embedded one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardkit.fs import sha256_file
+
+from conftest import tree_bytes
+
+BIN = Path(sys.executable).parent
+
+
+def _shardkit(*args) -> list[str]:
+    return [str(BIN / "shardkit"), *map(str, args)]
+
+
+def _markers(out: Path) -> list[dict]:
+    done = out / ".shardkit" / "done"
+    return [json.loads(p.read_text()) for p in sorted(done.glob("shard-*.json"))] if done.exists() else []
+
+
+def _manifest_is_honest(out: Path) -> None:
+    """If a manifest exists, every file it names exists whole, with the recorded checksum."""
+    path = out / "manifest.json"
+    if not path.exists():
+        return
+    for shard in json.loads(path.read_text())["shards"]:
+        assert sha256_file(out / shard["path"]) == shard["sha256"]
+
+
+@pytest.fixture
+def big_raw(tmp_path):
+    from shardkit.datagen import image_folder
+
+    root = tmp_path / "raw"
+    image_folder(str(root), n=80, classes=4, size=(320, 240), seed=3)
+    return root
+
+
+def test_sigkill_mid_build_then_rerun_redoes_only_unfinished(big_raw, tmp_path):
+    out = tmp_path / "out"
+    args = _shardkit("build", big_raw, out, "--workers", "0", "--max-samples-per-shard", "2",
+                     "--image-size", "200", "--encode", "png", "--no-progress")
+    # A complete earlier build with other options: its manifest must not survive into the killed one.
+    subprocess.run(_shardkit("build", big_raw, out, "--workers", "0", "--max-samples-per-shard", "2",
+                             "--no-progress"), check=True, capture_output=True)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    # Kill once some, but not all, of the new build's 40 shards are done.
+    while _count_png_shards(out) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists()
+    _manifest_is_honest(out)
+    done_before = _count_png_shards(out)
+    assert 3 <= done_before < 40
+    rerun = subprocess.run(args, check=True, capture_output=True, text=True)
+    assert f"({done_before} unchanged, reused)" in rerun.stdout
+    _manifest_is_honest(out)
+    assert subprocess.run(_shardkit("verify", out), capture_output=True).returncode == 0
+
+
+def _count_png_shards(out: Path) -> int:
+    """Shards finished by the PNG build: their tar members end in '.png'."""
+    n = 0
+    for m in _markers(out):
+        shards = m["result"]["shards"]
+        if shards and _tar_has_png(out / shards[0]["path"]):
+            n += 1
+    return n
+
+
+def _tar_has_png(path: Path) -> bool:
+    try:
+        return b".png\0" in path.read_bytes()[:4096]
+    except FileNotFoundError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--nthreads", "1",
+                                           "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True))
+        from distributed import Client
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                with Client(address, timeout="5s") as client:
+                    client.wait_for_workers(2, timeout=60)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        opts = ["--image-size", "40", "--format", "both", "--max-samples-per-shard", "5", "--no-progress"]
+        remote = subprocess.run(_shardkit("build", raw_folder, tmp_path / "remote", "--scheduler", address, *opts),
+                                capture_output=True, text=True, timeout=300)
+        assert remote.returncode == 0, remote.stderr
+        local = subprocess.run(_shardkit("build", raw_folder, tmp_path / "local", "--workers", "2", *opts),
+                               capture_output=True, text=True, timeout=300)
+        assert local.returncode == 0, local.stderr
+        a, b = tree_bytes(tmp_path / "remote"), tree_bytes(tmp_path / "local")
+        assert len(a) > 5 and a == b
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)

@@ -1,0 +1,100 @@
+"""Raw-folder scanning: stems group files, labels from the first folder, keys safe and unique."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from shardkit.config import BuildConfig
+from shardkit.sources import read_record, scan
+
+
+def _touch(root, rel, data=b"x"):
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def test_files_sharing_a_stem_are_one_sample_with_a_label(tmp_path):
+    _touch(tmp_path, "cats/001.jpg")
+    _touch(tmp_path, "cats/001.json", json.dumps({"caption": "a cat"}))
+    _touch(tmp_path, "dogs/sub/002.png")
+    _touch(tmp_path, "dogs/002.txt", "a caption")
+    result = scan(BuildConfig(src=str(tmp_path), out="o"))
+    assert result.classes == ["cats", "dogs"]
+    by_key = {r.key: r for r in result.records}
+    assert set(by_key) == {"cats/001", "dogs/sub/002", "dogs/002"}
+    assert by_key["cats/001"].files == ("cats/001.jpg", "cats/001.json")
+    assert by_key["cats/001"].label == 0 and by_key["dogs/sub/002"].label == 1
+    sample = read_record(str(tmp_path), by_key["cats/001"])
+    assert sample.fields == {"image": b"x", "json": {"caption": "a cat"}, "cls": 0}
+
+
+def test_no_labels_and_top_level_files(tmp_path):
+    _touch(tmp_path, "a/1.txt", "one")
+    _touch(tmp_path, "top.txt", "two")
+    labelled = scan(BuildConfig(src=str(tmp_path), out="o"))
+    assert {r.key: r.label for r in labelled.records} == {"a/1": 0, "top": None}
+    plain = scan(BuildConfig(src=str(tmp_path), out="o", labels=False))
+    assert plain.classes is None and all(r.label is None for r in plain.records)
+
+
+def test_keys_are_sanitised_unique_and_dot_free(tmp_path):
+    for rel in ["x/café au lait.jpg", "x/a.b.jpg", "x/a_b.jpg", "x/ü.txt", "x/u.txt"]:
+        _touch(tmp_path, rel)
+    keys = [r.key for r in scan(BuildConfig(src=str(tmp_path), out="o")).records]
+    assert len(keys) == len(set(keys)) == 5
+    assert all("." not in k and " " not in k and k.isascii() for k in keys)
+    assert keys == sorted(keys)
+    # stable across runs
+    assert keys == [r.key for r in scan(BuildConfig(src=str(tmp_path), out="o")).records]
+
+
+def test_passed_over_inputs_are_recorded_never_dropped(tmp_path):
+    _touch(tmp_path, ".hidden")
+    _touch(tmp_path, ".git/config")
+    _touch(tmp_path, "c/file.xyz")
+    _touch(tmp_path, "c/two.jpg")
+    _touch(tmp_path, "c/two.png")
+    os.symlink("/etc/hostname", tmp_path / "c" / "escape.txt")
+    result = scan(BuildConfig(src=str(tmp_path), out="o"))
+    reasons = {r.path: r.reason for r in result.rejections}
+    assert reasons[".hidden"].startswith("hidden file")
+    assert reasons[".git/"].startswith("hidden folder")
+    assert reasons["c/file.xyz"].startswith("unsupported extension")
+    assert reasons["c/two.jpg"].startswith("ambiguous sample")
+    assert reasons["c/two.png"].startswith("ambiguous sample")
+    assert reasons["c/escape.txt"].startswith("symlink leaves the source folder")
+    assert result.records == []
+
+
+def test_jsonl_lines_are_samples_and_bad_lines_rejected(tmp_path):
+    lines = [json.dumps({"text": "hello", "id": 1}), "", "{broken", json.dumps({"body": "x"})]
+    _touch(tmp_path, "corpus.jsonl", "\n".join(lines) + "\n")
+    result = scan(BuildConfig(src=str(tmp_path), out="o"))
+    assert [r.key for r in result.records] == ["corpus/000001", "corpus/000003", "corpus/000004"]
+    good = read_record(str(tmp_path), result.records[0])
+    assert good.fields == {"txt": "hello", "json": {"id": 1}}
+    import pytest
+
+    from shardkit.errors import RejectedInput
+
+    with pytest.raises(RejectedInput, match="invalid JSON line"):
+        read_record(str(tmp_path), result.records[1])
+    with pytest.raises(RejectedInput, match="missing text field"):
+        read_record(str(tmp_path), result.records[2])
+
+
+def test_colliding_keys_are_disambiguated(tmp_path):
+    _touch(tmp_path, "docs.jsonl", json.dumps({"text": "a"}) + "\n")
+    _touch(tmp_path, "docs/000001.txt", "b")
+    keys = [r.key for r in scan(BuildConfig(src=str(tmp_path), out="o", labels=False)).records]
+    assert len(keys) == len(set(keys)) == 2
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path):
+    _touch(tmp_path, "t.txt", "naïve".encode("latin-1"))
+    rec = scan(BuildConfig(src=str(tmp_path), out="o")).records[0]
+    sample = read_record(str(tmp_path), rec)
+    assert sample.fields["txt"] == "na\ufffdve" and sample.meta["utf8_replaced"] == 1
