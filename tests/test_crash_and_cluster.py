@@ -72,11 +72,16 @@ def test_sigkill_mid_build_then_rerun_redoes_only_unfinished(big_raw, tmp_path):
 
 
 def _count_png_shards(out: Path) -> int:
-    """Shards finished by the PNG build: their tar members end in '.png'."""
+    """Shards the PNG build finished: a marker whose checksum matches a tar holding .png members.
+
+    A marker of the earlier JPEG build may still sit beside a PNG shard the killed build wrote
+    but never marked; its checksum no longer matches, and the rerun must not reuse it.
+    """
     n = 0
     for m in _markers(out):
         shards = m["result"]["shards"]
-        if shards and _tar_has_png(out / shards[0]["path"]):
+        path = out / shards[0]["path"] if shards else None
+        if path and _tar_has_png(path) and sha256_file(path) == shards[0]["sha256"]:
             n += 1
     return n
 
