@@ -1,0 +1,280 @@
+"""make_loader with real DataLoader workers: exactly-once over ranks, order, epochs, resume."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from factory import make_dataset
+
+from shardkit.errors import ConfigError
+from shardkit.loader import make_loader
+from shardkit.reader.dataset import StreamingDataset
+from shardkit.reader.partition import rank_sequence
+
+BS = 4
+
+
+def keys_of(batches):
+    return [k for b in batches for k in b["__key__"]]
+
+
+def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=BS, **options):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    ds = StreamingDataset(root, fields=["raw", "cls"], shuffle_buffer=16, **options)
+    return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2)
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    many = make_dataset(tmp_path_factory.mktemp("many"), 61, shards=12, fields=("raw", "cls"))
+    few = make_dataset(tmp_path_factory.mktemp("few"), 11, shards=2, fields=("raw", "cls"))
+    return {"many": many, "few": few}
+
+
+@pytest.mark.parametrize("name", ["many", "few"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exactly_once_with_real_workers(datasets, monkeypatch, name, workers):
+    root, expected = datasets[name]
+    for world in (1, 2, 3):
+        seen, counts, nbatches = Counter(), [], []
+        for rank in range(world):
+            ds, loader = loader_for(root, monkeypatch, rank=rank, world=world, workers=workers)
+            batches = list(loader)
+            assert len(batches) == len(loader)
+            for b in batches:  # each batch is one tensor per field, matching its keys
+                assert b["raw"].shape[0] == len(b["__key__"])
+                assert b["cls"].tolist() == [expected[k].fields["cls"] for k in b["__key__"]]
+            seen.update(keys_of(batches))
+            counts.append(len(keys_of(batches)))
+            nbatches.append(len(batches))
+        assert len(set(counts)) == 1 and len(set(nbatches)) == 1
+        assert set(seen) == set(expected)
+        assert sum(seen.values()) - len(expected) == ds.padding <= world - 1
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [3, 4])
+def test_order_is_rank_sequence_for_any_worker_count(datasets, monkeypatch, workers):
+    root, _ = datasets["many"]  # 61 samples / 4 = 16 batches: not a multiple of 3, last one short
+    ds0, ref = loader_for(root, monkeypatch, workers=0)
+    ds, loader = loader_for(root, monkeypatch, workers=workers)
+    got = keys_of(loader)
+    assert got == keys_of(ref)
+    all_keys = sorted(datasets["many"][1])
+    seq = rank_sequence(ds.counts, ds.plan, 0, 0, 1)
+    assert got == [all_keys[i] for i in seq]
+
+
+def test_epochs_deterministic_and_different(datasets, monkeypatch):
+    root, _ = datasets["many"]
+    _, a = loader_for(root, monkeypatch, workers=2, seed=9)
+    _, b = loader_for(root, monkeypatch, workers=0, seed=9)
+    a0, a1 = keys_of(a), keys_of(a)  # the second iter() advances to epoch 1
+    b.dataset.set_epoch(0)
+    b0 = keys_of(b)
+    b.dataset.set_epoch(1)
+    b1 = keys_of(b)
+    assert a0 == b0 and a1 == b1 and a0 != a1 and sorted(a0) == sorted(a1)
+    _, c = loader_for(root, monkeypatch, workers=0, seed=10)
+    assert keys_of(c) != a0
+
+
+def run_epochs(loader, epochs, stop_after=None):
+    """Keys per epoch; with stop_after, stop after that many batches in total (mid-run)."""
+    out, n = [], 0
+    for _ in range(epochs):
+        got = []
+        for batch in loader:
+            got.append(batch["__key__"])
+            n += 1
+            if stop_after is not None and n == stop_after:
+                out.append(got)
+                return out
+        out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop", [5, 16, 20])  # mid-epoch 0, the epoch boundary, mid-epoch 1
+def test_resume_equals_uninterrupted(datasets, monkeypatch, workers, stop):
+    root, _ = datasets["many"]
+    _, ref = loader_for(root, monkeypatch, workers=workers, seed=3)
+    full = [k for epoch in run_epochs(ref, 3) for k in epoch]
+    _, first = loader_for(root, monkeypatch, workers=workers, seed=3)
+    done = [k for epoch in run_epochs(first, 3, stop_after=stop) for k in epoch]
+    state = first.state_dict()
+    _, fresh = loader_for(root, monkeypatch, workers=workers, seed=3)
+    fresh.load_state_dict(state)
+    rest = []
+    while len(done) + len(rest) < len(full):
+        before = len(rest)
+        rest += [b["__key__"] for b in fresh]
+        assert len(rest) > before
+    assert done + rest == full
+
+
+def test_resume_with_set_epoch_loop_at_boundary(datasets, monkeypatch):
+    root, _ = datasets["many"]
+    _, ref = loader_for(root, monkeypatch, seed=5)
+    full = []
+    for epoch in range(2):
+        ref.dataset.set_epoch(epoch)
+        full += keys_of(ref)
+    _, first = loader_for(root, monkeypatch, seed=5)
+    first.dataset.set_epoch(0)
+    done = keys_of(first)
+    state = first.state_dict()
+    assert state["epoch"] == 0 and state["consumed"] == 61
+    _, fresh = loader_for(root, monkeypatch, seed=5)
+    fresh.load_state_dict(state)
+    rest = []
+    for epoch in range(state["epoch"], 2):  # the training loop restarts its own epoch counter
+        fresh.dataset.set_epoch(epoch)
+        rest += keys_of(fresh)
+    assert done + rest == full
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("before, after", [(2, 0), (0, 3), (2, 1)])
+def test_resume_with_other_worker_count_yields_exactly_the_rest(datasets, monkeypatch, before, after):
+    root, expected = datasets["many"]
+    _, first = loader_for(root, monkeypatch, workers=before, seed=1)
+    it = iter(first)
+    done = keys_of([next(it) for _ in range(7)])
+    state = first.state_dict()
+    assert state["consumed"] == 7 * BS
+    _, fresh = loader_for(root, monkeypatch, workers=after, seed=1, bs=5)  # batch size may change too
+    fresh.load_state_dict(state)
+    rest = keys_of(fresh)
+    assert sorted(done + rest) == sorted(expected) and not set(done) & set(rest)
+
+
+def test_skipped_shard_count_reaches_the_main_process(tmp_path, monkeypatch):
+    root, expected = make_dataset(tmp_path, 30, shards=3, fields=("raw", "cls"))
+    (tmp_path / "shards" / "data-00001.tar").write_bytes(b"not a tar")
+    _, loader = loader_for(root, monkeypatch, workers=2, on_error="skip")
+    got = keys_of(loader)
+    assert loader.dataset.skipped_shards == ["shards/data-00001.tar"]
+    assert 0 < len(got) < 30 and set(got) < set(expected)
+    assert loader.state_dict()["consumed"] == 30  # planned samples: resume is not shifted
+
+
+def test_state_mismatch_is_explained(datasets, monkeypatch):
+    root, _ = datasets["many"]
+    _, a = loader_for(root, monkeypatch, seed=1)
+    next(iter(a))
+    _, b = loader_for(root, monkeypatch, seed=2)
+    with pytest.raises(ConfigError, match="seed=1"):
+        b.load_state_dict(a.state_dict())
+    _, c = loader_for(root, monkeypatch, seed=1, world=2)
+    with pytest.raises(ConfigError, match="world size"):
+        c.load_state_dict(a.state_dict())
+
+
+def test_worker_identity_override(datasets, monkeypatch):
+    root, _ = datasets["few"]
+    ds, _ = loader_for(root, monkeypatch)
+    parts = []
+    for w in range(3):
+        monkeypatch.setenv("SHARDKIT_WORKER", str(w))
+        monkeypatch.setenv("SHARDKIT_NUM_WORKERS", "3")
+        parts.append(keys_of(ds))
+    assert [len(p) for p in parts] == [4, 4, 3]  # batches 0,3 / 1 / 2 of 11 samples in batches of 4
+    assert sorted(sum(parts, [])) == sorted(datasets["few"][1])
+
+
+def test_pinned_batches_keep_shapes(datasets, monkeypatch):
+    root, _ = datasets["few"]
+    _, loader = loader_for(root, monkeypatch, workers=1)
+    b = next(iter(loader))
+    assert isinstance(b["raw"], torch.Tensor) and b["raw"].shape == (BS, 3, 12, 16)
+    assert np.asarray(b["cls"]).dtype == np.int64
+
+
+def expected_raw(sample, h=12, w=16):
+    return torch.from_numpy(np.frombuffer(sample.fields["raw"], np.uint8).reshape(h, w, 3).copy()).permute(2, 0, 1)
+
+
+def test_held_batches_stay_intact_while_slots_are_reused(datasets, monkeypatch):
+    root, expected = datasets["many"]
+    _, loader = loader_for(root, monkeypatch, workers=2)
+    held = [b for _ in range(3) for b in loader]  # 48 batches kept: more than the slots
+    transport = loader._transport
+    assert transport.flags.shape[1] < len(held)
+    for b in held:
+        assert b["raw"].shape == (len(b["__key__"]), 3, 12, 16)
+        for key, img in zip(b["__key__"], b["raw"]):
+            assert torch.equal(img, expected_raw(expected[key]))
+    del held, b, img
+    transport.release()
+    assert int(transport.flags.sum()) == 0  # every slot came back once its batch was dropped
+
+
+def test_batch_transform_output_travels_and_frees_slots(datasets, monkeypatch):
+    root, expected = datasets["many"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    ds = StreamingDataset(root, fields=["raw", "cls"],
+                          batch_transform=lambda b: {**b, "raw": b["raw"].float() / 255})
+    loader = make_loader(ds, batch_size=8, num_workers=2)
+    for _ in range(2):
+        for b in loader:
+            assert b["raw"].dtype == torch.float32
+            want = torch.stack([expected_raw(expected[k]) for k in b["__key__"]]).float() / 255
+            assert torch.equal(b["raw"], want)
+    assert int(loader._transport.flags.sum()) == 0
+
+
+def test_released_batches_reuse_slots_but_views_are_kept_safe(datasets, monkeypatch):
+    root, expected = datasets["many"]
+    _, loader = loader_for(root, monkeypatch, workers=2)
+    kept = []
+    for epoch in range(3):
+        for i, batch in enumerate(loader):
+            if i % 4 == 0:  # keep a view (or a numpy array) of some batches, drop the rest
+                view = batch["raw"][0] if i % 8 else torch.from_numpy(batch["raw"].numpy()[0])
+                kept.append((batch["__key__"][0], view))
+            for key, img in zip(batch["__key__"], batch["raw"]):
+                assert torch.equal(img, expected_raw(expected[key]))
+            del batch, img
+    for key, view in kept:
+        assert torch.equal(view, expected_raw(expected[key]))
+    transport = loader._transport
+    assert len(transport._main) < 3 * len(loader)  # slots were reused: 48 batches
+    slot_ptrs = {st.data_ptr() for st in transport._main.values()}
+    in_slots = sum(v.untyped_storage().data_ptr() in slot_ptrs for _, v in kept)
+    transport.release()
+    assert in_slots >= 1 and int((transport.flags != 0).sum()) == in_slots  # viewed slots stay taken
+    del kept, view
+    transport.release()
+    assert int(transport.flags.sum()) == 0
+
+
+def test_stopping_early_does_not_leak_slots(datasets, monkeypatch):
+    root, expected = datasets["many"]
+    _, loader = loader_for(root, monkeypatch, workers=2)
+    transport = loader._transport
+    for _ in range(6):  # each stop leaves prefetched batches in slots that are never delivered
+        it = iter(loader)
+        batch = next(it)
+        assert torch.equal(batch["raw"][0], expected_raw(expected[batch["__key__"][0]]))
+        del it, batch
+    rest = keys_of(loader)  # the epoch goes on after the 6 delivered batches
+    assert len(rest) == 61 - 6 * BS
+    transport.release()
+    assert int(transport.flags.sum()) == 0
+
+
+def test_plain_dataloader_over_samples_is_exactly_once(datasets, monkeypatch):
+    from torch.utils.data import DataLoader
+
+    root, expected = datasets["many"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    ds = StreamingDataset(root, fields=["raw", "cls"])
+    batches = list(DataLoader(ds, batch_size=8, num_workers=2))
+    keys = keys_of(batches)
+    assert sorted(keys) == sorted(expected)
+    assert batches[0]["raw"].shape == (8, 3, 12, 16) and batches[0]["cls"].dtype == torch.int64
