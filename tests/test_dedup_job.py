@@ -1,0 +1,196 @@
+"""dedup on Dask end to end: determinism, nothing lost, bad inputs, reruns, datasets in and out, CLI."""
+
+import io
+import os
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardkit.config import BuildConfig, DedupConfig
+from shardkit.dedup_job import dedup, dedup_records, find_duplicates, shard_keys
+from shardkit.executor import dask_client
+from shardkit.manifest import Manifest, load_manifest, write_manifest
+from shardkit.reader.shards import read_shard_samples
+from shardkit.sample import Sample
+from shardkit.sources import scan
+from shardkit.writers.parquet import write_parquet
+from shardkit.writers.tar import write_tar
+
+LETTERS = list("abcdefghijklmnopqrstuvwxyz")
+FIELDS = {"txt": {"kind": "text"}, "png": {"kind": "image", "encoding": "png"}, "cls": {"kind": "int", "dtype": "int64"}}
+
+
+def _png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 255, (6, 8, 3)).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(coarse).resize((64, 48), Image.Resampling.BICUBIC).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def corpus(n=120, seed=0) -> list[Sample]:
+    """Text documents with exact, near and far copies, a few images with copies, and bad inputs."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array(["".join(rng.choice(LETTERS, 6)) for _ in range(5000)])
+    samples = []
+    for i in range(n):
+        text = " ".join(rng.choice(vocab, 80))
+        samples.append(Sample(f"doc/{i:04d}", {"txt": text, "cls": i % 3}))
+        if i % 7 == 0:
+            samples.append(Sample(f"e-copy/{i:04d}", {"txt": text.upper() + "!", "cls": 0}))
+        if i % 7 == 1:
+            samples.append(Sample(f"e-near/{i:04d}", {"txt": text + " one more", "cls": 1}))
+        if i % 7 == 2:  # shares two thirds of its words: J well under the threshold
+            samples.append(Sample(f"e-far/{i:04d}", {"txt": " ".join(text.split()[:55] + list(rng.choice(vocab, 25))),
+                                                   "cls": 2}))
+    for i in range(6):
+        samples.append(Sample(f"img/{i:02d}", {"png": _png(i), "cls": 0}))
+    samples.append(Sample("img/99", {"png": _png(2), "cls": 1}))
+    samples += [Sample("bad/utf8", {"txt": b"caf\xe9 \xff ok"}), Sample("bad/empty", {"txt": "  ...  "}),
+                Sample("bad/image", {"png": b"\x89PNG broken"}), Sample("bad/none", {"cls": 2})]
+    return sorted(samples, key=lambda s: s.key)
+
+
+def make_dataset(root, samples, per_shard=40, formats=("tar", "parquet")) -> Manifest:
+    # A built dataset stores text as valid UTF-8 (the build decoded it with replacement).
+    samples = [Sample(s.key, {k: v.decode("utf-8", "replace") if isinstance(v, bytes) and k == "txt" else v
+                              for k, v in s.fields.items()}) for s in samples]
+    infos = []
+    for shard_id, start in enumerate(range(0, len(samples), per_shard)):
+        chunk = samples[start:start + per_shard]
+        infos += [{"tar": write_tar, "parquet": write_parquet}[f](chunk, str(root), shard_id, FIELDS) for f in formats]
+    manifest = Manifest(samples=len(samples), fields=FIELDS, shards=infos, classes=["a", "b", "c"])
+    write_manifest(str(root), manifest)
+    return manifest
+
+
+def _table(folder):
+    return pq.read_table(os.path.join(folder, "clusters.parquet")).to_pylist()
+
+
+def test_kept_set_and_clusters_do_not_depend_on_workers_or_partitions(tmp_path):
+    samples = corpus()
+    cfg = DedupConfig(progress=False)
+    runs = [find_duplicates(samples, cfg, None, str(tmp_path / "local"), per_partition=7)]
+    with dask_client(None, 1) as client:
+        runs.append(find_duplicates(samples, cfg, client, str(tmp_path / "one"), per_partition=50))
+    with dask_client(None, 2) as client:
+        runs.append(find_duplicates(samples, cfg, client, str(tmp_path / "two"), per_partition=13))
+    tables = [_table(tmp_path / name / "report") for name in ("local", "one", "two")]
+    assert tables[0] == tables[1] == tables[2]
+    assert runs[0].removed == runs[1].removed == runs[2].removed
+    assert runs[0].summary == runs[1].summary == runs[2].summary
+    assert len(tables[0]) > 0
+
+
+def test_nothing_lost_and_every_removal_is_explained(tmp_path):
+    samples = corpus()
+    result = find_duplicates(samples, DedupConfig(progress=False), None, str(tmp_path), per_partition=30)
+    removed = {r.key: r for r in result.removed}
+    rejected = set(result.rejected_keys)
+    assert rejected == {"bad/image"}
+    assert result.kept + len(removed) + len(rejected) == len(samples) == result.inputs
+    rows = {r["key"]: r for r in _table(tmp_path / "report")}
+    for key, r in removed.items():
+        assert rows[key]["duplicate_of"] == r.duplicate_of and not rows[key]["kept"]
+        assert rows[r.duplicate_of]["kept"] and r.duplicate_of < key  # smallest key is kept
+    assert {k for k in removed if k.startswith("e-copy/")} == {s.key for s in samples if s.key.startswith("e-copy/")}
+    assert all(removed[k].reason == "exact" for k in removed if k.startswith("e-copy/"))
+    assert all(removed[k].reason == "near" for k in removed if k.startswith("e-near/"))
+    assert not any(k.startswith(("e-far/", "doc/")) for k in removed)
+    assert removed["img/99"].duplicate_of == "img/02" and removed["img/99"].reason == "exact"
+    s = result.summary
+    assert s["text"]["utf8_replaced"] == 2 and s["text"]["empty"] == 1 and s["no_content"] == 1
+    assert (s["text"]["bands"], s["text"]["rows"]) == (14, 9) and 0.8 < s["text"]["detection_at_threshold"] < 0.9
+
+
+def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
+    samples = corpus(n=40)
+    cfg = DedupConfig(progress=False)
+    first = find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
+    folder = tmp_path / "signatures"
+    stamps = {p: os.stat(folder / p).st_mtime_ns for p in os.listdir(folder)}
+    # The cluster stage reruns alone from the files: a new threshold recomputes no signature.
+    again = find_duplicates(samples, DedupConfig(threshold=0.9, progress=False), None, str(tmp_path), per_partition=10)
+    assert {p: os.stat(folder / p).st_mtime_ns for p in os.listdir(folder)} == stamps
+    assert len(again.removed) <= len(first.removed)
+    changed = samples[:-1] + [Sample(samples[-1].key, {"txt": "something else entirely"})]
+    find_duplicates(changed, cfg, None, str(tmp_path), per_partition=10)
+    after = set(os.listdir(folder))
+    assert len(after) == len(stamps) and len(after - set(stamps)) == 1
+
+
+def test_verify_drops_pairs_under_the_threshold(tmp_path):
+    samples = corpus(n=40)
+    result = find_duplicates(samples, DedupConfig(verify=True, progress=False), None, str(tmp_path))
+    assert result.summary["text"]["verify"] is True
+    assert all(r.similarity >= 0.8 for r in result.removed if r.modality == "text")
+
+
+def test_dataset_in_dataset_out(tmp_path):
+    samples = corpus()
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_dataset(src, samples)
+    result = dedup(DedupConfig(str(src), str(out), workers=2, progress=False))
+    m = load_manifest(str(out))
+    dropped = result.removed_keys | {"bad/image"}
+    expected = [s.key for s in samples if s.key not in dropped]
+    assert m.fields == FIELDS and m.classes == ["a", "b", "c"] and m.samples == len(expected)
+    for fmt in ("tar", "parquet"):
+        keys = [s.key for shard in m.shards_of(fmt) for s in read_shard_samples(str(out), m, shard)]
+        assert keys == expected
+    assert [s.id for s in m.shards_of("tar")] == list(range(len(m.shards_of("tar"))))
+    kept = {s.key: s for shard in m.shards_of("tar") for s in read_shard_samples(str(out), m, shard)}
+    original = {s.key: s for s in samples}
+    assert all(kept[k].fields == original[k].fields for k in ("doc/0000", "img/02"))
+    errors = (out / "errors.jsonl").read_text().splitlines()
+    assert len(errors) == 1 and "bad/image" in errors[0] and m.errors["count"] == 1
+    assert (out / "dedup" / "summary.json").is_file() and m.build["dedup"]["removed"] == len(result.removed)
+    assert shard_keys(str(out), m)[0][0] == expected[0]
+
+
+def test_shard_left_empty_is_dropped_and_stale_shards_removed(tmp_path):
+    text = "the same words in every one of these documents here"
+    samples = [Sample(f"a{i}", {"txt": text}) for i in range(3)] + [Sample(f"b{i}", {"txt": text}) for i in range(3)]
+    make_dataset(tmp_path / "src", samples, per_shard=3, formats=("parquet",))
+    (tmp_path / "out" / "shards").mkdir(parents=True)
+    (tmp_path / "out" / "shards" / "data-00007.parquet").write_bytes(b"left by an earlier run")
+    dedup(DedupConfig(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False))
+    m = load_manifest(str(tmp_path / "out"))
+    assert m.samples == 1 and [s.id for s in m.shards] == [0]
+    assert os.listdir(tmp_path / "out" / "shards") == ["data-00000.parquet"]
+
+
+def test_raw_folder_and_cli(tmp_path):
+    from shardkit.cli import main
+    from shardkit.datagen import raw_folder
+
+    raw = tmp_path / "raw"
+    raw_folder(str(raw), images_per_class=3, documents=4, bad=False)
+    shutil.copy(raw / "doc_000.txt", raw / "doc_100.txt")
+    shutil.copy(raw / "cat" / "000001.jpg", raw / "cat" / "000101.jpg")
+    run = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress"])
+    assert run.exit_code == 0, run.output
+    assert "removed" in run.output and "clusters.parquet" in run.output
+    m = load_manifest(str(tmp_path / "out"))
+    keys = {s.key for shard in m.shards_of() for s in read_shard_samples(str(tmp_path / "out"), m, shard)}
+    assert {"doc_000", "cat/000001"} <= keys and not {"doc_100", "cat/000101"} & keys
+    bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
+    assert bad.exit_code != 0 and "--rows" in bad.output
+    # The hook `shardkit build --dedup` calls between scan and shard assignment.
+    scanned = scan(BuildConfig(str(raw), str(tmp_path / "b")))
+    records, result = dedup_records(scanned.records, str(raw), str(tmp_path / "b"), DedupConfig(progress=False))
+    assert {r.key for r in scanned.records} - {r.key for r in records} == {"doc_100", "cat/000101"}
+    assert result.removed_keys == {"doc_100", "cat/000101"}
+    assert (tmp_path / "b" / "dedup" / "clusters.parquet").is_file()
+
+
+def test_config_errors_name_the_flag():
+    for kwargs, flag in [({"threshold": 1.5}, "--threshold"), ({"bands": 20, "rows": 9}, "--num-perm"),
+                         ({"image_distance": 40}, "--image-distance"), ({"modality": "audio"}, "--modality")]:
+        with pytest.raises(ValueError, match=flag):
+            DedupConfig(**kwargs)

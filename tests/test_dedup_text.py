@@ -1,0 +1,173 @@
+"""Text dedup core: normalisation, shingles, datasketch-equal MinHash, LSH, union-find, planted pairs."""
+
+import functools
+
+import numpy as np
+import pytest
+from datasketch import LeanMinHash, MinHash
+
+from shardkit.stages.dedup.cluster import exact_groups, text_clusters
+from shardkit.stages.dedup.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
+from shardkit.stages.dedup.minhash import MinHasher, estimate_jaccard
+from shardkit.stages.dedup.text import (content_hash, decode_text, normalise, shingle_hash, shingle_hashes,
+                                        shingles, words)
+from shardkit.stages.dedup.unionfind import components
+
+LETTERS = list("abcdefghijklmnopqrstuvwxyz")
+
+
+def vocabulary(rng, n=30000):
+    """Random 7-letter words: unrelated documents share no 5-word shingle."""
+    codes = rng.integers(0, 26, size=(n, 7))
+    return np.array(["".join(LETTERS[c] for c in row) for row in codes])
+
+
+def test_normalise_folds_case_width_punctuation_and_space():
+    assert normalise("  Hello,\tWORLD!!  it's\u00a0ok_now ") == "hello world it s ok now"
+    assert normalise("ｆｕｌｌ width — Ünïcode") == "full width ünïcode"
+    assert normalise("...!?") == ""
+    docs = ["Hello,  World! A b_c", "ｆｕｌｌ — Ünïcode x\x1cy", "", "   "]
+    assert [b" ".join(words(d)).decode() for d in docs] == [normalise(d) for d in docs]
+
+
+def test_decode_text_replaces_and_counts_bad_bytes():
+    assert decode_text(b"ok \xff\xfe done") == ("ok \ufffd\ufffd done", 2)
+    assert decode_text("already text") == ("already text", 0)
+
+
+def test_shingles_short_documents_become_one_shingle():
+    assert shingles("a b c", 5) == ["a b c"]
+    assert shingles("a b c d e f", 5) == ["a b c d e", "b c d e f"]
+    assert shingles("", 5) == []
+
+
+@pytest.mark.parametrize("ngram", [1, 3, 5])
+def test_vectorised_shingle_hashes_equal_the_scalar_hash(ngram):
+    rng = np.random.default_rng(ngram)
+    vocab = vocabulary(rng, 200)
+    docs = [" ".join(rng.choice(vocab, int(rng.integers(0, 40)))) for _ in range(50)] + ["Ünïcode ｆｕｌｌ"]
+    hashes, offsets = shingle_hashes([words(d) for d in docs], ngram)
+    for i, d in enumerate(docs):
+        expected = [shingle_hash(s) for s in shingles(normalise(d), ngram)]
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == expected
+
+
+@pytest.mark.parametrize("scheme", ["affine32", "legacy"])
+def test_signatures_equal_datasketch_minhash_and_lean_jaccard_agrees(scheme):
+    rng = np.random.default_rng(7)
+    vocab = vocabulary(rng, 300)
+    docs = [" ".join(rng.choice(vocab, int(rng.integers(1, 600)))) for _ in range(25)]
+    docs += ["a b", docs[0] + " tail words here"]
+    hasher = MinHasher(num_perm=64, seed=42, scheme=scheme)
+    hashes, offsets = shingle_hashes([words(d) for d in docs], 5)
+    sig = hasher.signatures(hashes, offsets)
+    reference = []
+    for i, d in enumerate(docs):
+        m = MinHash(num_perm=64, seed=42, hashfunc=shingle_hash, scheme=scheme)
+        m.update_batch(shingles(normalise(d), 5))
+        assert np.array_equal(m.hashvalues, sig[i]), f"document {i} differs from datasketch"
+        reference.append(LeanMinHash(m))
+    for i, j in [(0, len(docs) - 1), (1, 2), (3, 3)]:
+        lean = hasher.lean(sig[i])
+        assert lean.jaccard(reference[j]) == reference[i].jaccard(reference[j])
+        assert lean.jaccard(hasher.lean(sig[j])) == estimate_jaccard(sig[i], sig[j])
+
+
+def test_large_document_is_reduced_in_slices_identically():
+    rng = np.random.default_rng(3)
+    doc = " ".join(rng.choice(vocabulary(rng, 5000), 40000))
+    hashes, offsets = shingle_hashes([words(doc), words("small doc")], 5)
+    sig = MinHasher(num_perm=32).signatures(hashes, offsets)
+    m = MinHash(num_perm=32, hashfunc=shingle_hash)
+    m.update_batch(shingles(normalise(doc), 5))
+    assert np.array_equal(sig[0], m.hashvalues)
+
+
+def test_empty_document_gets_the_empty_minhash():
+    hashes, offsets = shingle_hashes([[], words("x y z")], 5)
+    sig = MinHasher(num_perm=16).signatures(hashes, offsets)
+    assert np.array_equal(sig[0], MinHash(num_perm=16).hashvalues)
+
+
+def test_optimal_params_report_their_detection_probability():
+    bands, rows = optimal_params(0.8, 128)
+    assert bands * rows <= 128
+    # Tuned for recall: a pair at J = threshold + 0.05 must be found almost always.
+    assert detection_probability(0.85, bands, rows) >= 0.97
+    assert detection_probability(0.5, bands, rows) < 0.05
+    assert optimal_params(0.8, 128, (0.5, 0.5)) == (9, 13)  # datasketch's MinHashLSH default
+
+
+def test_candidate_pairs_join_rows_sharing_any_band():
+    sig = np.array([[1, 2, 3, 4], [1, 2, 9, 9], [7, 7, 3, 4], [5, 6, 7, 8], [1, 2, 0, 0]], np.uint32)
+    pairs = candidate_pairs(band_keys(sig, bands=2, rows=2))
+    assert pairs.tolist() == [[0, 1], [0, 2], [0, 4], [1, 4]]
+    with pytest.raises(ValueError, match="exceeds num_perm"):
+        band_keys(sig, bands=3, rows=2)
+
+
+def test_union_find_labels_by_smallest_member_whatever_the_link_order():
+    links = np.array([[5, 6], [2, 5], [3, 4], [6, 1]])
+    assert components(7, links).tolist() == [0, 1, 1, 3, 3, 1, 1]
+    assert components(7, links[::-1]).tolist() == [0, 1, 1, 3, 3, 1, 1]
+    assert components(3, np.empty((0, 2))).tolist() == [0, 1, 2]
+
+
+def test_exact_groups_point_at_the_first_row_and_skip_ineligible():
+    digests = np.array([b"b", b"a", b"b", b"a", b"c"], dtype="S16")
+    assert exact_groups(digests).tolist() == [0, 1, 0, 1, 4]
+    assert exact_groups(digests, np.array([1, 0, 1, 1, 1], bool)).tolist() == [0, 1, 0, 3, 4]
+
+
+@functools.lru_cache(maxsize=1)
+def planted_corpus(seed=0, length=200, ngram=5, per_level=30, unrelated=1500, threshold=0.8):
+    """Pairs (a, b) whose shingle sets have a chosen exact Jaccard, plus unrelated documents."""
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng)
+    docs, pairs = {}, []
+    size = length - ngram + 1
+    for level in np.round(np.arange(0.3, 1.0001, 0.05), 2):
+        for r in range(per_level):
+            a = list(rng.choice(vocab, length))
+            shared = 2 * size * level / (1 + level)
+            # Round toward the level's side of the threshold so that a level's label is honest.
+            shared = int(np.ceil(shared)) if level >= threshold else int(np.floor(shared))
+            b = a[:shared + ngram - 1] + list(rng.choice(vocab, length - shared - ngram + 1))
+            ka, kb = f"p{level:.2f}-{r:03d}-a", f"p{level:.2f}-{r:03d}-b"
+            docs[ka], docs[kb] = " ".join(a), " ".join(b)
+            sa, sb = set(shingles(docs[ka], ngram)), set(shingles(docs[kb], ngram))
+            pairs.append((ka, kb, len(sa & sb) / len(sa | sb)))
+    for i in range(unrelated):
+        docs[f"u{i:05d}"] = " ".join(rng.choice(vocab, length))
+    return docs, pairs
+
+
+def _run_planted(verify: bool):
+    docs, pairs = planted_corpus()
+    keys = sorted(docs)
+    doc_words = [words(docs[k]) for k in keys]
+    hashes, offsets = shingle_hashes(doc_words, 5)
+    sig = MinHasher().signatures(hashes, offsets)
+    digests = np.array([content_hash(w) for w in doc_words], dtype="S16")
+    sets = [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in range(len(keys))] if verify else None
+    bands, rows = optimal_params(0.8, 128)
+    c = text_clusters(digests, sig, np.diff(offsets) == 0, threshold=0.8, bands=bands, rows=rows, sets=sets)
+    index = {k: i for i, k in enumerate(keys)}
+    found = np.array([c.label[index[b]] == index[a] for a, b, _ in pairs])
+    jac = np.array([j for *_, j in pairs])
+    planted_rows = {index[a] for a, _, _ in pairs} | {index[b] for _, b, _ in pairs}
+    assert all(i in planted_rows for i in c.removed), "an unrelated document was removed"
+    return found, jac
+
+
+def test_planted_pairs_recall_and_precision_at_the_default_threshold():
+    found, jac = _run_planted(verify=False)
+    assert found[jac >= 0.85].mean() >= 0.95
+    assert (jac[found] >= 0.8).mean() >= 0.95
+    assert not found[jac < 0.7].any()
+
+
+def test_planted_pairs_with_verify_have_precision_one():
+    found, jac = _run_planted(verify=True)
+    assert found[jac >= 0.85].mean() >= 0.95
+    assert (jac[found] >= 0.8).all()
