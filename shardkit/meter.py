@@ -1,0 +1,342 @@
+"""StarvationMeter: how much of a training run is spent waiting for data, and what to do about it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from array import array
+from dataclasses import dataclass
+
+from shardkit.errors import ConfigError
+from shardkit.fs import atomic_write
+
+log = logging.getLogger("shardkit.meter")
+
+# Bands of the TensorFlow profiler's input-pipeline analysis (fraction of step time waiting).
+FINE_BELOW = 5.0
+INPUT_BOUND_FROM = 20.0
+DEVICES = ("cpu", "cuda")
+MAX_WINDOWS = 1000  # per-window figures kept in summary(); older ones are dropped to bound memory
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    """How the meter measures: warm-up steps left out, log period, window length, device."""
+
+    warmup: int = 5
+    log_every: int = 100
+    window: int = 100
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("warmup", "log_every", "window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name}={value!r}: expected an integer >= 0 (StarvationMeter({name}=...))")
+        if self.window == 0:
+            raise ConfigError("window=0: expected a positive number of steps (StarvationMeter(window=...))")
+        if self.device not in DEVICES:
+            raise ConfigError(
+                f"device={self.device!r}: expected one of {', '.join(DEVICES)} (StarvationMeter(device=...))"
+            )
+
+
+def band(starved_pct: float) -> str:
+    """'fine' (< 5%), 'moderately input-bound' (5-20%) or 'input-bound' (>= 20%)."""
+    if starved_pct < FINE_BELOW:
+        return "fine"
+    return "moderately input-bound" if starved_pct < INPUT_BOUND_FROM else "input-bound"
+
+
+def advice(starved_pct: float, *, wait_p50: float, wait_p95: float,
+           num_workers: int | None = None, cpus: int | None = None) -> str:
+    """One line naming the likely lever for a given starvation figure."""
+    if starved_pct < FINE_BELOW:
+        return "the input pipeline keeps up: no change needed"
+    cpus = cpus or os.cpu_count() or 1
+    if num_workers == 0:
+        return (f"data loads in the training process: set num_workers (up to {cpus} cores here) "
+                "so decoding overlaps the step")
+    if num_workers is not None and num_workers < cpus:
+        return (f"raise num_workers (now {num_workers}, {cpus} cores) and prefetch_factor "
+                "so more batches are ready before the step asks")
+    if wait_p95 > 4 * max(wait_p50, 1e-6):
+        return ("waits come in bursts: raise prefetch_factor (or the shuffle buffer's refill size) "
+                "to smooth them out")
+    return ("workers are saturated: cut per-sample work - cache decoded images "
+            "(shardkit build --encode raw for uint8 shards) or store smaller images (--image-size)")
+
+
+def cost_line(starved_pct: float) -> str:
+    return f"of every 100 GPU-hours, {starved_pct:.1f} were spent waiting for data"
+
+
+def batch_size_of(batch) -> int:
+    """Samples in a batch: dict (its '__key__' list or first tensor), tensor, or tuple/list."""
+    if isinstance(batch, dict):
+        if "__key__" in batch:
+            return len(batch["__key__"])
+        batch = next(iter(batch.values()), None)
+    elif isinstance(batch, (list, tuple)) and batch and hasattr(batch[0], "shape"):
+        batch = batch[0]
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
+
+
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a sequence; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def _figures(waits, steps, samples: int, gpu_idle: float | None, gpu_busy: float | None) -> dict:
+    wait_s, step_s = float(sum(waits)), float(sum(steps))
+    total = wait_s + step_s
+    starved = 100.0 * wait_s / total if total > 0 else 0.0
+    out = {
+        "steps": len(waits), "samples": samples, "wait_s": wait_s, "step_s": step_s,
+        "samples_per_s": samples / total if total > 0 else 0.0,
+        "steps_per_s": len(waits) / total if total > 0 else 0.0,
+        "starved_pct": starved,
+        "wait_p50_ms": 1e3 * percentile(waits, 50), "wait_p95_ms": 1e3 * percentile(waits, 95),
+        "step_p50_ms": 1e3 * percentile(steps, 50),
+    }
+    if gpu_idle is not None and gpu_busy is not None:
+        gpu_total = gpu_idle + gpu_busy
+        out.update(gpu_idle_s=gpu_idle, gpu_busy_s=gpu_busy,
+                   gpu_idle_pct=100.0 * gpu_idle / gpu_total if gpu_total > 0 else 0.0)
+    return out
+
+
+def _rank() -> tuple[int, int]:
+    """(rank, world_size) from torch.distributed when initialised, else the environment."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # never import torch just to learn the rank
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class CudaGapTimer:
+    """GPU idle gap between steps from CUDA events, read without syncing every step.
+
+    An event recorded when a batch arrives (start) and one when the next batch is asked for
+    (end) complete on the GPU in stream order: start(i+1) - end(i) is the time the GPU had
+    nothing queued, end(i) - start(i) the time it was busy with step i. `event_factory` makes
+    the events (torch.cuda.Event(enable_timing=True) by default); tests pass a fake class.
+    """
+
+    def __init__(self, event_factory=None):
+        if event_factory is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("StarvationMeter(device='cuda') but no CUDA device is visible; use device='cpu'")
+            event_factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        self._make = event_factory
+        self._pending: list[tuple] = []  # (start, end, previous end or None), resolved lazily
+        self._last_end = None
+        self._start = None
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+
+    def batch_arrived(self) -> None:
+        self._start = self._make()
+        self._start.record()
+
+    def step_ended(self, counted: bool) -> None:
+        end = self._make()
+        end.record()
+        if counted and self._start is not None:  # record() alone (no wrap) has no start event
+            self._pending.append((self._start, end, self._last_end))
+        self._last_end, self._start = end, None
+        # Resolve finished pairs now and then so the list stays short; query() never blocks.
+        if len(self._pending) >= 64 and self._pending[0][1].query():
+            self.resolve(block=False)
+
+    def resolve(self, block: bool = True) -> None:
+        """Fold finished event pairs into idle/busy totals (block=True waits for the last one)."""
+        if block and self._pending:
+            self._pending[-1][1].synchronize()
+        while self._pending and (block or self._pending[0][1].query()):
+            start, end, prev = self._pending.pop(0)
+            self.busy_s += start.elapsed_time(end) / 1e3
+            if prev is not None:
+                self.idle_s += max(0.0, prev.elapsed_time(start) / 1e3)
+
+
+class StarvationMeter:
+    """Measures host wait in next(loader) vs step time; reports starved%, band, advice and cost.
+
+    `for batch in meter.wrap(loader): ...` - the time blocked in next() is the wait, the time from
+    receiving a batch to asking for the next is the step. The first `warmup` steps are left out.
+    """
+
+    def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
+                 *, event_factory=None, clock=time.perf_counter):
+        self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
+        self._clock = clock
+        self._gpu = CudaGapTimer(event_factory) if device == "cuda" else None
+        self.num_workers: int | None = None
+        self.rank, self.world_size = _rank()
+        self._seen = 0  # steps seen, warm-up included
+        self._warm_left = warmup  # warm-up again after a restart: workers start, caches are cold
+        self._skipped = 0
+        self._waits, self._steps = array("d"), array("d")
+        self._samples = 0
+        self._wait_sum = self._step_sum = 0.0
+        self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
+        self.windows: list[dict] = []
+
+    # -- measuring ---------------------------------------------------------------------------
+    def wrap(self, iterable):
+        """Yield the batches of `iterable`, timing each wait and each step."""
+        self.num_workers = getattr(iterable, "num_workers", self.num_workers)
+        it = iter(iterable)
+        clock = self._clock
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            t1 = clock()
+            if self._gpu is not None:
+                self._gpu.batch_arrived()
+            try:
+                yield batch
+            finally:
+                # Runs on resume and also when the loop breaks (generator closed): the step ends here.
+                self.record(t1 - t0, clock() - t1, batch_size_of(batch))
+
+    def record(self, wait_s: float, step_s: float, samples: int) -> None:
+        """Add one step measured elsewhere (a custom loop); wrap() calls this for every batch."""
+        self._seen += 1
+        counted = self._warm_left == 0
+        if self._gpu is not None:
+            self._gpu.step_ended(counted)
+        if not counted:
+            self._warm_left -= 1
+            self._skipped += 1
+            return
+        self._waits.append(wait_s)
+        self._steps.append(step_s)
+        self._wait_sum += wait_s
+        self._step_sum += step_s
+        self._samples += samples
+        if len(self._waits) - self._window_start[0] >= self.config.window:
+            self._close_window()
+        if self.config.log_every and len(self._waits) % self.config.log_every == 0 and log.isEnabledFor(logging.INFO):
+            log.info(self.log_line())
+
+    def _close_window(self) -> None:
+        i, samples = self._window_start
+        fig = _figures(self._waits[i:], self._steps[i:], self._samples - samples, None, None)
+        fig["first_step"] = i  # counted steps, warm-up excluded
+        self.windows.append(fig)
+        del self.windows[:-MAX_WINDOWS]
+        self._window_start = (len(self._waits), self._samples)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """Whole-run figures (warm-up excluded), band, advice, cost line, per-window figures."""
+        gpu_idle = gpu_busy = None
+        if self._gpu is not None:
+            self._gpu.resolve(block=True)
+            gpu_idle, gpu_busy = self._gpu.idle_s, self._gpu.busy_s
+        out = _figures(self._waits, self._steps, self._samples, gpu_idle, gpu_busy)
+        # On CUDA the event gap is the truer figure: host wait overstates starvation while
+        # kernels of the previous step are still queued.
+        pct = out.get("gpu_idle_pct", out["starved_pct"])
+        out.update(
+            rank=self.rank, world_size=self.world_size, device=self.config.device,
+            warmup_steps=self._skipped, num_workers=self.num_workers,
+            band=band(pct),
+            advice=advice(pct, wait_p50=out["wait_p50_ms"] / 1e3, wait_p95=out["wait_p95_ms"] / 1e3,
+                          num_workers=self.num_workers),
+            cost=cost_line(pct), windows=list(self.windows),
+        )
+        return out
+
+    def all_ranks(self) -> dict:
+        """Every rank's summary (a collective under torch.distributed: call it on all ranks).
+
+        The slowest rank sets the pace of synchronous data-parallel training, so the run's
+        figure is the highest starved% of any rank.
+        """
+        import sys
+
+        mine = self.summary()
+        dist = sys.modules.get("torch.distributed")
+        ranks = [mine]
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, mine)
+        key = "gpu_idle_pct" if "gpu_idle_pct" in mine else "starved_pct"
+        slowest = max(ranks, key=lambda s: s[key])
+        return {"ranks": ranks, "slowest_rank": slowest["rank"], "max_starved_pct": slowest[key],
+                "band": band(slowest[key])}
+
+    def log_line(self) -> str:
+        """The periodic line: rank, steps, throughput, starved%, p50/p95 wait, band."""
+        i = max(0, len(self._waits) - self.config.log_every)
+        fig = _figures(self._waits[i:], self._steps[i:], 0, None, None)
+        # Whole-run figures from running sums: re-summing the arrays every log line would make
+        # the meter's cost grow with the run's length.
+        total = self._wait_sum + self._step_sum
+        run_pct = 100.0 * self._wait_sum / total if total > 0 else 0.0
+        rate = self._samples / total if total > 0 else 0.0
+        return (f"[rank {self.rank}] step {self._seen}: {rate:.1f} samples/s, "
+                f"starved {fig['starved_pct']:.1f}% last {fig['steps']} steps "
+                f"({run_pct:.1f}% run, {band(run_pct)}), "
+                f"wait p50 {fig['wait_p50_ms']:.1f} ms p95 {fig['wait_p95_ms']:.1f} ms")
+
+    def report(self) -> str:
+        """A few human lines: figures, band, advice and the cost view."""
+        s = self.summary()
+        lines = [f"rank {s['rank']}/{s['world_size']}: {s['steps']} steps ({s['warmup_steps']} warm-up left out), "
+                 f"{s['samples_per_s']:.1f} samples/s, {s['steps_per_s']:.2f} steps/s",
+                 f"host wait {s['starved_pct']:.1f}% of step time (p50 {s['wait_p50_ms']:.1f} ms, "
+                 f"p95 {s['wait_p95_ms']:.1f} ms)"]
+        if "gpu_idle_pct" in s:
+            lines.append(f"GPU idle between steps {s['gpu_idle_pct']:.1f}% (CUDA events)")
+        lines += [f"{s['band']}: {s['advice']}", s["cost"]]
+        return "\n".join(lines)
+
+    def to_json(self, path) -> dict:
+        """Write summary() as JSON (atomically) and return it."""
+        s = self.summary()
+        atomic_write(path, json.dumps(s, indent=2, sort_keys=True) + "\n")
+        return s
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Counters and per-step timings, so whole-run figures survive a restart."""
+        return {"seen": self._seen, "skipped": self._skipped, "samples": self._samples,
+                "waits": self._waits.tobytes(), "steps": self._steps.tobytes(), "window_start": self._window_start,
+                "windows": list(self.windows),
+                "gpu": None if self._gpu is None else (self._gpu.idle_s, self._gpu.busy_s)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._seen, self._skipped, self._samples = state["seen"], state["skipped"], state["samples"]
+        self._warm_left = self.config.warmup
+        self._waits, self._steps = array("d"), array("d")
+        self._waits.frombytes(state["waits"])
+        self._steps.frombytes(state["steps"])
+        self._wait_sum, self._step_sum = sum(self._waits), sum(self._steps)
+        self._window_start = tuple(state["window_start"])
+        self.windows = list(state["windows"])
+        if self._gpu is not None and state.get("gpu") is not None:
+            self._gpu.idle_s, self._gpu.busy_s = state["gpu"]

@@ -1,0 +1,275 @@
+"""StarvationMeter: starved% against injected delays, workers, warm-up, reports, CUDA-event gaps."""
+
+import json
+import logging
+import time
+
+import pytest
+
+from shardkit.errors import ConfigError
+from shardkit.meter import StarvationMeter, advice, band, batch_size_of, cost_line, percentile
+
+
+class FakeClock:
+    """A manual clock: the fake loader and fake step advance it, so figures are exact."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def fake_loader(clock, waits_s, batch=8):
+    for w in waits_s:
+        clock.t += w
+        yield {"__key__": [f"k{i}" for i in range(batch)]}
+
+
+def sleeping_loader(n, wait_s, batch=4):
+    for _ in range(n):
+        time.sleep(wait_s)
+        yield [0] * batch
+
+
+@pytest.mark.parametrize("wait_ms,step_ms", [(10, 20), (20, 5)])
+def test_starved_pct_matches_injected_sleep(wait_ms, step_ms):
+    meter = StarvationMeter(warmup=2, log_every=0)
+    for _ in meter.wrap(sleeping_loader(27, wait_ms / 1e3)):
+        time.sleep(step_ms / 1e3)
+    s = meter.summary()
+    expected = 100 * wait_ms / (wait_ms + step_ms)
+    assert s["steps"] == 25 and s["warmup_steps"] == 2 and s["samples"] == 100
+    assert abs(s["starved_pct"] - expected) < 3.0, (s["starved_pct"], expected)
+    assert s["wait_p50_ms"] == pytest.approx(wait_ms, abs=3)
+    assert s["step_p50_ms"] == pytest.approx(step_ms, abs=3)
+
+
+def test_exact_figures_with_fake_clock_and_warmup_excluded():
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=3, log_every=0, window=4, clock=clock)
+    waits = [1.0, 1.0, 1.0] + [0.010] * 6 + [0.050] * 2  # slow start-up, then steady
+    for _ in meter.wrap(fake_loader(clock, waits, batch=8)):
+        clock.t += 0.030
+    s = meter.summary()
+    assert s["steps"] == 8 and s["warmup_steps"] == 3 and s["samples"] == 64
+    assert s["wait_s"] == pytest.approx(0.16) and s["step_s"] == pytest.approx(0.24)
+    assert s["starved_pct"] == pytest.approx(40.0)
+    assert s["samples_per_s"] == pytest.approx(64 / 0.4) and s["steps_per_s"] == pytest.approx(8 / 0.4)
+    assert s["wait_p50_ms"] == pytest.approx(10) and s["wait_p95_ms"] == pytest.approx(50)
+    assert s["band"] == "input-bound"
+    # Two closed windows of 4 steps: steady 10 ms waits, then two of 10 ms and two of 50 ms.
+    assert [w["first_step"] for w in s["windows"]] == [0, 4]
+    assert s["windows"][0]["starved_pct"] == pytest.approx(25.0)
+    assert s["windows"][1]["starved_pct"] == pytest.approx(100 * 0.12 / 0.24)
+
+
+def test_break_out_of_loop_still_counts_the_last_step():
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock)
+    for i, _ in enumerate(meter.wrap(fake_loader(clock, [0.01] * 10))):
+        clock.t += 0.02
+        if i == 3:
+            break
+    s = meter.summary()
+    assert s["steps"] == 4 and s["step_s"] == pytest.approx(0.08)
+
+
+class SlowDataset:
+    """Map-style dataset whose items take `delay` seconds each (I/O-like: sleeps, no CPU)."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        time.sleep(self.delay)
+        return torch.tensor([i])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 sleeping workers on 2 cores is fine
+def test_host_wait_falls_as_workers_rise():
+    from torch.utils.data import DataLoader
+
+    mean_wait = {}
+    for workers in (0, 2, 4):
+        loader = DataLoader(SlowDataset(64, 0.02), batch_size=4, num_workers=workers,
+                            prefetch_factor=2 if workers else None)
+        meter = StarvationMeter(warmup=3, log_every=0)
+        for _ in meter.wrap(loader):
+            time.sleep(0.01)
+        s = meter.summary()
+        assert s["num_workers"] == workers and s["samples"] == 4 * 13
+        mean_wait[workers] = s["wait_s"] / s["steps"]
+    # A batch is 80 ms of loading and a step 10 ms: ~80 ms wait in-process, ~30 ms with 2
+    # workers (one batch per 40 ms), ~10 ms with 4 (one per 20 ms).
+    assert mean_wait[0] == pytest.approx(0.080, abs=0.015)
+    assert mean_wait[0] > 1.8 * mean_wait[2]
+    assert mean_wait[2] > 1.5 * mean_wait[4]
+
+
+def test_summary_and_json_contents(tmp_path):
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=1, log_every=0, clock=clock)
+    for _ in meter.wrap(fake_loader(clock, [0.5] + [0.001] * 10, batch=16)):
+        clock.t += 0.099
+    s = meter.to_json(tmp_path / "meter.json")
+    on_disk = json.loads((tmp_path / "meter.json").read_text())
+    assert on_disk == json.loads(json.dumps(s))
+    for key in ("steps", "samples", "samples_per_s", "steps_per_s", "starved_pct", "wait_p50_ms",
+                "wait_p95_ms", "band", "advice", "cost", "rank", "world_size", "warmup_steps", "windows"):
+        assert key in on_disk, key
+    assert on_disk["starved_pct"] == pytest.approx(1.0)
+    assert on_disk["band"] == "fine"
+    assert on_disk["cost"] == "of every 100 GPU-hours, 1.0 were spent waiting for data"
+    assert on_disk["samples_per_s"] == pytest.approx(160.0)
+    assert "gpu_idle_pct" not in on_disk
+    assert "1.0% of step time" in meter.report() and "GPU-hours" in meter.report()
+
+
+def test_periodic_log_line(caplog):
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=0, log_every=5, clock=clock)
+    with caplog.at_level(logging.INFO, logger="shardkit.meter"):
+        for _ in meter.wrap(fake_loader(clock, [0.01] * 12, batch=2)):
+            clock.t += 0.09
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardkit.meter"]
+    assert len(lines) == 2
+    assert lines[0].startswith("[rank 0] step 5:") and "starved 10.0% last 5 steps" in lines[0]
+    assert "moderately input-bound" in lines[1] and "20.0 samples/s" in lines[1]
+
+
+def test_bands_advice_and_cost():
+    assert band(0.0) == "fine" and band(4.99) == "fine"
+    assert band(5.0) == band(19.99) == "moderately input-bound"
+    assert band(20.0) == band(90) == "input-bound"
+    assert "no change" in advice(2, wait_p50=0.001, wait_p95=0.001)
+    assert "num_workers" in advice(30, wait_p50=0.01, wait_p95=0.01, num_workers=0, cpus=8)
+    assert "raise num_workers (now 2, 8 cores)" in advice(30, wait_p50=0.01, wait_p95=0.01, num_workers=2, cpus=8)
+    assert "prefetch_factor" in advice(30, wait_p50=0.001, wait_p95=0.05, num_workers=8, cpus=8)
+    saturated = advice(30, wait_p50=0.01, wait_p95=0.012, num_workers=8, cpus=8)
+    assert "--encode raw" in saturated and "--image-size" in saturated
+    assert cost_line(12.345) == "of every 100 GPU-hours, 12.3 were spent waiting for data"
+
+
+def test_batch_size_of_common_batch_shapes():
+    import torch
+
+    assert batch_size_of({"__key__": ["a", "b", "c"], "cls": torch.zeros(3)}) == 3
+    assert batch_size_of({"raw": torch.zeros(5, 3, 8, 8)}) == 5
+    assert batch_size_of((torch.zeros(7, 2), torch.zeros(7))) == 7
+    assert batch_size_of(torch.zeros(6, 1)) == 6
+    assert batch_size_of([1, 2]) == 2
+    assert batch_size_of(object()) == 1
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 50) == 0.0
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile(list(range(1, 101)), 95) == 95
+    assert percentile([5], 95) == 5
+
+
+def test_rank_from_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    s = StarvationMeter(log_every=0).summary()
+    assert (s["rank"], s["world_size"]) == (1, 4)
+
+
+def test_state_dict_round_trip_and_warmup_after_restart():
+    clock = FakeClock()
+    a = StarvationMeter(warmup=1, log_every=0, clock=clock)
+    for _ in a.wrap(fake_loader(clock, [0.01] * 5)):
+        clock.t += 0.01
+    b = StarvationMeter(warmup=1, log_every=0, clock=clock)
+    b.load_state_dict(a.state_dict())
+    for _ in b.wrap(fake_loader(clock, [1.0] + [0.03] * 2)):  # the restart's slow step is left out
+        clock.t += 0.01
+    s = b.summary()
+    assert s["steps"] == 6 and s["warmup_steps"] == 2
+    assert s["wait_s"] == pytest.approx(0.04 + 0.06)
+
+
+def test_all_ranks_gathers_under_torch_distributed(tmp_path):
+    import torch.distributed as dist
+
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock)
+    for _ in meter.wrap(fake_loader(clock, [0.03] * 4)):
+        clock.t += 0.07
+    alone = meter.all_ranks()
+    assert alone["slowest_rank"] == 0 and alone["max_starved_pct"] == pytest.approx(30.0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        gathered = StarvationMeter(log_every=0).all_ranks()  # picks its rank from torch.distributed
+        assert len(gathered["ranks"]) == 1 and gathered["ranks"][0]["world_size"] == 1
+        assert gathered["band"] == "fine"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"window": 0}, {"device": "tpu"}, {"log_every": 1.5}])
+def test_bad_config_names_the_value(kwargs):
+    with pytest.raises(ConfigError, match=repr(next(iter(kwargs.values())))):
+        StarvationMeter(**kwargs)
+
+
+class FakeGpu:
+    """Simulates a CUDA stream: work launched runs after what is queued; events complete in order."""
+
+    def __init__(self, clock):
+        self.clock, self.busy_until = clock, 0.0
+
+    def launch(self, seconds):
+        self.busy_until = max(self.busy_until, self.clock()) + seconds
+
+    def event_factory(self):
+        gpu = self
+
+        class FakeEvent:
+            def record(self):
+                self.t = max(gpu.clock(), gpu.busy_until)
+
+            def query(self):
+                return gpu.clock() >= self.t
+
+            def synchronize(self):
+                gpu.clock.t = max(gpu.clock.t, self.t)
+
+            def elapsed_time(self, end):  # milliseconds, like torch.cuda.Event
+                return (end.t - self.t) * 1e3
+
+        return FakeEvent()
+
+
+@pytest.mark.parametrize("kernel_s,expected_idle_pct", [(0.030, 0.0), (0.005, 100 * 0.007 / 0.012)])
+def test_cuda_event_gap_with_fake_events(kernel_s, expected_idle_pct):
+    """Host wait is 10 ms of every 12; the GPU is idle only when its queue drains first."""
+    clock = FakeClock()
+    gpu = FakeGpu(clock)
+    meter = StarvationMeter(warmup=2, log_every=0, device="cuda", event_factory=gpu.event_factory, clock=clock)
+    for _ in meter.wrap(fake_loader(clock, [0.010] * 200)):
+        gpu.launch(kernel_s)  # the step enqueues kernel_s of GPU work...
+        clock.t += 0.002  # ...and returns to the host after 2 ms
+    s = meter.summary()
+    assert s["starved_pct"] == pytest.approx(100 * 10 / 12)
+    assert s["gpu_idle_pct"] == pytest.approx(expected_idle_pct, abs=0.5)
+    # The band and cost follow the GPU figure, the truer one when kernels queue up.
+    assert s["band"] == band(s["gpu_idle_pct"])
+    assert f"{s['gpu_idle_pct']:.1f} were spent" in s["cost"]
+    assert "GPU idle between steps" in meter.report()
+    meter.record(0.01, 0.002, 8)  # a step timed by the caller has no CUDA events: host figures only
+    assert meter.summary()["steps"] == s["steps"] + 1
+
+
+def test_cuda_without_device_says_how_to_fix(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device='cpu'"):
+        StarvationMeter(device="cuda")
