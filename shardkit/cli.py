@@ -9,7 +9,7 @@ import sys
 import click
 
 from shardkit._version import __version__
-from shardkit.config import ENCODINGS, FORMATS, RESIZE_MODES
+from shardkit.config import ENCODINGS, FORMATS, RESIZE_MODES, TAIL_CHOICES
 from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
 
 
@@ -83,8 +83,32 @@ def _parse_size(ctx, param, value):
 @click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
               help="skip: record bad inputs in OUT/errors.jsonl and go on; fail: stop at the first one.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--tokenizer", default=None, metavar="FILE|bpe:N",
+              help="Tokenize text once at build time (field tokens replaces txt): a tokenizer.json file, or "
+                   "bpe:N to train an N-token byte-level BPE on the corpus first. Saved as OUT/tokenizer.json; "
+                   "never downloaded from a hub.")
+@click.option("--eos-token", default=None, metavar="TOKEN",
+              help="Id appended after each document [default: the tokenizer's <|endoftext|>, </s>, <eos> …].")
+@click.option("--seq-len", type=int, default=None, metavar="N",
+              help="Pack documents into rows of N+1 ids (inputs = row[:-1], targets = row[1:]); document "
+                   "starts stored in field doc_starts. Without it: one row per document.")
+@click.option("--tail", type=click.Choice(TAIL_CHOICES), default="pad", show_default=True,
+              help="Each shard's last partial packed row: pad it (pad id = dtype max) or drop it (counted in "
+                   "the manifest's tokenizer stats).")
+@click.option("--augment", type=int, default=0, show_default=True, metavar="K",
+              help="Store K augmented variants per image (fields jpg, 1.jpg … K-1.jpg); the reader shows "
+                   "variant (epoch + hash(key)) mod K, so each epoch sees another one.")
+@click.option("--augment-ops", default="crop,flip,color", show_default=True,
+              help="Comma list, applied in this order: crop = random resized crop (area 35-100%, aspect 3/4-4/3, "
+                   "back to the same size); flip = horizontal, p=0.5; rotate = uniform ±15°; color = "
+                   "brightness/contrast/saturation ×0.6-1.4; blur = Gaussian radius 0.1-2.0, p=0.5.")
+@click.option("--augment-keep-original", is_flag=True, help="Variant 0 is the unaugmented image.")
+@click.option("--augment-seed", type=int, default=0, show_default=True,
+              help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
+@click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
 def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_mode, encode, quality,
-          labels, text_field, workers, scheduler, on_error, progress):
+          labels, text_field, workers, scheduler, on_error, progress, tokenizer, eos_token, seq_len, tail,
+          augment, augment_ops, augment_keep_original, augment_seed, half):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
     \b
@@ -97,6 +121,9 @@ def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_m
       shardkit build raw/ out/ --image-size 256
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --encode raw --format both
       shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
+      shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet
+      shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
+      shardkit build features/ out/ --half
     """
     from shardkit.config import BuildConfig
     from shardkit.executor import build as run_build
@@ -105,7 +132,9 @@ def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_m
                       max_samples_per_shard=max_samples_per_shard, image_size=image_size,
                       resize_mode=resize_mode, encode=encode, quality=quality, labels=labels,
                       text_field=text_field, workers=workers, scheduler=scheduler, on_error=on_error,
-                      progress=progress)
+                      progress=progress, tokenizer=tokenizer, eos_token=eos_token, seq_len=seq_len, tail=tail,
+                      augment=augment, augment_ops=augment_ops, augment_keep_original=augment_keep_original,
+                      augment_seed=augment_seed, half=half)
     result = run_build(cfg)
     click.echo(build_summary(result))
 
@@ -124,6 +153,12 @@ def build_summary(r) -> str:
     lines += [f"    {n:>5}  {reason}" for reason, n in r.rejected_by_reason.items()]
     if r.utf8_replaced:
         lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
+    tok = r.manifest.extra.get("tokenizer") if r.manifest else None
+    if tok:
+        st = tok.get("stats", {})
+        lines.append(f"  tokens          {st.get('tokens', 0)} from {st.get('documents', 0)} documents in "
+                     f"{st.get('rows', 0)} rows ({st.get('pad_tokens', 0)} padding, {st.get('dropped_tokens', 0)} "
+                     f"dropped); tokenizer {tok['source']} → tokenizer.json")
     lines += [
         f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
         + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),

@@ -63,6 +63,15 @@ class BuildConfig:
     scheduler: str | None = None
     on_error: str = "skip"
     progress: bool = True
+    tokenizer: str | None = None  # a tokenizer.json file, or bpe:VOCAB_SIZE (trained on the corpus)
+    eos_token: str | None = None
+    seq_len: int | None = None  # pack documents into rows of seq_len + 1 tokens
+    tail: str = "pad"  # the last partial packed row of a shard: pad it or drop it (counted)
+    augment: int = 0  # K augmented variants per image, 0 = off
+    augment_ops: str = "crop,flip,color"
+    augment_keep_original: bool = False
+    augment_seed: int = 0
+    half: bool = False  # float .npy arrays stored as float16
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -89,6 +98,7 @@ class BuildConfig:
             )
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+        check_cache_options(self)
 
     @property
     def image_field(self) -> str:
@@ -106,3 +116,128 @@ class BuildConfig:
 
 def field_names(cls) -> list[str]:
     return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """StreamingDataset options (shardkit.reader.dataset): every keyword is one field here."""
+
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
+    fields: tuple[str, ...] | None = None
+    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it
+    drop_remainder: bool = False
+    cache_dir: str | None = None
+    cache_limit: int | str | None = None
+    on_error: str = "fail"
+
+    def __post_init__(self):
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r}: expected an integer >= 0 (StreamingDataset(seed=...))")
+        positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
+        choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
+        choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+        if self.cache_limit is not None:
+            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
+
+
+DEDUP_MODALITIES = ("auto", "text", "image")
+IMAGE_HASHES = ("dhash", "phash")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """`shardkit dedup SRC OUT` (and `build --dedup`): every CLI flag is one field here."""
+
+    src: str = ""
+    out: str = ""
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 5
+    bands: int | None = None
+    rows: int | None = None
+    seed: int = 1
+    verify: bool = False
+    modality: str = "auto"
+    image_hash: str = "phash"
+    image_distance: int = 10
+    partition_size: int = 5000
+    format: str = "tar"  # shard format when SRC is a raw folder (a dataset keeps its own formats)
+    text_field: str = "text"
+    workers: int | None = None
+    scheduler: str | None = None
+    on_error: str = "skip"
+    progress: bool = True
+
+    RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress")
+
+    def __post_init__(self):
+        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold <= 1.0:
+            raise ConfigError(f"threshold={self.threshold!r}: expected a Jaccard similarity in (0, 1] (--threshold)")
+        positive("num_perm", self.num_perm, "--num-perm")
+        positive("ngram", self.ngram, "--ngram")
+        positive("bands", self.bands, "--bands", allow_none=True)
+        positive("rows", self.rows, "--rows", allow_none=True)
+        positive("partition_size", self.partition_size, "--partition-size")
+        if (self.bands is None) != (self.rows is None):
+            raise ConfigError("give both --bands and --rows, or neither (then the optimal pair for --threshold is used)")
+        if self.bands is not None and self.bands * self.rows > self.num_perm:
+            raise ConfigError(f"--bands {self.bands} x --rows {self.rows} = {self.bands * self.rows} exceeds "
+                              f"--num-perm {self.num_perm}; lower them or raise --num-perm")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r}: expected a non-negative integer (--seed)")
+        choice("modality", self.modality, DEDUP_MODALITIES, "--modality")
+        choice("image_hash", self.image_hash, IMAGE_HASHES, "--image-hash")
+        choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
+        choice("format", self.format, FORMATS, "--format")
+        if not isinstance(self.image_distance, int) or not 0 <= self.image_distance <= 32:
+            raise ConfigError(f"image_distance={self.image_distance!r}: expected 0..32 bits of 64 (--image-distance)")
+        if self.workers is not None and self.workers != 0:
+            positive("workers", self.workers, "--workers (0 runs in-process)")
+        if not self.text_field:
+            raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+
+    def recorded(self) -> dict:
+        """The result-affecting part of the config, as written into summary.json."""
+        d = asdict(self)
+        return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
+
+
+TAIL_CHOICES = ("pad", "drop")
+AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
+
+
+def check_cache_options(cfg: BuildConfig) -> None:
+    """Validate the tokenize / augment / half options of a BuildConfig (--tokenizer, --augment, ...)."""
+    import os
+
+    tok = cfg.tokenizer
+    if tok is not None:
+        m = re.fullmatch(r"bpe:([0-9]+)", tok) if isinstance(tok, str) else None
+        if m is None and not (isinstance(tok, str) and os.path.isfile(tok)):
+            raise ConfigError(
+                f"--tokenizer {tok!r} is neither a tokenizer.json file nor bpe:VOCAB_SIZE; shardkit never downloads "
+                "from the Hugging Face hub: save one with Tokenizer.from_pretrained(NAME).save('tokenizer.json') "
+                "and pass that file, or train one on the corpus with e.g. --tokenizer bpe:32000")
+        if m is not None and not 257 <= int(m.group(1)) <= 2**31:
+            raise ConfigError(f"--tokenizer {tok}: a byte-level BPE needs a vocabulary of at least 257 "
+                              "(256 bytes + end of text), e.g. bpe:32000")
+    for name, flag in (("eos_token", "--eos-token"), ("seq_len", "--seq-len")):
+        if getattr(cfg, name) is not None and tok is None:
+            raise ConfigError(f"{flag} applies to tokenized builds: add --tokenizer FILE or --tokenizer bpe:N")
+    positive("seq_len", cfg.seq_len, "--seq-len", allow_none=True)
+    choice("tail", cfg.tail, TAIL_CHOICES, "--tail")
+    if not isinstance(cfg.augment, int) or isinstance(cfg.augment, bool) or cfg.augment < 0:
+        raise ConfigError(f"augment={cfg.augment!r}: expected 0 (off) or K >= 1 variants per image (--augment K)")
+    if cfg.augment_keep_original and cfg.augment < 2:
+        raise ConfigError("--augment-keep-original stores the original as variant 0 of K: give --augment K with K >= 2")
+    ops = [op.strip() for op in str(cfg.augment_ops).split(",") if op.strip()]
+    bad = [op for op in ops if op not in AUGMENT_OPS]
+    if bad or (cfg.augment and not ops):
+        raise ConfigError(f"--augment-ops {cfg.augment_ops!r}: expected a comma-separated list of "
+                          f"{', '.join(AUGMENT_OPS)} (e.g. crop,flip,color)")
+    if not isinstance(cfg.augment_seed, int) or cfg.augment_seed < 0:
+        raise ConfigError(f"augment_seed={cfg.augment_seed!r}: expected an integer >= 0 (--augment-seed)")

@@ -11,12 +11,15 @@ import time
 from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig
-from shardkit.errors import FailFast, Rejection, RejectionLog, count_by_reason
+from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
 from shardkit.fs import atomic_write
 from shardkit.manifest import MANIFEST_NAME, Manifest, write_manifest
-from shardkit.sources import InputRecord, ScanResult, read_record, scan
+from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
 from shardkit.stages import compose, map_samples
+from shardkit.stages.arrays import array_spec, arrays
+from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
+from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
 from shardkit.writers import ShardInfo, get_writer
 
 log = logging.getLogger("shardkit.build")
@@ -48,16 +51,18 @@ class ShardResult:
     seconds: float = 0.0
     skipped: bool = False  # reused from a previous build
     failed: Rejection | None = None
+    stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
 
     def to_json(self) -> dict:
         return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
                 "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
-                "images": self.images, "utf8_replaced": self.utf8_replaced}
+                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
 
     @classmethod
     def from_json(cls, d: dict) -> "ShardResult":
         return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
-                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True)
+                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
+                   stats=d.get("stats", {}))
 
 
 @dataclass
@@ -123,6 +128,41 @@ def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
     return fields
 
 
+def cache_fields(fields: dict, result: ScanResult, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
+    """field_specs plus the caching stages: augmented variants, arrays, tokens (txt becomes tokens)."""
+    if cfg.augment and cfg.image_field in fields:
+        fields.update(variant_fields(cfg.image_field, fields.pop(cfg.image_field), cfg))
+    if "array" in result.kinds and (spec := array_spec(cfg.src, result.records, cfg.half)) is not None:
+        fields["array"] = spec
+    if tok is not None and fields.pop("txt", None) is not None:
+        fields.update(tok.fields(cfg.seq_len))
+        if cfg.seq_len and not result.kinds & {"image", "array"}:
+            fields.pop("json", None)  # packed rows carry no per-document fields
+            fields.pop("cls", None)
+    return fields
+
+
+def _corpus_key(scanned: ScanResult) -> str:
+    """Fingerprint of every input (names, sizes, mtimes): a trained tokenizer is reused while it holds."""
+    h = hashlib.sha256()
+    for rec in scanned.records:
+        h.update(rec.fingerprint().encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _corpus(scanned: ScanResult, cfg: BuildConfig) -> list[str]:
+    """Every document's text, in key order, to train a tokenizer on (bad inputs are rejected later)."""
+    texts = []
+    for rec in scanned.records:
+        if rec.line is None and not any(os.path.splitext(f)[1].lower() in TEXT_EXTS for f in rec.files):
+            continue
+        try:
+            texts.append(read_record(cfg.src, rec, cfg.text_field).fields["txt"])
+        except (RejectedInput, KeyError):
+            continue
+    return texts
+
+
 def _marker_path(cfg: BuildConfig, shard_id: int) -> str:
     return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
 
@@ -139,18 +179,21 @@ def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: st
         stats["utf8_replaced"] += sample.meta.get("utf8_replaced", 0)
         return sample
 
+    counters: dict = {}
+    stages = [lambda recs: map_samples(recs, read, stage="read", log=rejections, where=lambda r: r.source),
+              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=rejections),
+              lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
+    if TOKENS_FIELD in fields:
+        stages.append(lambda s: tokenize(s, spec=fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
+                                         shard_id=plan.id, stats=counters))
     try:
-        samples = list(compose(
-            plan.records,
-            lambda recs: map_samples(recs, read, stage="read", log=rejections, where=lambda r: r.source),
-            lambda s: images(s, cfg=cfg, log=rejections),
-        ))
+        samples = list(compose(plan.records, *stages))
     except FailFast as e:
         return ShardResult(plan.id, [], rejections.items, failed=e.rejection)
     formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
     infos = [get_writer(fmt)(samples, cfg.out, plan.id, fields) for fmt in formats] if samples else []
     result = ShardResult(plan.id, infos, rejections.items, stats["images"], stats["utf8_replaced"],
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, stats=counters)
     marker = {"fingerprint": plan.fingerprint(config_hash), "result": result.to_json()}
     atomic_write(_marker_path(cfg, plan.id), json.dumps(marker, sort_keys=True))
     return result
@@ -175,6 +218,14 @@ def _reusable(plan: ShardPlan, cfg: BuildConfig, config_hash: str) -> ShardResul
     return result
 
 
+def _sum_stats(results: list[ShardResult]) -> dict:
+    total: dict = {}
+    for r in results:
+        for k, v in r.stats.items():
+            total[k] = total.get(k, 0) + v
+    return dict(sorted(total.items()))
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None):
     """An existing cluster (`--scheduler ADDRESS`) or an embedded LocalCluster closed on exit."""
@@ -189,7 +240,8 @@ def dask_client(scheduler: str | None, workers: int | None):
         return
     n = workers or max(1, os.cpu_count() or 1)
     # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+    # ":0": a free port for the dashboard, so two builds on one machine never collide on 8787.
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
         yield client
 
@@ -260,6 +312,13 @@ def build(cfg: BuildConfig) -> BuildResult:
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
     fields, config_hash = field_specs(scanned, cfg), cfg.output_hash()
+    tok = prepare_tokenizer(cfg, lambda: _corpus(scanned, cfg), _corpus_key(scanned)) if cfg.tokenizer else None
+    fields = cache_fields(fields, scanned, cfg, tok)
+    if tok is not None:  # the tokenizer file's content changes the output, not only its path
+        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
     plans = plan_shards(scanned.records, cfg)
     reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
     todo = [p for p in plans if p.id not in reused]
@@ -277,7 +336,8 @@ def build(cfg: BuildConfig) -> BuildResult:
     samples = sum(s.samples for s in shards if s.format == first_format)
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
                         build={"config": cfg.recorded(), "hash": config_hash},
-                        errors={"count": len(rejections), "by_reason": count_by_reason(rejections)})
+                        errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
+                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),

@@ -16,7 +16,8 @@ IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif"
 TEXT_EXTS = frozenset({".txt", ".md"})
 JSON_EXTS = frozenset({".json"})
 JSONL_EXTS = frozenset({".jsonl"})
-KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | JSONL_EXTS
+ARRAY_EXTS = frozenset({".npy"})  # float arrays (embeddings, features): field 'array'
+KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | JSONL_EXTS | ARRAY_EXTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +146,14 @@ def scan(cfg: BuildConfig) -> ScanResult:
         exts = [e for _, e, _ in files]
         n_img = sum(e in IMAGE_EXTS for e in exts)
         n_txt = sum(e in TEXT_EXTS for e in exts)
-        if n_img > 1 or n_txt > 1:
-            what = "images" if n_img > 1 else "text files"
+        n_arr = sum(e in ARRAY_EXTS for e in exts)
+        if n_img > 1 or n_txt > 1 or n_arr > 1:
+            what = "images" if n_img > 1 else "text files" if n_txt > 1 else "arrays"
             for rel, _, _ in files:
                 rejections.append(Rejection(rel, "source", f"ambiguous sample: several {what} share the stem {stem!r}"))
             continue
-        kinds |= {"image" if e in IMAGE_EXTS else "txt" if e in TEXT_EXTS else "json" for e in exts}
+        kinds |= {"image" if e in IMAGE_EXTS else "txt" if e in TEXT_EXTS else "array" if e in ARRAY_EXTS
+                  else "json" for e in exts}
         # The image (or the text) leads: its path is the record's source in reports.
         files.sort(key=lambda t: (t[1] not in IMAGE_EXTS, t[1] not in TEXT_EXTS, t[0]))
         records.append(InputRecord(
@@ -222,6 +225,8 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample
                     sample.fields["image"] = data
                 elif ext in TEXT_EXTS:
                     sample.fields["txt"], sample.meta["utf8_replaced"] = _decode_text(data)
+                elif ext in ARRAY_EXTS:
+                    sample.fields["array"] = data  # .npy bytes; the array stage parses them
                 else:
                     try:
                         sample.fields["json"] = json.loads(data)

@@ -1,0 +1,248 @@
+"""Tokenize stage: documents -> uint16/uint32 token ids (one row per document, or packed rows)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from shardkit.config import BuildConfig
+from shardkit.errors import ConfigError
+from shardkit.sample import Sample
+
+TOKENIZER_NAME = "tokenizer.json"
+TOKENS_FIELD, STARTS_FIELD = "tokens", "doc_starts"
+BPE_EOS = "<|endoftext|>"
+# Looked for, in this order, when --eos-token is not given: the usual end-of-document tokens.
+EOS_CANDIDATES = (BPE_EOS, "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]", "<EOS>")
+BATCH_DOCS = 1024  # documents per encode_batch call: enough for the tokenizer's threads, bounded memory
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The tokenizer of a build, as recorded in the manifest (extra "tokenizer") and field specs."""
+
+    path: str  # relative to OUT
+    sha256: str
+    source: str  # "bpe:N" or the file name it was copied from
+    vocab_size: int
+    eos_id: int
+    eos_token: str
+
+    @property
+    def dtype(self) -> str:
+        # The top value of the dtype marks padding, so it must never be a real id.
+        return "uint16" if self.vocab_size <= 0xFFFF else "uint32"
+
+    @property
+    def pad_id(self) -> int:
+        return int(np.iinfo(self.dtype).max)
+
+    def fields(self, seq_len: int | None) -> dict:
+        """Field specs of the tokens (and, packed, the document starts) for the manifest."""
+        spec = {"kind": "tokens", "dtype": self.dtype, "eos_id": self.eos_id, "pad_id": self.pad_id,
+                "tokenizer": self.path, "tokenizer_sha256": self.sha256}
+        if seq_len is None:
+            return {TOKENS_FIELD: spec}
+        spec.update(seq_len=seq_len, shape=[seq_len + 1])
+        return {TOKENS_FIELD: spec, STARTS_FIELD: {"kind": "array", "dtype": "int32"}}
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "sha256": self.sha256, "source": self.source, "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id, "eos_token": self.eos_token}
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, count: int | None = None):
+    """A byte-level BPE trained on `texts` (offline, deterministic for the same texts in the same order)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BPE_EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer, length=count)
+    return tok
+
+
+def find_eos(tok, eos_token: str | None) -> tuple[str, int]:
+    """(token, id) of the end-of-document token: --eos-token, else the tokenizer's own."""
+    if eos_token is not None:
+        eos_id = tok.token_to_id(eos_token)
+        if eos_id is None:
+            raise ConfigError(f"--eos-token {eos_token!r} is not in the tokenizer's vocabulary; pass a token it has "
+                              "(e.g. one of its special tokens)")
+        return eos_token, eos_id
+    for name in EOS_CANDIDATES:
+        if (eos_id := tok.token_to_id(name)) is not None:
+            return name, eos_id
+    raise ConfigError(f"the tokenizer has none of the usual end-of-document tokens ({', '.join(EOS_CANDIDATES)}); "
+                      "name its separator with --eos-token TOKEN")
+
+
+def _trained(cfg: BuildConfig, texts, corpus_key: str) -> str:
+    """The bpe:N tokenizer JSON: reused from the last build when the corpus and N are unchanged
+    (training is the slow part of a rerun), else trained on `texts()`."""
+    from shardkit.fs import atomic_write
+
+    marker = os.path.join(cfg.out, ".shardkit", "tokenizer.json.key")
+    key = hashlib.sha256(f"{cfg.tokenizer}|{corpus_key}".encode()).hexdigest()
+    try:
+        with open(marker, encoding="utf-8") as f, open(os.path.join(cfg.out, TOKENIZER_NAME), encoding="utf-8") as g:
+            recorded, blob = f.read().split(), g.read()
+        if recorded == [key, hashlib.sha256(blob.encode("utf-8")).hexdigest()]:
+            return blob
+    except (OSError, ValueError):
+        pass
+    docs = texts()
+    blob = train_bpe(docs, int(cfg.tokenizer[4:]), len(docs)).to_str(pretty=True)
+    atomic_write(marker, f"{key} {hashlib.sha256(blob.encode('utf-8')).hexdigest()}\n")
+    return blob
+
+
+def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> TokenizerInfo:
+    """Load --tokenizer FILE or train bpe:N on `texts()` (a callable: only read when training; skipped
+    when `corpus_key` matches the last training), save it as OUT/tokenizer.json (the file every task
+    loads) and describe it."""
+    from tokenizers import Tokenizer
+
+    from shardkit.fs import atomic_write
+
+    if cfg.tokenizer.startswith("bpe:") and not os.path.isfile(cfg.tokenizer):
+        blob = _trained(cfg, texts, corpus_key)
+        source = cfg.tokenizer
+    else:
+        with open(cfg.tokenizer, encoding="utf-8") as f:
+            blob = f.read()
+        source = os.path.basename(cfg.tokenizer)
+        try:
+            Tokenizer.from_str(blob)
+        except Exception as e:  # the Rust side raises a plain Exception for any parse error
+            raise ConfigError(f"--tokenizer {cfg.tokenizer!r} is not a tokenizer.json that tokenizers can load "
+                              f"({e}); save one with Tokenizer.save('tokenizer.json')") from None
+    atomic_write(os.path.join(cfg.out, TOKENIZER_NAME), blob)
+    tok = Tokenizer.from_str(blob)
+    eos_token, eos_id = find_eos(tok, cfg.eos_token)
+    return TokenizerInfo(TOKENIZER_NAME, hashlib.sha256(blob.encode("utf-8")).hexdigest(), source,
+                         tok.get_vocab_size(with_added_tokens=True), eos_id, eos_token)
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str, sha256: str):
+    """The tokenizer a task uses, read from OUT (files, not pickles, hand work to tasks); cached per process."""
+    from tokenizers import Tokenizer
+
+    with open(path, encoding="utf-8") as f:
+        blob = f.read()
+    if hashlib.sha256(blob.encode("utf-8")).hexdigest() != sha256:
+        raise ConfigError(f"{path} changed while the build was running; rerun the build")
+    _allow_threads()
+    return Tokenizer.from_str(blob)
+
+
+def _allow_threads() -> None:
+    """Decide TOKENIZERS_PARALLELISM for the tokenizer's Rayon thread pool.
+
+    A Dask worker is a spawned process that never forks afterwards, so the pool is safe there and
+    encode_batch over a shard's documents uses it: we set "true" unless the user chose. In any other
+    process (workers=0: the user's own) we leave the setting alone: a later fork (a DataLoader) after
+    the pool started makes tokenizers warn and fall back to one thread, which the user should decide.
+    """
+    if "TOKENIZERS_PARALLELISM" in os.environ or "distributed" not in sys.modules:
+        return
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:  # not inside a Dask worker
+        return
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def encode_ids(tok, texts: list[str], dtype: str, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """All documents' ids, each followed by EOS, as one flat array + document lengths (incl. EOS)."""
+    parts = []
+    for lo in range(0, len(texts), BATCH_DOCS):
+        # encode_batch_fast skips character offsets (not stored); ids are the same as encode_batch's.
+        for enc in tok.encode_batch_fast(texts[lo:lo + BATCH_DOCS], add_special_tokens=False):
+            ids = enc.ids
+            ids.append(eos_id)
+            parts.append(np.array(ids, np.int64))  # a C loop over the list, no per-token Python
+    lengths = np.array([len(p) for p in parts], np.int64)
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if len(flat) and int(flat.max()) >= np.iinfo(dtype).max:
+        raise ConfigError(f"token id {int(flat.max())} does not fit {dtype}: the tokenizer's vocabulary is "
+                          "larger than it reports; fix the tokenizer.json passed to --tokenizer")
+    return flat.astype(dtype), np.asarray(lengths, np.int64)
+
+
+def pack_rows(flat: np.ndarray, lengths: np.ndarray, row_len: int, tail: str, pad_id: int):
+    """Cut the document stream into rows of `row_len`; returns (rows, starts per row, stats).
+
+    starts[r] are the positions in row r where a segment begins: 0 (a row may open mid-document)
+    and every document start; in a padded last row, also where the padding begins.
+    """
+    total = len(flat)
+    full, rest = divmod(total, row_len)
+    n_rows = full + (1 if rest and tail == "pad" else 0)
+    rows = np.full((n_rows, row_len), pad_id, dtype=flat.dtype)
+    rows.reshape(-1)[:min(total, n_rows * row_len)] = flat[:n_rows * row_len]
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    if rest and tail == "pad":
+        doc_starts = np.concatenate([doc_starts, [total]])
+    row_of = doc_starts // row_len
+    bounds = np.searchsorted(row_of, np.arange(n_rows + 1))
+    starts = []
+    for r in range(n_rows):
+        s = (doc_starts[bounds[r]:bounds[r + 1]] - r * row_len).astype(np.int32)
+        starts.append(s if len(s) and s[0] == 0 else np.concatenate([[0], s]).astype(np.int32))
+    stats = {"pad_tokens": n_rows * row_len - total if tail == "pad" else 0,
+             "dropped_tokens": rest if tail == "drop" else 0}
+    return rows, starts, stats
+
+
+def tokenize(samples: Iterable[Sample], *, spec: dict, root: str, tail: str, shard_id: int,
+             stats: dict) -> Iterator[Sample]:
+    """Stage: the `txt` of every sample -> `tokens` (ids + EOS), per the manifest's tokens `spec`.
+
+    With spec["seq_len"], text samples become packed rows keyed `tokens-{shard}-{row}` (their other
+    fields are not carried over); samples without text pass through. `stats` receives documents,
+    tokens, rows, pad_tokens and dropped_tokens.
+    """
+    samples = list(samples)
+    docs = [s for s in samples if "txt" in s.fields]
+    if not docs:
+        yield from samples
+        return
+    tok = load_tokenizer(os.path.join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
+    flat, lengths = encode_ids(tok, [s.fields.pop("txt") for s in docs], spec["dtype"], spec["eos_id"])
+    _add(stats, documents=len(docs), tokens=len(flat))
+    seq_len = spec.get("seq_len")
+    if seq_len is None:
+        ends = np.cumsum(lengths).tolist()
+        le = flat.astype(flat.dtype.newbyteorder("<"))  # stored little-endian whatever the machine
+        for s, lo, hi in zip(docs, [0] + ends[:-1], ends):
+            s.fields[TOKENS_FIELD] = le[lo:hi].tobytes()
+        _add(stats, rows=len(docs))
+        yield from samples
+        return
+    rows, starts, pack_stats = pack_rows(flat, lengths, seq_len + 1, tail, spec["pad_id"])
+    _add(stats, rows=len(rows), **pack_stats)
+    le = rows.dtype.newbyteorder("<")
+    doc_ids = {id(s) for s in docs}
+    out = [s for s in samples if id(s) not in doc_ids]
+    out += [Sample(f"tokens-{shard_id:05d}-{r:07d}",
+                   {TOKENS_FIELD: rows[r].astype(le).tobytes(), STARTS_FIELD: starts[r].astype("<i4").tobytes()})
+            for r in range(len(rows))]
+    out.sort(key=lambda s: s.key)
+    yield from out
+
+
+def _add(stats: dict, **counts) -> None:
+    for k, v in counts.items():
+        stats[k] = stats.get(k, 0) + int(v)
