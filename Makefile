@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(BIN)/shardkit build $(DEMO)/raw $(DEMO)/out --image-size 64 --resize-mode center-crop --encode raw --format both
 	$(BIN)/shardkit inspect $(DEMO)/out
 	$(BIN)/shardkit verify $(DEMO)/out
+	$(BIN)/python -m shardkit.demo $(DEMO)/out
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
