@@ -61,7 +61,7 @@ def _parse_size(ctx, param, value):
 @main.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
+@click.option("--format", "format", type=click.Choice(FORMATS), default="tar", show_default=True,
               help="Shard format: WebDataset tar, Parquet, or both (same samples in each).")
 @click.option("--shard-size", default="256MB", show_default=True, callback=_parse_size,
               help="Target bytes per shard (e.g. 64MB, 1GiB); cut from estimated output sizes.")
@@ -83,6 +83,13 @@ def _parse_size(ctx, param, value):
 @click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
               help="skip: record bad inputs in OUT/errors.jsonl and go on; fail: stop at the first one.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--dedup", is_flag=True, help="Remove near-duplicates (MinHash LSH for text, pHash for images) "
+              "before writing; report in OUT/dedup/. Tune with --dedup-threshold/--dedup-verify/--image-distance.")
+@click.option("--dedup-threshold", type=float, default=0.8, show_default=True,
+              help="Jaccard similarity of word 5-gram sets above which two texts are duplicates.")
+@click.option("--dedup-verify", is_flag=True, help="Check candidate pairs with exact Jaccard (precision 1.0).")
+@click.option("--image-distance", type=int, default=10, show_default=True,
+              help="Max pHash bit distance (of 64) for near-duplicate images (see `shardkit dedup --help`).")
 @click.option("--tokenizer", default=None, metavar="FILE|bpe:N",
               help="Tokenize text once at build time (field tokens replaces txt): a tokenizer.json file, or "
                    "bpe:N to train an N-token byte-level BPE on the corpus first. Saved as OUT/tokenizer.json; "
@@ -106,9 +113,7 @@ def _parse_size(ctx, param, value):
 @click.option("--augment-seed", type=int, default=0, show_default=True,
               help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
 @click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
-def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_mode, encode, quality,
-          labels, text_field, workers, scheduler, on_error, progress, tokenizer, eos_token, seq_len, tail,
-          augment, augment_ops, augment_keep_original, augment_seed, half):
+def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
     \b
@@ -128,13 +133,8 @@ def build(src, out, fmt, shard_size, max_samples_per_shard, image_size, resize_m
     from shardkit.config import BuildConfig
     from shardkit.executor import build as run_build
 
-    cfg = BuildConfig(src=src, out=out, format=fmt, shard_size=shard_size,
-                      max_samples_per_shard=max_samples_per_shard, image_size=image_size,
-                      resize_mode=resize_mode, encode=encode, quality=quality, labels=labels,
-                      text_field=text_field, workers=workers, scheduler=scheduler, on_error=on_error,
-                      progress=progress, tokenizer=tokenizer, eos_token=eos_token, seq_len=seq_len, tail=tail,
-                      augment=augment, augment_ops=augment_ops, augment_keep_original=augment_keep_original,
-                      augment_seed=augment_seed, half=half)
+    # Every flag is named after its BuildConfig field: the mapping is one-to-one by construction.
+    cfg = BuildConfig(src=src, out=out, **options)
     result = run_build(cfg)
     click.echo(build_summary(result))
 
@@ -151,6 +151,8 @@ def build_summary(r) -> str:
         f"  rejected        {len(r.rejections)}" + (" (see errors.jsonl)" if r.rejections else ""),
     ]
     lines += [f"    {n:>5}  {reason}" for reason, n in r.rejected_by_reason.items()]
+    if r.duplicates:
+        lines.append(f"  duplicates      {r.duplicates} removed (review dedup/clusters.parquet, dedup/summary.json)")
     if r.utf8_replaced:
         lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
     tok = r.manifest.extra.get("tokenizer") if r.manifest else None

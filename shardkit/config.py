@@ -72,6 +72,10 @@ class BuildConfig:
     augment_keep_original: bool = False
     augment_seed: int = 0
     half: bool = False  # float .npy arrays stored as float16
+    dedup: bool = False  # remove near-duplicates before shards are assigned (see DedupConfig)
+    dedup_threshold: float = 0.8
+    dedup_verify: bool = False
+    image_distance: int = 10
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -99,6 +103,14 @@ class BuildConfig:
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
         check_cache_options(self)
+        if self.dedup:
+            self.dedup_config()  # validates the dedup options with DedupConfig's own checks
+
+    def dedup_config(self) -> "DedupConfig":
+        """The DedupConfig that `build --dedup` runs with."""
+        return DedupConfig(src=self.src, out=self.out, threshold=self.dedup_threshold, verify=self.dedup_verify,
+                           image_distance=self.image_distance, text_field=self.text_field, workers=self.workers,
+                           scheduler=self.scheduler, on_error=self.on_error, progress=self.progress)
 
     @property
     def image_field(self) -> str:

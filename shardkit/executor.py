@@ -78,6 +78,7 @@ class BuildResult:
     images: int
     reused_shards: int = 0
     utf8_replaced: int = 0
+    duplicates: int = 0  # removed by --dedup (see OUT/dedup/)
     manifest: Manifest | None = field(default=None, repr=False)
 
     @property
@@ -297,6 +298,16 @@ def _remove_stale(cfg: BuildConfig, keep: set[str], n_plans: int) -> None:
             os.remove(os.path.join(done_dir, name))
 
 
+def _dedup(records: list[InputRecord], cfg: BuildConfig) -> list[InputRecord]:
+    """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/."""
+    from shardkit.dedup_job import dedup_records
+
+    if cfg.workers == 0:
+        return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), None)[0]
+    with dask_client(cfg.scheduler, cfg.workers) as client:
+        return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), client)[0]
+
+
 def build(cfg: BuildConfig) -> BuildResult:
     """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest."""
     from dataclasses import replace
@@ -319,7 +330,11 @@ def build(cfg: BuildConfig) -> BuildResult:
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
-    plans = plan_shards(scanned.records, cfg)
+    records, dedup_extra = scanned.records, {}
+    if cfg.dedup:
+        records = _dedup(records, cfg)
+        dedup_extra = {"dedup": {"removed": len(scanned.records) - len(records), "summary": "dedup/summary.json"}}
+    plans = plan_shards(records, cfg)
     reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
     todo = [p for p in plans if p.id not in reused]
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
@@ -337,8 +352,9 @@ def build(cfg: BuildConfig) -> BuildResult:
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
                         build={"config": cfg.recorded(), "hash": config_hash},
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
+                        extra=dedup_extra | ({} if tok is None else
+                                             {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))}))
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       manifest)
+                       len(scanned.records) - len(records), manifest)

@@ -217,3 +217,34 @@ def test_bad_options_say_how_to_fix_them(raw_folder, tmp_path, args, message):
     res = CliRunner().invoke(main, ["build", str(raw_folder), str(tmp_path / "o"), "--workers", "0", *args])
     assert res.exit_code != 0
     assert message in res.output
+
+
+def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
+    import shutil
+
+    from shardkit.datagen import raw_folder, words
+
+    raw = tmp_path / "raw"
+    raw_folder(str(raw), images_per_class=4, documents=6, bad=False, seed=2)
+    rng = np.random.default_rng(5)
+    text = words(rng, 200)
+    (raw / "twin_a.txt").write_text(text)
+    (raw / "twin_b.txt").write_text(text.replace("data", "DATA", 1) + " extra")  # near-identical
+    shutil.copy(raw / "cat" / "000000.jpg", raw / "cat" / "copy_of_000000.jpg")  # exact image copy
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["build", str(raw), str(out), "--workers", "0", "--dedup", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "duplicates      2 removed" in res.output
+    m = load_manifest(str(out))
+    assert m.extra["dedup"]["removed"] == 2
+    keys = {k for s in m.shards_of("tar") for k in pq.read_table(out / s.index["path"]).column("__key__").to_pylist()}
+    assert "twin_a" in keys and "twin_b" not in keys
+    assert "cat/000000" in keys and "cat/copy_of_000000" not in keys
+    clusters = pq.read_table(out / "dedup" / "clusters.parquet").to_pylist()
+    removed = {r["key"] for r in clusters if not r["kept"]}
+    assert removed == {"twin_b", "cat/copy_of_000000"}
+    assert m.samples == len(keys)
+    inputs = int(next(line.split()[1] for line in res.output.splitlines() if line.strip().startswith("inputs")))
+    assert inputs == m.samples + len(_errors(out)) + 2  # written + rejected + duplicates: nothing lost
+    summary = json.loads((out / "dedup" / "summary.json").read_text())
+    assert summary["inputs"] == m.samples + 2
