@@ -308,12 +308,8 @@ def _dedup(records: list[InputRecord], cfg: BuildConfig) -> list[InputRecord]:
         return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), client)[0]
 
 
-def build(cfg: BuildConfig) -> BuildResult:
-    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest."""
-    from dataclasses import replace
-
-    start = time.perf_counter()
-    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+def _scan(cfg: BuildConfig) -> ScanResult:
+    """Scan SRC (source rejections go through the policy) and retire OUT's manifest before any write."""
     scanned = scan(cfg)
     source_log = RejectionLog(cfg.on_error)
     for r in scanned.rejections:
@@ -322,18 +318,29 @@ def build(cfg: BuildConfig) -> BuildResult:
     # Until this build ends, no manifest may name shards it is about to replace.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
-    fields, config_hash = field_specs(scanned, cfg), cfg.output_hash()
-    tok = prepare_tokenizer(cfg, lambda: _corpus(scanned, cfg), _corpus_key(scanned)) if cfg.tokenizer else None
-    fields = cache_fields(fields, scanned, cfg, tok)
+    return scanned
+
+
+def build(cfg: BuildConfig) -> BuildResult:
+    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest."""
+    from dataclasses import replace
+
+    start = time.perf_counter()
+    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    scanned = _scan(cfg)
+    records, dedup_extra = scanned.records, {}
+    if cfg.dedup:  # before tokenizer training, so a trained vocabulary never sees the duplicates
+        records = _dedup(records, cfg)
+        dedup_extra = {"dedup": {"removed": len(scanned.records) - len(records), "summary": "dedup/summary.json"}}
+    kept = replace(scanned, records=records)
+    fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
+    tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
+    fields = cache_fields(fields, kept, cfg, tok)
     if tok is not None:  # the tokenizer file's content changes the output, not only its path
         config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
-    records, dedup_extra = scanned.records, {}
-    if cfg.dedup:
-        records = _dedup(records, cfg)
-        dedup_extra = {"dedup": {"removed": len(scanned.records) - len(records), "summary": "dedup/summary.json"}}
     plans = plan_shards(records, cfg)
     reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
     todo = [p for p in plans if p.id not in reused]
