@@ -1,0 +1,171 @@
+"""The interleaved runner: every variant x worker count, repeated in rotating order, one epoch each."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import threading
+import time
+
+from shardkit.bench.config import BenchConfig
+from shardkit.bench.data import BenchData, prepare
+from shardkit.bench.variants import VARIANTS
+from shardkit.errors import ConfigError, ShardkitError
+
+RSS_PERIOD_S = 0.05
+
+
+class RssSampler:
+    """Peak resident memory of this process plus its children (the loader workers), sampled.
+
+    RSS counts pages shared between a forked worker and its parent in both, so the sum is an
+    upper bound; it is the figure `top` users compare against their RAM.
+    """
+
+    def __init__(self, period: float = RSS_PERIOD_S):
+        import psutil
+
+        self._proc, self._period = psutil.Process(), period
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-rss", daemon=True)
+
+    def sample(self) -> int:
+        import psutil
+
+        total = self._proc.memory_info().rss
+        for child in self._proc.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:  # a worker that just exited has nothing left to count
+                pass
+        self.peak = max(self.peak, total)
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def label_checksum(counts) -> str:
+    """Order-free fingerprint of the labels read: workers interleave batches differently per variant."""
+    return hashlib.sha256(",".join(str(int(c)) for c in counts).encode()).hexdigest()[:16]
+
+
+def _close(loader) -> None:
+    # make_loader keeps persistent workers alive after the epoch; stop them now so they neither
+    # hold memory nor count in the next run's RSS.
+    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, step) -> dict:
+    """One epoch of variant `name` with `workers` workers, through the StarvationMeter."""
+    import numpy as np
+    import torch
+
+    from shardkit.meter import StarvationMeter
+
+    variant = VARIANTS[name]
+    pin = cfg.gpu and torch.cuda.is_available()
+    loader = variant.loader(data, workers, cfg.batch_size, pin)
+    meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu")
+    counts = np.zeros(len(data.classes) + 1, np.int64)  # the last slot counts unlabelled (-1) samples
+    first_batch = None
+    with RssSampler() as rss:
+        start = time.perf_counter()
+        wrapped = meter.wrap(loader)
+        for batch in wrapped:
+            if first_batch is None:
+                first_batch = time.perf_counter() - start
+            images, labels = variant.split(batch)
+            slots = np.where(labels.numpy() < 0, len(counts) - 1, labels.numpy())
+            counts += np.bincount(slots, minlength=len(counts))[: len(counts)]
+            step(images, labels)
+        wall = time.perf_counter() - start
+        s = meter.summary()
+        _close(loader)
+    del loader, wrapped
+    gc.collect()
+    per_sample = data.bytes[name] / max(data.samples, 1)
+    return {
+        "variant": name, "workers": workers, "samples": int(counts.sum()), "label_checksum": label_checksum(counts),
+        "samples_per_s": s["samples_per_s"], "mb_per_s": s["samples_per_s"] * per_sample / 1e6,
+        "starved_pct": s.get("gpu_idle_pct", s["starved_pct"]), "host_wait_pct": s["starved_pct"],
+        "first_batch_s": first_batch or 0.0, "peak_rss_bytes": rss.peak, "wall_s": wall,
+        "measured_steps": s["steps"], "warmup_steps": s["warmup_steps"],
+        "wait_p50_ms": s["wait_p50_ms"], "wait_p95_ms": s["wait_p95_ms"], "band": s["band"], "advice": s["advice"],
+    }
+
+
+def _step(cfg: BenchConfig, data: BenchData):
+    from shardkit.bench.model import ModelStep, simulated_step
+
+    if not cfg.gpu:
+        return simulated_step(cfg.step_ms), {"kind": "simulated", "step_ms": cfg.step_ms}
+    step = ModelStep(len(data.classes), "cuda")
+    step.warm(cfg.batch_size, data.image_size)
+    return step, {"kind": "small_resnet", "precision": step.precision.name, "device": str(step.device)}
+
+
+def schedule(cfg: BenchConfig) -> list[tuple[int, int, str]]:
+    """(repetition, workers, variant) in run order: variants rotate each repetition so none is
+    always first (cold caches) or last (a warm machine); repetitions interleave all cells."""
+    order = []
+    for rep in range(cfg.repeat):
+        for workers in cfg.workers:
+            k = rep % len(cfg.variants)
+            for name in cfg.variants[k:] + cfg.variants[:k]:
+                order.append((rep, workers, name))
+    return order
+
+
+def _check_batches(cfg: BenchConfig, data: BenchData) -> None:
+    batches = -(-data.samples // cfg.batch_size)
+    if batches <= cfg.warmup:
+        raise ConfigError(f"{data.samples} samples make {batches} batches of {cfg.batch_size}, none left to measure "
+                          f"after --warmup {cfg.warmup}: use more images, a smaller --batch-size or --warmup")
+
+
+def run(cfg: BenchConfig) -> dict:
+    """Prepare the data, measure every cell, write bench.json, bench.md and bench.png; return the report."""
+    from tqdm.auto import tqdm
+
+    from shardkit.bench.report import build_report, write_outputs
+
+    data = prepare(cfg)
+    _check_batches(cfg, data)
+    step, step_info = _step(cfg, data)
+    runs = []
+    order = schedule(cfg)
+    with tqdm(total=len(order), desc="measure", unit="run", disable=None if cfg.progress else True) as bar:
+        for rep, workers, name in order:
+            bar.set_postfix_str(f"{name} w={workers} rep {rep + 1}/{cfg.repeat}")
+            result = measure_once(name, data, workers, cfg, step)
+            result["repetition"] = rep
+            runs.append(result)
+            bar.update(1)
+    report = build_report(cfg, data, runs, step_info)
+    os.makedirs(cfg.out, exist_ok=True)
+    outputs = write_outputs(report, cfg.out)
+    if cfg.plot:
+        from shardkit.bench.plot import plot_file
+
+        try:
+            outputs["png"] = plot_file(outputs["json"], os.path.join(cfg.out, "bench.png"))
+        except ShardkitError as e:  # matplotlib missing: the figures are on disk; say how to get the plot
+            report["plot_error"] = str(e)
+    report["outputs"] = outputs  # not in bench.json: where this run wrote its files
+    return report
