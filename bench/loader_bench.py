@@ -1,9 +1,11 @@
 """Loader benchmark: StreamingDataset vs. webdataset vs. a raw-folder Dataset, interleaved in one run.
 
-    .venv/bin/python bench/loader_bench.py            # ~3,000 images, 3 rounds (~5 min on 2 cores)
+    .venv/bin/python bench/loader_bench.py            # 3,000 images, 5 rounds (~5 min on 2 cores)
     .venv/bin/python bench/loader_bench.py --n 600 --rounds 2   # quick check
 
-Prints samples/s per path (median of the rounds) and the ratios issue 3 names.
+Generated data is kept in $TMPDIR/shardkit-loader-bench-N and reused by the next run (--work).
+Prints samples/s per path (median of the rounds) and the ratios issue 3 names, each the median
+of its per-round ratios.
 """
 
 from __future__ import annotations
@@ -214,10 +216,10 @@ def _existing(root: str) -> int | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=3000, help="source images (default 3000)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=2.0, help="minimum timed seconds per path per round")
+    p.add_argument("--seconds", type=float, default=1.0, help="minimum timed seconds per path per round")
     p.add_argument("--work", default=None,
                    help="folder for generated data, reused when it already holds --n images "
                         "(default: $TMPDIR/shardkit-loader-bench-N)")
@@ -233,37 +235,47 @@ def main(argv=None) -> int:
         timed(loader, 0, 2 * args.batch)
     load_blobs(jpeg_root)
     concurrent = f"decode-only, {args.workers} loops at once"
-    rates = {name: [] for name in [*runs, "decode-only limit (1 core)", concurrent]}
+    steps = {name: (lambda lo=loader: timed(lo, args.seconds, 10**9)) for name, loader in runs.items()}
+    folder_name = next(n for n in runs if n.startswith("folder"))
+    steps[folder_name] = lambda: timed(runs[folder_name], args.seconds, 4 * args.batch)  # slow: fewer
+    steps["decode-only limit (1 core)"] = lambda: decode_limit(args.seconds / 2)
+    steps[concurrent] = lambda: decode_limit(args.seconds, args.workers)
+    # Each ratio's two sides run next to each other, so they see about the same machine load.
+    order = ["decode-only limit (1 core)", "shardkit jpeg tar", concurrent, "shardkit jpeg parquet",
+             "webdataset jpeg tar", folder_name, "shardkit raw tar", "webdataset raw tar", "shardkit raw parquet"]
+    rates = {name: [] for name in order}
     for r in range(args.rounds):
-        rates["decode-only limit (1 core)"].append(decode_limit(args.seconds / 2))
-        rates[concurrent].append(decode_limit(args.seconds, args.workers))
-        for name, loader in runs.items():
-            slow = name.startswith("folder")
-            rates[name].append(timed(loader, args.seconds, 4 * args.batch if slow else 10**9))
+        for name in order:
+            rates[name].append(steps[name]())
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     report(rates, args.workers)
     return 0
 
 
 def report(rates: dict, workers: int) -> None:
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    for name, value in med.items():
-        spread = f"{min(rates[name]):,.0f}-{max(rates[name]):,.0f}"
-        print(f"{name:44s} {value:10,.0f} samples/s  (rounds: {spread})")
-    limit = med["decode-only limit (1 core)"] * workers
-    folder = med["folder (map-style, PIL open+resize+crop)"]
-    print(f"\nratios (median rates, {workers} workers):")
+    """Median rates, and each ratio as the median of its per-round ratios: A and B of a ratio
+    ran back to back in every round, so a round's ratio shares that moment's machine load."""
+    for name, values in rates.items():
+        spread = f"{min(values):,.0f}-{max(values):,.0f}"
+        print(f"{name:44s} {statistics.median(values):10,.0f} samples/s  (rounds: {spread})")
+
+    def ratio(a: str, b: str, scale: float = 1.0) -> str:
+        per_round = [x / (y * scale) for x, y in zip(rates[a], rates[b])]
+        return f"{statistics.median(per_round):6.2f}  (rounds {min(per_round):.2f}-{max(per_round):.2f})"
+
+    folder, single = "folder (map-style, PIL open+resize+crop)", "decode-only limit (1 core)"
+    both = f"decode-only, {workers} loops at once"
+    print(f"\nratios (median of per-round ratios, {workers} workers):")
     for fmt in ("tar", "parquet"):
-        raw, jpeg = med[f"shardkit raw {fmt}"], med[f"shardkit jpeg {fmt}"]
-        print(f"  raw {fmt:7s} / webdataset raw tar   = {raw / med['webdataset raw tar']:6.2f}x  (target >= 6)")
-        print(f"  jpeg {fmt:7s} / decode limit x {workers}   = {jpeg / limit:6.2f}   (target >= 0.90)")
-        print(f"  jpeg {fmt:7s} / folder loader       = {jpeg / folder:6.2f}x  (target >= 6)")
-        print(f"  raw {fmt:7s} / folder loader        = {raw / folder:6.2f}x  (target >= 40)")
-        print(f"  raw {fmt:7s} absolute               = {raw:8,.0f}  (target >= 10,000/s)")
-    print(f"  webdataset jpeg / decode limit x {workers} = {med['webdataset jpeg tar'] / limit:6.2f}")
-    both = med[f"decode-only, {workers} loops at once"]
-    print(f"  (decode limit measured as {workers} loops running at once: {both:,.0f}/s; jpeg tar / that = "
-          f"{med['shardkit jpeg tar'] / both:.2f}, jpeg parquet / that = {med['shardkit jpeg parquet'] / both:.2f})")
+        raw, jpeg = f"shardkit raw {fmt}", f"shardkit jpeg {fmt}"
+        print(f"  raw {fmt:7s} / webdataset raw tar        = {ratio(raw, 'webdataset raw tar')}  target >= 6")
+        print(f"  raw {fmt:7s} / folder loader             = {ratio(raw, folder)}  target >= 40")
+        print(f"  raw {fmt:7s} samples/s                   = {statistics.median(rates[raw]):8,.0f}  target >= 10,000")
+        print(f"  jpeg {fmt:7s} / decode limit x {workers}        = {ratio(jpeg, single, workers)}  target >= 0.90")
+        print(f"  jpeg {fmt:7s} / {workers} decode loops at once = {ratio(jpeg, both)}")
+        print(f"  jpeg {fmt:7s} / folder loader            = {ratio(jpeg, folder)}  target >= 6")
+    print(f"  webdataset jpeg / decode limit x {workers}     = {ratio('webdataset jpeg tar', single, workers)}")
+    print(f"  webdataset raw  / folder loader        = {ratio('webdataset raw tar', folder)}")
 
 
 if __name__ == "__main__":

@@ -187,3 +187,31 @@ def test_interop_on_a_shardkit_build(tmp_path):
                 assert json.loads(t[name]) == value
             else:
                 assert t[name].decode("utf-8") == value
+
+
+@pytest.mark.parametrize("mode, fmt, options", [
+    ("RGB", "JPEG", {}), ("RGB", "JPEG", {"progressive": True}), ("RGB", "JPEG", {"subsampling": 0}),
+    ("RGB", "JPEG", {"optimize": True, "comment": b"made by a test", "icc_profile": b"\x00" * 200}),
+    ("L", "JPEG", {}), ("CMYK", "JPEG", {}), ("RGBA", "PNG", {}), ("P", "PNG", {}), ("RGB", "WEBP", {})])
+def test_decode_image_matches_pil(mode, fmt, options):
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    im = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, fmt, **options)
+    got = decode_image(buf.getvalue())
+    want = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+    assert got.shape == (37, 53, 3) and got.dtype == np.uint8 and np.array_equal(got, want)
+
+
+def test_decode_image_rejects_truncated_and_corrupt_jpeg():
+    from factory import jpeg_bytes
+
+    data = jpeg_bytes(np.zeros((40, 40, 3), np.uint8))
+    for bad in (data[: len(data) // 2], data[:200], b"\xff\xd8" + b"\x00" * 64):
+        with pytest.raises(Exception) as info:
+            decode_image(bad)
+        assert isinstance(info.value, (OSError, SyntaxError, ValueError))

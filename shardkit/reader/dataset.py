@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.config import StreamConfig
 from shardkit.errors import ConfigError, ShardError
@@ -142,6 +142,8 @@ class StreamingDataset(IterableDataset):
         self._iter_epoch = epoch  # in a worker, self.epoch is the main process's at fork time
         if self.transport is not None:
             self.transport.start_iteration()
+        if get_worker_info() is not None:
+            decode.tune_worker_malloc()
         worker, num_workers = worker_identity()
         sequence = rank_sequence(self.counts, self.plan, epoch, self.rank, self.world_size)
         for ids in worker_batches(sequence, self.plan, consumed, worker, num_workers):
