@@ -211,7 +211,7 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
     from tqdm.auto import tqdm
 
     from shardkit.fs import atomic_write, join, read_bytes
-    from shardkit.manifest import Manifest, write_manifest
+    from shardkit.manifest import Manifest, remove_unlisted_shards, write_manifest
 
     keys = shard_keys(src, manifest)
     survivors = [i for i in sorted(keys) if any(k not in removed for k in keys[i])]
@@ -243,28 +243,8 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
                             shards=infos, classes=manifest.classes, build=build,
                             errors=_merge_errors(manifest.errors, result.rejections), extra=dict(manifest.extra))
     write_manifest(out, out_manifest)
-    _remove_stale(out, out_manifest)
+    remove_unlisted_shards(out, out_manifest.shards)
     return out_manifest
-
-
-def _remove_stale(out: str, manifest) -> None:
-    """Shard files an earlier, larger run left in OUT/shards that the new manifest does not name."""
-    keep = {s.path for s in manifest.shards} | {s.index["path"] for s in manifest.shards if s.index}
-    folder = os.path.join(out, "shards")
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith("data-") and f"shards/{name}" not in keep:
-            os.remove(os.path.join(folder, name))
-
-
-@contextlib.contextmanager
-def _client(cfg: DedupConfig):
-    if cfg.workers == 0:  # in-process, no cluster: for debugging and tiny inputs
-        yield None
-        return
-    from shardkit.executor import dask_client
-
-    with dask_client(cfg.scheduler, cfg.workers) as client:
-        yield client
 
 
 def _dedup_dataset(cfg: DedupConfig, manifest, workdir: str, client) -> tuple[DedupResult, object]:
@@ -334,7 +314,9 @@ def dedup(cfg: DedupConfig) -> DedupResult:
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
     workdir = os.path.join(cfg.out, ".shardkit", "dedup")
-    with _client(cfg) as client:
+    from shardkit.executor import dask_client
+
+    with dask_client(cfg.scheduler, cfg.workers) as client:
         if is_dataset:
             result, manifest = _dedup_dataset(cfg, load_manifest(cfg.src), workdir, client)
         else:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
 from shardkit.fs import atomic_write
-from shardkit.manifest import MANIFEST_NAME, Manifest, write_manifest
+from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import array_spec, arrays
@@ -229,7 +229,11 @@ def _sum_stats(results: list[ShardResult]) -> dict:
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None):
-    """An existing cluster (`--scheduler ADDRESS`) or an embedded LocalCluster closed on exit."""
+    """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
+    embedded LocalCluster closed on exit."""
+    if workers == 0:
+        yield None
+        return
     from distributed import Client, LocalCluster
 
     if scheduler:
@@ -285,13 +289,9 @@ def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_has
     return results
 
 
-def _remove_stale(cfg: BuildConfig, keep: set[str], n_plans: int) -> None:
+def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind."""
-    shard_dir = os.path.join(cfg.out, "shards")
-    for name in os.listdir(shard_dir):
-        rel = f"shards/{name}"
-        if name.startswith("data-") and rel not in keep:
-            os.remove(os.path.join(shard_dir, name))
+    remove_unlisted_shards(cfg.out, shards)
     done_dir = os.path.join(cfg.out, STATE_DIR, "done")
     for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
         if name.startswith("shard-") and int(name[6:11]) >= n_plans:
@@ -302,8 +302,6 @@ def _dedup(records: list[InputRecord], cfg: BuildConfig) -> list[InputRecord]:
     """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/."""
     from shardkit.dedup_job import dedup_records
 
-    if cfg.workers == 0:
-        return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), None)[0]
     with dask_client(cfg.scheduler, cfg.workers) as client:
         return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), client)[0]
 
@@ -351,8 +349,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     shards = [info for r in results for info in r.shards]
     rejections = sorted(scanned.rejections + [x for r in results for x in r.rejections],
                         key=lambda r: (r.path, r.stage, r.reason))
-    keep = {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
-    _remove_stale(cfg, keep, len(plans))
+    _remove_stale(cfg, shards, len(plans))
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)

@@ -121,6 +121,21 @@ def load_manifest(root: str) -> Manifest:
     return Manifest.from_dict(d, where=url)
 
 
+def shard_files(shards) -> set[str]:
+    """Relative paths of every file the shards consist of (shard files and their index sidecars)."""
+    return {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
+
+
+def remove_unlisted_shards(root: str, shards) -> None:
+    """Delete ROOT/shards/data-* files that `shards` do not name (left by an earlier, larger run)."""
+    import os
+
+    keep, folder = shard_files(shards), os.path.join(root, "shards")
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("data-") and f"shards/{name}" not in keep:
+            os.remove(os.path.join(folder, name))
+
+
 def write_manifest(root: str, manifest: Manifest) -> None:
     """Write ROOT/manifest.json atomically; call it only after every shard it names is in place."""
     atomic_write(manifest_url(root), manifest.to_json())
