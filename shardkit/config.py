@@ -130,6 +130,10 @@ def field_names(cls) -> list[str]:
     return [f.name for f in fields(cls)]
 
 
+VARIANT_POLICIES = ("cycle", "random")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     """StreamingDataset options (shardkit.reader.dataset): every keyword is one field here."""
@@ -143,6 +147,8 @@ class StreamConfig:
     cache_dir: str | None = None
     cache_limit: int | str | None = None
     on_error: str = "fail"
+    variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
+    dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -150,6 +156,11 @@ class StreamConfig:
         positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
+        choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
+        if self.dtype is not None:  # a torch.dtype is kept by name: this module does not import torch
+            name = str(self.dtype).removeprefix("torch.")
+            choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
+            object.__setattr__(self, "dtype", name)
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:

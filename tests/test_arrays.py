@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from shardkit.config import BuildConfig
+from shardkit.errors import ConfigError
 from shardkit.executor import build
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
-from shardkit.reader.arrays import cast
 from shardkit.reader.dataset import StreamingDataset
 
 SHAPE = (6, 8)
@@ -72,15 +72,39 @@ def test_half_round_trip_and_error_bound(features, tmp_path):
     assert bytes_of[half] < 0.7 * bytes_of[full]
 
 
-def test_reader_casts_with_dtype(features, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, "float32", "bfloat16", "float16"])
+def test_reader_casts_with_dtype(features, tmp_path, dtype, workers):
     src, arrays = features
     out = tmp_path / "half"
     _build(src, out, format="parquet", half=True)
-    ds = StreamingDataset(str(out), shuffle=False, batch_transform=cast(torch.float32))
-    batch = next(iter(make_loader(ds, batch_size=3, num_workers=0)))
-    assert batch["array"].dtype == torch.float32
-    key = batch["__key__"][0]
-    assert np.array_equal(batch["array"][0].numpy(), arrays[key].astype(np.float16).astype(np.float32))
+    ds = StreamingDataset(str(out), shuffle=False, dtype=dtype)
+    want = getattr(torch, str(dtype).removeprefix("torch."))
+    seen = {}
+    for batch in make_loader(ds, batch_size=3, num_workers=workers):
+        assert batch["array"].dtype == want and batch["array"].shape[1:] == SHAPE
+        seen.update(zip(batch["__key__"], batch["array"]))
+    assert set(seen) == set(arrays)
+    for key, a in arrays.items():
+        stored = torch.from_numpy(a.astype(np.float16))
+        assert torch.equal(seen[key], stored.to(want))  # exactly one cast of the stored value
+
+
+def test_dtype_option_is_checked_and_leaves_other_fields_alone(tmp_path):
+    from shardkit.datagen import image_folder
+
+    src = tmp_path / "raw"
+    image_folder(str(src), n=4, classes=1, size=(40, 30), seed=2)
+    for i in range(4):
+        np.save(src / "class_00" / f"{i:06d}.npy", np.full(SHAPE, i + 0.5, np.float32))
+    out = tmp_path / "out"
+    _build(src, out, format="parquet", image_size=16, resize_mode="center-crop", encode="raw")
+    batch = next(iter(make_loader(StreamingDataset(str(out), shuffle=False, dtype="float64"),
+                                  batch_size=4, num_workers=0)))
+    assert batch["array"].dtype == torch.float64 and batch["array"][:, 0, 0].tolist() == [0.5, 1.5, 2.5, 3.5]
+    assert batch["raw"].dtype == torch.uint8 and batch["cls"].dtype == torch.int64  # not float arrays
+    with pytest.raises(ConfigError, match="dtype='int8'.*float16, bfloat16, float32, float64"):
+        StreamingDataset(str(out), dtype="int8")
 
 
 def test_bad_arrays_are_rejected_with_reasons(features, tmp_path):

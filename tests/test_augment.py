@@ -107,6 +107,45 @@ def test_each_epoch_shows_another_variant_and_k_epochs_show_all(images, tmp_path
             assert all(variants[e] != variants[e + 1] for e in range(K - 1))
 
 
+def _shown_variants(ds, stored, field, epoch, workers) -> dict[str, int]:
+    """Which stored variant each key shows in `epoch`, read through make_loader with `workers`."""
+    from shardkit.loader import make_loader
+
+    ds.set_epoch(epoch)
+    shown = {}
+    for batch in make_loader(ds, batch_size=3, num_workers=workers):
+        for key, image in zip(batch["__key__"], batch[field]):
+            px = image.permute(1, 2, 0).numpy()
+            matches = [k for k, stored_px in enumerate(stored[key]) if np.array_equal(stored_px, px)]
+            assert len(matches) == 1
+            shown[key] = matches[0]
+    return shown
+
+
+def test_seeded_random_variant_choice_through_the_loader(images, tmp_path):
+    out = tmp_path / "out"
+    _build(images, out, format="parquet", encode="raw", max_samples_per_shard=5)
+    rows = _rows(out)
+    names = ["raw"] + [f"{k}.raw" for k in range(1, K)]
+    stored = {key: [np.frombuffer(r[n], np.uint8).reshape(32, 32, 3) for n in names] for key, r in rows.items()}
+    keys = sorted(rows)
+    by_epoch = {}
+    for epoch in range(6):
+        ds = StreamingDataset(str(out), variant="random", seed=11)
+        shown = _shown_variants(ds, stored, "raw", epoch, workers=2 if epoch == 0 else 0)
+        assert sorted(shown) == keys
+        # exactly the seeded draw, whatever the worker count, not the cycle
+        assert [shown[k] for k in keys] == choose(keys, epoch, K, "random", seed=11).tolist()
+        by_epoch[epoch] = shown
+    assert [by_epoch[0][k] for k in keys] != choose(keys, 0, K, "cycle").tolist()
+    again = _shown_variants(StreamingDataset(str(out), variant="random", seed=11), stored, "raw", 0, workers=0)
+    assert again == by_epoch[0]
+    other_seed = _shown_variants(StreamingDataset(str(out), variant="random", seed=12), stored, "raw", 0, workers=0)
+    assert other_seed != by_epoch[0]
+    with pytest.raises(ConfigError, match="variant='sometimes'.*cycle, random"):
+        StreamingDataset(str(out), variant="sometimes")
+
+
 def test_variant_choice_policies():
     keys = [f"k{i}" for i in range(200)]
     epochs = np.stack([choose(keys, e, 4) for e in range(8)])

@@ -229,6 +229,26 @@ def test_streaming_yields_long_rows_and_padded_documents(corpus, tmp_path):
         assert (row[n:] == pad).all() and (target[n - 1:] == IGNORE_INDEX).all()
 
 
+def test_token_rows_through_workers_are_exact_and_travel_in_reused_slots(corpus, tmp_path):
+    packed = tmp_path / "packed"
+    _build(corpus, packed, tokenizer="bpe:400", seq_len=15, format="parquet", max_samples_per_shard=8)
+    m = load_manifest(str(packed))
+    stored = {r["__key__"]: np.frombuffer(r["tokens"], "<u2").tolist()
+              for s in m.shards_of("parquet") for r in pq.read_table(packed / s.path).to_pylist()}
+    loader = make_loader(StreamingDataset(str(packed), seed=4), batch_size=3, num_workers=2, prefetch_factor=2)
+    held = [b for _ in range(3) for b in loader]  # kept: more batches than slots, over three epochs
+    transport = loader._transport
+    assert len(held) > transport.flags.shape[1] * transport.flags.shape[0]
+    assert int((transport.flags != 0).sum()) > 0  # the int64 rows sit in the workers' shared slots
+    for b in held:
+        assert b["tokens"].dtype == torch.int64 and b["tokens"].shape[1] == 16
+        assert [row.tolist() for row in b["tokens"]] == [stored[k] for k in b["__key__"]]
+    assert sorted(k for b in held for k in b["__key__"]) == sorted(list(stored) * 3)
+    del held, b
+    transport.release()
+    assert int(transport.flags.sum()) == 0
+
+
 def test_rerun_reuses_the_trained_tokenizer_until_the_corpus_changes(corpus, tmp_path, monkeypatch):
     import shardkit.stages.tokenize as stage
 

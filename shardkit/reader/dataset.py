@@ -28,7 +28,7 @@ class StreamingDataset(IterableDataset):
     """Streams a dataset built by `shardkit build`: exactly-once over ranks x workers, shuffled.
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
-    drop_remainder, cache_dir, cache_limit, on_error). Iterated alone it yields one decoded
+    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields one decoded
     sample dict at a time; `make_loader` switches it to whole batches built in the workers.
     `transform` maps one decoded sample dict, `batch_transform` one batch dict.
     """
@@ -209,13 +209,17 @@ class StreamingDataset(IterableDataset):
         spec = self.manifest.fields[name]
         if spec.get("variants"):  # offline augmentation: each sample reads this epoch's variant only
             groups = variants.wrap_groups(groups, self.manifest.fields, name, self._iter_epoch,
-                                          seed=self.config.seed)
+                                          self.config.variant, self.config.seed)
         if fixed_nbytes(spec):
-            flat, present = decode.fixed_batch(n, spec, self._alloc()), np.zeros(n, bool)
+            # Rows widened into a new tensor (token ids to int64, a dtype cast) are read into
+            # plain memory; the tensor handed on takes the shared slot.
+            direct = decode.stored_as_is(spec, self.config.dtype)
+            flat = decode.fixed_batch(n, spec, self._alloc() if direct else decode.np_empty)
+            present = np.zeros(n, bool)
             for s, reader, pos, r in groups:
                 if reader.has(name):
                     present[pos] = _guard(s, lambda: reader.fill(name, r, flat, pos))
-            return decode.arrays(flat, present, spec)
+            return decode.arrays(flat, present, spec, self._alloc(), self.config.dtype)
         values: list = [None] * n
         for s, reader, pos, r in groups:
             if reader.has(name):

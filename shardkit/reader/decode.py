@@ -175,20 +175,38 @@ def fixed_batch(n: int, spec: dict, alloc=np_empty) -> np.ndarray:
     return alloc((n, nbytes))
 
 
-def arrays(flat: np.ndarray, present: np.ndarray, spec: dict):
-    """Filled fixed-shape rows -> (B,3,H,W) uint8 tensor for HWC images, else (B,*shape) tensor;
-    a list with None where rows are missing."""
+def stored_as_is(spec: dict, dtype: str | None) -> bool:
+    """Whether a fixed-shape field's batch tensor is its stored bytes (no widening, no cast)."""
+    return spec.get("kind") != "tokens" and not _casts(spec, dtype)
+
+
+def _casts(spec: dict, dtype: str | None) -> bool:
+    return (dtype is not None and spec.get("kind") == "array"
+            and np.dtype(spec["dtype"]).kind == "f" and spec["dtype"] != dtype)
+
+
+def arrays(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=np_empty, dtype: str | None = None):
+    """Filled fixed-shape rows -> (B,3,H,W) uint8 tensor for HWC images, else (B,*shape) tensor
+    (float arrays cast to `dtype` when given, into memory from `alloc`); a list with None where
+    rows are missing."""
     import torch
 
     if spec.get("kind") == "tokens":  # packed token rows: int64 for embedding lookups
         from shardkit.reader.tokens import rows
-        return rows(flat, present, spec)
+        return rows(flat, present, spec, alloc)
     shape = tuple(spec["shape"])
-    data = flat.view(np.dtype(spec["dtype"])).reshape((len(flat),) + shape)
+    data = torch.from_numpy(flat.view(np.dtype(spec["dtype"])).reshape((len(flat),) + shape))
     image = spec.get("kind") == "image" and len(shape) == 3
+    if _casts(spec, dtype):
+        target = getattr(torch, dtype)
+        if present.all():
+            itemsize = torch.empty(0, dtype=target).element_size()
+            out = torch.from_numpy(alloc((len(flat), int(np.prod(shape)) * itemsize))).view(target)
+            return out.view((len(flat),) + shape).copy_(data)
+        return [d.to(target) if p else None for d, p in zip(data, present)]
     if present.all():
-        return to_chw(data) if image else torch.from_numpy(data)
-    rows = [torch.from_numpy(d.copy()) if p else None for d, p in zip(data, present)]
+        return to_chw(data.numpy()) if image else data
+    rows = [d.clone() if p else None for d, p in zip(data, present)]
     return [r.permute(2, 0, 1) if image and r is not None else r for r in rows]
 
 

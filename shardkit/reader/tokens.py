@@ -7,28 +7,19 @@ import numpy as np
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 
 
-def _int64(shape: tuple[int, int]):
-    """An int64 tensor to fill; in a DataLoader worker it is allocated in shared memory, so sending
-    the batch to the training process does not copy it once more (the batch is 4x its stored size)."""
-    import torch
-    from torch.utils.data import get_worker_info
-
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.int64)
-    storage = torch.UntypedStorage._new_shared(max(1, shape[0] * shape[1] * 8))
-    return torch.empty(0, dtype=torch.int64).set_(storage, 0, shape)
-
-
-def rows(flat: np.ndarray, present: np.ndarray, spec: dict):
-    """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor; a list with
-    None where a sample has no row (mixed datasets)."""
+def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=None):
+    """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor in memory from
+    `alloc` (a reusable shared slot in a make_loader worker: the batch is 4x its stored size, and a
+    fresh shared segment per batch cost more than reading it); a list with None where a sample has
+    no row (mixed datasets)."""
     import torch
 
     ids = flat.view(np.dtype(spec["dtype"]).newbyteorder("<")).reshape(len(flat), -1)
     if present.all():
-        out = _int64(ids.shape)
-        np.copyto(out.numpy(), ids, casting="safe")  # one vectorised widening per batch
-        return out
+        buf = alloc(ids.shape[:1] + (ids.shape[1] * 8,)) if alloc is not None else None
+        out = np.empty(ids.shape, np.int64) if buf is None else buf.view(np.int64)
+        np.copyto(out, ids, casting="safe")  # one vectorised widening per batch
+        return torch.from_numpy(out)
     return [torch.from_numpy(r.astype(np.int64)) if p else None for r, p in zip(ids, present)]
 
 

@@ -6,10 +6,9 @@ import hashlib
 
 import numpy as np
 
+from shardkit.config import VARIANT_POLICIES as POLICIES
 from shardkit.errors import ConfigError
 from shardkit.stages.augment import key_hash
-
-POLICIES = ("cycle", "random")
 
 
 def choose(keys: list[str], epoch: int, k: int, policy: str = "cycle", seed: int = 0) -> np.ndarray:
