@@ -227,6 +227,10 @@ def _sum_stats(results: list[ShardResult]) -> dict:
     return dict(sorted(total.items()))
 
 
+# Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
+EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None):
     """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
@@ -243,11 +247,17 @@ def dask_client(scheduler: str | None, workers: int | None):
         finally:
             client.close()
         return
+    import dask
+
     n = workers or max(1, os.cpu_count() or 1)
     # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
     # ":0": a free port for the dashboard, so two builds on one machine never collide on 8787.
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
+    # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
+    # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
+    # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
+    with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                         silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
         yield client
 
 
