@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 from dataclasses import asdict, dataclass
 
 from shardkit.config import DedupConfig
@@ -269,31 +268,22 @@ def dedup_records(records: list, src: str, out: str, cfg: DedupConfig, client=No
     return [r for r in records if r.key not in removed], result
 
 
-def _dedup_raw(cfg: DedupConfig, workdir: str, client) -> tuple[DedupResult, object]:
-    """Raw folder: find duplicates among the scanned records, build, then drop them from the build."""
+def _dedup_raw(cfg: DedupConfig) -> tuple[DedupResult, object]:
+    """Raw folder: `build --dedup` with all of cfg's options, in one pass (no staging copy)."""
     from shardkit.config import BuildConfig
     from shardkit.executor import build
-    from shardkit.manifest import load_manifest
-    from shardkit.sources import scan
 
-    staging = os.path.join(workdir, "staging")
-    bcfg = BuildConfig(cfg.src, staging, format=cfg.format, text_field=cfg.text_field, workers=cfg.workers,
-                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
-    scanned = scan(bcfg)
-    parts = plan_partitions(scanned.records, cfg, workdir)
-    signature_stage(parts, RecordReader(cfg.src, cfg.text_field), cfg, client)
-    result = cluster_stage([p.path for p in parts], cfg, None)
+    bcfg = BuildConfig(cfg.src, cfg.out, format=cfg.format, text_field=cfg.text_field, workers=cfg.workers,
+                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress, dedup=True,
+                       dedup_threshold=cfg.threshold, dedup_verify=cfg.verify, image_distance=cfg.image_distance)
+    built = build(bcfg, dedup=cfg)
+    result = built.dedup
     # Bad inputs are the build's to reject and record (errors.jsonl); ours would repeat them.
-    built = build(bcfg)
     result.rejections, result.rejected_keys = [], []
     result.inputs = built.inputs
     result.summary.update(inputs=built.inputs, rejected=len(built.rejections),
                           rejected_by_reason=built.rejected_by_reason)
-    manifest = load_manifest(staging)
-    out_manifest = write_dataset(staging, cfg.out, manifest, frozenset(result.removed_keys), result, client,
-                                 cfg.progress)
-    shutil.rmtree(staging, ignore_errors=True)
-    return result, out_manifest
+    return result, built.manifest
 
 
 def dedup(cfg: DedupConfig) -> DedupResult:
@@ -309,18 +299,18 @@ def dedup(cfg: DedupConfig) -> DedupResult:
     is_dataset = os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME))
     if not is_dataset and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
-    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
-    # Until this run ends, no manifest may name shards it is about to replace.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
-    workdir = os.path.join(cfg.out, ".shardkit", "dedup")
-    from shardkit.executor import dask_client
+    if is_dataset:
+        os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
+        # Until this run ends, no manifest may name shards it is about to replace.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+        from shardkit.executor import dask_client
 
-    with dask_client(cfg.scheduler, cfg.workers) as client:
-        if is_dataset:
-            result, manifest = _dedup_dataset(cfg, load_manifest(cfg.src), workdir, client)
-        else:
-            result, manifest = _dedup_raw(cfg, workdir, client)
+        with dask_client(cfg.scheduler, cfg.workers) as client:
+            result, manifest = _dedup_dataset(cfg, load_manifest(cfg.src), os.path.join(cfg.out, ".shardkit", "dedup"),
+                                              client)
+    else:  # the build retires OUT's manifest itself and runs its own cluster
+        result, manifest = _dedup_raw(cfg)
     result.summary["output"] = {"samples": manifest.samples, "shards": len(manifest.shards_of())}
     write_report(os.path.join(cfg.out, "dedup"), result.rows, result.summary)
     return result

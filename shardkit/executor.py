@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from shardkit.config import BuildConfig
+from shardkit.config import BuildConfig, DedupConfig
 from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
 from shardkit.fs import atomic_write
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
@@ -80,6 +80,7 @@ class BuildResult:
     utf8_replaced: int = 0
     duplicates: int = 0  # removed by --dedup (see OUT/dedup/)
     manifest: Manifest | None = field(default=None, repr=False)
+    dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -308,12 +309,13 @@ def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> No
             os.remove(os.path.join(done_dir, name))
 
 
-def _dedup(records: list[InputRecord], cfg: BuildConfig) -> list[InputRecord]:
-    """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/."""
+def _dedup(records: list[InputRecord], cfg: BuildConfig, dcfg: DedupConfig):
+    """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/.
+    Returns (kept records, DedupResult)."""
     from shardkit.dedup_job import dedup_records
 
     with dask_client(cfg.scheduler, cfg.workers) as client:
-        return dedup_records(records, cfg.src, cfg.out, cfg.dedup_config(), client)[0]
+        return dedup_records(records, cfg.src, cfg.out, dcfg, client)
 
 
 def _scan(cfg: BuildConfig) -> ScanResult:
@@ -329,17 +331,25 @@ def _scan(cfg: BuildConfig) -> ScanResult:
     return scanned
 
 
-def build(cfg: BuildConfig) -> BuildResult:
-    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest."""
+def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
+    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest.
+
+    `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
+    otherwise `cfg.dedup` does, with the options BuildConfig carries.
+    """
     from dataclasses import replace
 
     start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     scanned = _scan(cfg)
-    records, dedup_extra = scanned.records, {}
-    if cfg.dedup:  # before tokenizer training, so a trained vocabulary never sees the duplicates
-        records = _dedup(records, cfg)
-        dedup_extra = {"dedup": {"removed": len(scanned.records) - len(records), "summary": "dedup/summary.json"}}
+    records, dedup_result, dedup_record = scanned.records, None, {}
+    if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+        dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
+                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
+        records, dedup_result = _dedup(records, cfg, dcfg)
+        dedup_record = {"dedup": {"config": dedup_result.summary["parameters"], "source_samples": len(scanned.records),
+                                  "removed": len(dedup_result.removed),
+                                  "report": "dedup/summary.json"}}
     kept = replace(scanned, records=records)
     fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
     tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
@@ -364,11 +374,11 @@ def build(cfg: BuildConfig) -> BuildResult:
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
-                        build={"config": cfg.recorded(), "hash": config_hash},
+                        build={"config": cfg.recorded(), "hash": config_hash} | dedup_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra=dedup_extra | ({} if tok is None else
+                        extra=({} if tok is None else
                                              {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))}))
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       len(scanned.records) - len(records), manifest)
+                       len(scanned.records) - len(records), manifest, dedup_result)

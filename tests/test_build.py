@@ -236,7 +236,7 @@ def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
     assert res.exit_code == 0, res.output
     assert "duplicates      2 removed" in res.output
     m = load_manifest(str(out))
-    assert m.extra["dedup"]["removed"] == 2
+    assert m.build["dedup"]["removed"] == 2 and m.build["dedup"]["source_samples"] == m.samples + 2
     keys = {k for s in m.shards_of("tar") for k in pq.read_table(out / s.index["path"]).column("__key__").to_pylist()}
     assert "twin_a" in keys and "twin_b" not in keys
     assert "cat/000000" in keys and "cat/copy_of_000000" not in keys

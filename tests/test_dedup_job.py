@@ -1,6 +1,7 @@
 """dedup on Dask end to end: determinism, nothing lost, bad inputs, reruns, datasets in and out, CLI."""
 
 import io
+import json
 import os
 import shutil
 
@@ -173,10 +174,17 @@ def test_raw_folder_and_cli(tmp_path):
     raw_folder(str(raw), images_per_class=3, documents=4, bad=False)
     shutil.copy(raw / "doc_000.txt", raw / "doc_100.txt")
     shutil.copy(raw / "cat" / "000001.jpg", raw / "cat" / "000101.jpg")
-    run = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress"])
+    run = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress",
+                                    "--num-perm", "96", "--ngram", "3", "--format", "both"])
     assert run.exit_code == 0, run.output
     assert "removed" in run.output and "clusters.parquet" in run.output
     m = load_manifest(str(tmp_path / "out"))
+    # one pass: built straight into OUT (no staging copy), with every option of the command
+    assert m.build["dedup"]["config"]["num_perm"] == 96 and m.build["dedup"]["config"]["ngram"] == 3
+    assert m.build["dedup"]["removed"] == 2 and m.formats == ["parquet", "tar"]
+    assert not list((tmp_path / "out").rglob("staging"))
+    summary = json.loads((tmp_path / "out" / "dedup" / "summary.json").read_text())
+    assert summary["output"]["samples"] == m.samples and summary["inputs"] == m.samples + 2
     keys = {s.key for shard in m.shards_of() for s in read_shard_samples(str(tmp_path / "out"), m, shard)}
     assert {"doc_000", "cat/000001"} <= keys and not {"doc_100", "cat/000101"} & keys
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
