@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardkit.reader.decode import np_empty
+
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 
 
-def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=None):
+def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=np_empty):
     """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor in memory from
     `alloc` (a reusable shared slot in a make_loader worker: the batch is 4x its stored size, and a
     fresh shared segment per batch cost more than reading it); a list with None where a sample has
@@ -16,8 +18,7 @@ def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=None):
 
     ids = flat.view(np.dtype(spec["dtype"]).newbyteorder("<")).reshape(len(flat), -1)
     if present.all():
-        buf = alloc(ids.shape[:1] + (ids.shape[1] * 8,)) if alloc is not None else None
-        out = np.empty(ids.shape, np.int64) if buf is None else buf.view(np.int64)
+        out = alloc((len(ids), ids.shape[1] * 8)).view(np.int64)
         np.copyto(out, ids, casting="safe")  # one vectorised widening per batch
         return torch.from_numpy(out)
     return [torch.from_numpy(r.astype(np.int64)) if p else None for r, p in zip(ids, present)]
