@@ -132,6 +132,7 @@ def field_names(cls) -> list[str]:
 
 VARIANT_POLICIES = ("cycle", "random")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+FLOAT_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}  # torch's other names
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,9 @@ class StreamConfig:
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
-        if self.dtype is not None:  # a torch.dtype is kept by name: this module does not import torch
-            name = str(self.dtype).removeprefix("torch.")
+        if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
+            name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
+            name = FLOAT_ALIASES.get(name, name)
             choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
             object.__setattr__(self, "dtype", name)
         if self.fields is not None:

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from shardkit.errors import ConfigError
 from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import batch_sizes, num_batches
+from shardkit.writers import fixed_nbytes
 
 STATE_VERSION = 1
 
@@ -31,10 +32,12 @@ class StreamingLoader(DataLoader):
         dataset.set_batching(batch_size, drop_last)
         self._transport = None
         if num_workers:
-            # Per image field: every batch DataLoader can have in flight, plus a few the training
-            # loop still holds; beyond that a worker falls back to DataLoader's own (slower) path.
-            images = sum(1 for f in dataset.fields if dataset.manifest.fields[f]["kind"] == "image")
-            slots = (prefetch_factor * num_workers + 4) * max(1, images)
+            # Per field that fills a slot (images, fixed-shape rows: raw images, token rows,
+            # arrays): every batch DataLoader can have in flight, plus a few the training loop
+            # still holds; beyond that a worker falls back to DataLoader's own (slower) path.
+            specs = [dataset.manifest.fields[f] for f in dataset.fields]
+            slotted = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
+            slots = (prefetch_factor * num_workers + 4) * max(1, slotted)
             self._transport = SlotTransport(num_workers, slots, pin=pin_memory)
         dataset.transport = self._transport
         # batch_size=None: the dataset already yields batches; in_order keeps the round-robin
@@ -152,6 +155,7 @@ class Small:
     """A small tensor sent by value as a numpy array (no shared-memory segment, no fd passing)."""
 
     array: np.ndarray
+    dtype: object  # the tensor's dtype: bfloat16 travels as int16 bits (numpy has no bfloat16)
 
 
 class SlotTransport:
@@ -242,7 +246,7 @@ class SlotTransport:
                     used.add(slot)
                     continue
                 if value.nbytes < SMALL_BYTES:
-                    value = Small(value.numpy())
+                    value = Small(_numpy(value), value.dtype)
             out[name] = value
         for slot in set(self._pending) - used:  # a batch_transform replaced that tensor
             self.flags[info.id, slot] = 0
@@ -265,7 +269,7 @@ class SlotTransport:
 
     def _tensor(self, value):
         if isinstance(value, Small):
-            t = torch.from_numpy(value.array)
+            t = torch.from_numpy(value.array).view(value.dtype)
             return t.pin_memory() if self.pin else t
         if not isinstance(value, SlotRef):
             return value
@@ -280,7 +284,7 @@ class SlotTransport:
         dst = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, pin_memory=True)
         # numpy, not Tensor.copy_: torch's intra-op threads would fight the workers (and the
         # training step) for the cores, which made this copy ~8x slower on 2 cores.
-        np.copyto(dst.numpy(), view.numpy())
+        np.copyto(_numpy(dst), _numpy(view))
         self.flags[value.worker, value.slot] = 0  # copied: the worker may reuse the slot
         return dst
 
@@ -305,6 +309,14 @@ class SlotTransport:
             if refs is not None and refs == self._baseline:
                 freed.append(entry)
         return freed
+
+
+_NUMPY_LACKS = {torch.bfloat16: torch.int16}
+
+
+def _numpy(t) -> np.ndarray:
+    """A numpy view of tensor t; dtypes numpy lacks are viewed as same-size integers."""
+    return t.view(_NUMPY_LACKS.get(t.dtype, t.dtype)).numpy()
 
 
 def _refs(t):

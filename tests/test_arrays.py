@@ -81,13 +81,47 @@ def test_reader_casts_with_dtype(features, tmp_path, dtype, workers):
     ds = StreamingDataset(str(out), shuffle=False, dtype=dtype)
     want = getattr(torch, str(dtype).removeprefix("torch."))
     seen = {}
-    for batch in make_loader(ds, batch_size=3, num_workers=workers):
+    loader = make_loader(ds, batch_size=3, num_workers=workers)
+    held = list(loader)
+    if workers:  # the cast batches travel in the workers' shared slots
+        assert int((loader._transport.flags != 0).sum()) == len(held)
+    for batch in held:
         assert batch["array"].dtype == want and batch["array"].shape[1:] == SHAPE
         seen.update(zip(batch["__key__"], batch["array"]))
     assert set(seen) == set(arrays)
     for key, a in arrays.items():
         stored = torch.from_numpy(a.astype(np.float16))
         assert torch.equal(seen[key], stored.to(want))  # exactly one cast of the stored value
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cast_batches_also_travel_when_every_slot_is_taken(features, tmp_path, dtype):
+    """Held batches outnumber the slots: later ones go DataLoader's way, small ones by value."""
+    src, arrays = features
+    out = tmp_path / "half"
+    _build(src, out, format="parquet", half=True)
+    loader = make_loader(StreamingDataset(str(out), shuffle=False, dtype=dtype), batch_size=1, num_workers=1,
+                         prefetch_factor=1)
+    held = list(loader)
+    assert len(held) > loader._transport.flags.numel()
+    want = getattr(torch, dtype)
+    for batch in held:
+        stored = torch.from_numpy(arrays[batch["__key__"][0]].astype(np.float16))
+        assert batch["array"].dtype == want and torch.equal(batch["array"][0], stored.to(want))
+
+
+def test_zero_dim_arrays_round_trip_and_cast(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    for i in range(5):
+        np.save(root / f"s{i}.npy", np.float32(i + 0.25))
+    out = tmp_path / "out"
+    _build(root, out, format="both", half=True, labels=False)
+    for fmt in ("tar", "parquet"):
+        for dtype, want in ((None, torch.float16), ("float64", torch.float64)):
+            ds = StreamingDataset(str(out), format=fmt, shuffle=False, dtype=dtype)
+            batch = next(iter(make_loader(ds, batch_size=5, num_workers=0)))
+            assert batch["array"].dtype == want and batch["array"].tolist() == [0.25, 1.25, 2.25, 3.25, 4.25]
 
 
 def test_dtype_option_is_checked_and_leaves_other_fields_alone(tmp_path):
@@ -105,6 +139,8 @@ def test_dtype_option_is_checked_and_leaves_other_fields_alone(tmp_path):
     assert batch["raw"].dtype == torch.uint8 and batch["cls"].dtype == torch.int64  # not float arrays
     with pytest.raises(ConfigError, match="dtype='int8'.*float16, bfloat16, float32, float64"):
         StreamingDataset(str(out), dtype="int8")
+    for alias, name in (("half", "float16"), (torch.half, "float16"), (np.float32, "float32"), ("double", "float64")):
+        assert StreamingDataset(str(out), dtype=alias).config.dtype == name
 
 
 def test_bad_arrays_are_rejected_with_reasons(features, tmp_path):

@@ -18,7 +18,8 @@ from shardkit.reader import decode, variants
 from shardkit.reader.cache import ShardCache
 from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, rank_world,
                                        shard_offsets, worker_batches, worker_identity)
-from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, fixed_nbytes, open_shard
+from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, open_shard
+from shardkit.writers import fixed_nbytes
 
 log = logging.getLogger(__name__)
 MAX_OPEN_SHARDS = 64  # per worker; a shuffle block spans a few shards, so this rarely evicts

@@ -20,13 +20,6 @@ BLOCK = 512
 ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups
 
 
-def fixed_nbytes(spec: dict) -> int | None:
-    """Bytes per value of a fixed-shape array field (raw images), else None."""
-    if spec.get("shape") and spec.get("dtype"):
-        return int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize
-    return None
-
-
 def stored_value(spec: dict, data):
     """Tar member bytes -> the stored Python form: bytes, int, str or dict."""
     kind = spec["kind"]

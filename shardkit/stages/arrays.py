@@ -66,7 +66,7 @@ def convert(data: bytes, spec: dict) -> bytes:
         raise RejectedInput(f"array dtype {arr.dtype} cannot be stored as the dataset's {target.name} "
                             "(the first array's dtype)")
     with np.errstate(over="ignore"):  # overflow is checked just below, with a reason
-        out = np.ascontiguousarray(arr, dtype=target)
+        out = arr.astype(target)  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d); tobytes() is C order
     if target.kind == "f" and arr.dtype.kind == "f" and not np.array_equal(np.isfinite(out), np.isfinite(arr)):
         raise RejectedInput(f"array values overflow {target.name} (max |x| = {float(np.nanmax(np.abs(arr))):g}); "
                             "build without --half to keep float32")

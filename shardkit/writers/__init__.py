@@ -31,6 +31,16 @@ class ShardInfo:
                    index=d.get("index"))
 
 
+def fixed_nbytes(spec: dict) -> int | None:
+    """Bytes per value of a fixed-shape field (raw images, packed token rows, arrays, 0-d ones too),
+    else None: Parquet stores these as fixed-size binary and readers gather them without copies."""
+    if spec.get("shape") is not None and spec.get("dtype"):
+        import numpy as np
+
+        return int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+    return None
+
+
 def encode_value(spec: dict, value: Any) -> bytes:
     """A field value as the bytes of its tar member (WebDataset conventions)."""
     kind = spec["kind"]

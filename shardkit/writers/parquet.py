@@ -6,7 +6,7 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.writers import ShardInfo, shard_relpath
+from shardkit.writers import ShardInfo, fixed_nbytes, shard_relpath
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
@@ -20,12 +20,8 @@ def arrow_type(spec: dict):
         return pa.int64()
     if kind in ("text", "json"):
         return pa.string()
-    if spec.get("shape") and spec.get("dtype"):
-        import numpy as np
-
-        nbytes = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize
-        return pa.binary(nbytes)
-    return pa.binary()
+    nbytes = fixed_nbytes(spec)
+    return pa.binary() if nbytes is None else pa.binary(nbytes)
 
 
 def _column_value(spec: dict, value):
