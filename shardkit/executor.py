@@ -342,14 +342,11 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     scanned = _scan(cfg)
-    records, dedup_result, dedup_record = scanned.records, None, {}
+    records, dedup_result = scanned.records, None
     if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
                        scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
         records, dedup_result = _dedup(records, cfg, dcfg)
-        dedup_record = {"dedup": {"config": dedup_result.summary["parameters"], "source_samples": len(scanned.records),
-                                  "removed": len(dedup_result.removed),
-                                  "report": "dedup/summary.json"}}
     kept = replace(scanned, records=records)
     fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
     tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
@@ -373,11 +370,15 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
+    build_record = {"config": cfg.recorded(), "hash": config_hash}
+    if dedup_result is not None:  # as `shardkit dedup` of a dataset records it
+        removed = len(dedup_result.removed)
+        build_record["dedup"] = {"config": dedup_result.summary["parameters"], "source_samples": samples + removed,
+                                 "removed": removed, "report": "dedup/summary.json"}
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
-                        build={"config": cfg.recorded(), "hash": config_hash} | dedup_record,
+                        build=build_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra=({} if tok is None else
-                                             {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))}))
+                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),

@@ -226,6 +226,7 @@ def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
 
     raw = tmp_path / "raw"
     raw_folder(str(raw), images_per_class=4, documents=6, bad=False, seed=2)
+    (raw / "cat" / "broken.jpg").write_bytes(b"")  # one rejection: not a source sample of the dedup
     rng = np.random.default_rng(5)
     text = words(rng, 200)
     (raw / "twin_a.txt").write_text(text)
@@ -237,6 +238,7 @@ def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
     assert "duplicates      2 removed" in res.output
     m = load_manifest(str(out))
     assert m.build["dedup"]["removed"] == 2 and m.build["dedup"]["source_samples"] == m.samples + 2
+    assert m.errors["count"] == 1
     keys = {k for s in m.shards_of("tar") for k in pq.read_table(out / s.index["path"]).column("__key__").to_pylist()}
     assert "twin_a" in keys and "twin_b" not in keys
     assert "cat/000000" in keys and "cat/copy_of_000000" not in keys
@@ -247,4 +249,4 @@ def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
     inputs = int(next(line.split()[1] for line in res.output.splitlines() if line.strip().startswith("inputs")))
     assert inputs == m.samples + len(_errors(out)) + 2  # written + rejected + duplicates: nothing lost
     summary = json.loads((out / "dedup" / "summary.json").read_text())
-    assert summary["inputs"] == m.samples + 2
+    assert summary["inputs"] == m.samples + 2 + 1 and summary["rejected"] == 1  # the empty file counted there too
