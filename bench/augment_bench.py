@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import image_folder
+from shardkit.datagen import generated, image_folder
 from shardkit.executor import build
 from shardkit.stages.augment import apply_ops, key_hash, parse_ops
 
@@ -74,9 +74,8 @@ def main() -> int:
 
     work = Path(args.workdir)
     raw = work / f"raw-{args.n}"
-    if not raw.exists():
-        print(f"generating {args.n} images in {raw} …", file=sys.stderr)
-        image_folder(str(raw), n=args.n, classes=10, size=(500, 375), seed=0)
+    generated(raw, lambda root: image_folder(root, n=args.n, classes=10, size=(500, 375), seed=0),
+              f"{args.n} images")
     common = dict(src=str(raw), format="tar", image_size=args.size, resize_mode="center-crop",
                   workers=args.workers, progress=False, max_samples_per_shard=250)
     plain_s, plain_b = timed_build(BuildConfig(out=str(work / "plain"), **common))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import image_folder
+from shardkit.datagen import generated, image_folder
 from shardkit.executor import build, dask_client
 from shardkit.stages.image import process_image
 
@@ -88,12 +88,8 @@ def main() -> int:
     cores = os.cpu_count() or 1
     work = Path(args.workdir)
     raw = work / f"raw-{args.n}"
-    if not raw.exists():
-        print(f"generating {args.n} images in {raw} …", file=sys.stderr)
-        partial = raw.with_name(raw.name + ".partial")  # renamed when complete: a stopped run leaves no short folder
-        shutil.rmtree(partial, ignore_errors=True)
-        image_folder(str(partial), n=args.n, classes=10, size=(500, 375), seed=0)
-        partial.rename(raw)
+    generated(raw, lambda root: image_folder(root, n=args.n, classes=10, size=(500, 375), seed=0),
+              f"{args.n} images")
     files = sorted(raw.rglob("*.jpg"))
     cfg = BuildConfig(src=str(raw), out=str(work / "out"), image_size=224, resize_mode="center-crop",
                       encode="jpeg", quality=90, workers=cores, progress=False,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import words
+from shardkit.datagen import generated, words
 from shardkit.executor import build
 from shardkit.sample import Sample
 from shardkit.stages.tokenize import BATCH_DOCS, load_tokenizer, tokenize
@@ -115,9 +115,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.workdir)
     raw = work / f"corpus-{args.docs}"
-    if not raw.exists():
-        print(f"generating {args.docs} documents in {raw} …", file=sys.stderr)
-        make_corpus(raw, args.docs)
+    generated(raw, lambda root: make_corpus(Path(root), args.docs), f"{args.docs} documents")
     out = work / "packed"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()

@@ -49,6 +49,22 @@ def _write(path: str, data: bytes | str) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+def generated(root, make, what: str) -> None:
+    """Generate `root` once with make(folder) unless it exists (benchmark inputs are reused). It is
+    made under ROOT.partial and renamed when complete, so a stopped run never leaves a short folder."""
+    import shutil
+    import sys
+
+    root = str(root)
+    if os.path.exists(root):
+        return
+    print(f"generating {what} in {root} …", file=sys.stderr)
+    partial = root.rstrip(os.sep) + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    make(partial)
+    os.rename(partial, root)
+
+
 def image_folder(root: str, *, n: int, classes: int = 10, size: tuple[int, int] = (500, 375),
                  seed: int = 0, quality: int = 90) -> int:
     """n photo-like JPEGs of about `size`, spread over `classes` class folders; returns n."""

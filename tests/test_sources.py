@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+
+import pytest
 
 from shardkit.config import BuildConfig
 from shardkit.sources import read_record, scan
@@ -98,3 +101,29 @@ def test_invalid_utf8_is_replaced_and_counted(tmp_path):
     rec = scan(BuildConfig(src=str(tmp_path), out="o")).records[0]
     sample = read_record(str(tmp_path), rec)
     assert sample.fields["txt"] == "na\ufffdve" and sample.meta["utf8_replaced"] == 1
+
+
+def test_generated_folder_appears_only_when_complete(tmp_path):
+    from shardkit.datagen import generated
+
+    root = tmp_path / "raw"
+
+    def interrupted(folder):
+        os.makedirs(folder)
+        (Path(folder) / "a.txt").write_text("one")
+        raise KeyboardInterrupt  # a benchmark stopped while generating its input
+
+    with pytest.raises(KeyboardInterrupt):
+        generated(root, interrupted, "test data")
+    assert not root.exists()  # no short folder a later run would take for complete
+    calls = []
+
+    def make(folder):
+        calls.append(folder)
+        os.makedirs(folder)
+        (Path(folder) / "a.txt").write_text("one")
+
+    generated(root, make, "test data")
+    generated(root, make, "test data")  # reused, not regenerated
+    assert len(calls) == 1 and (root / "a.txt").read_text() == "one"
+    assert not (tmp_path / "raw.partial").exists()
