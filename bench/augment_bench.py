@@ -20,7 +20,8 @@ import numpy as np
 from shardkit.config import BuildConfig
 from shardkit.datagen import generated, image_folder
 from shardkit.executor import build
-from shardkit.stages.augment import apply_ops, key_hash, parse_ops
+from shardkit.contract import key_hash
+from shardkit.stages.augment import apply_ops, parse_ops
 
 
 def on_the_fly(ops: tuple[str, ...], seed: int):

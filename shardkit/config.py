@@ -7,13 +7,12 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 
+from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
 ENCODINGS = ("jpeg", "png", "webp", "raw")
-# Output field name of an image per encoding (WebDataset convention: field = extension).
-IMAGE_FIELD = {"jpeg": "jpg", "png": "png", "webp": "webp", "raw": "raw"}
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

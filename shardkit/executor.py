@@ -20,7 +20,8 @@ from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
-from shardkit.writers import ShardInfo, get_writer
+from shardkit.contract import ShardInfo
+from shardkit.writers import get_writer
 
 log = logging.getLogger("shardkit.build")
 STATE_DIR = ".shardkit"

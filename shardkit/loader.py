@@ -8,12 +8,13 @@ import os
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError
+from shardkit.identity import worker_info
 from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import batch_sizes, num_batches
-from shardkit.writers import fixed_nbytes
+from shardkit.contract import fixed_nbytes
 
 STATE_VERSION = 1
 
@@ -213,7 +214,7 @@ class SlotTransport:
 
     def alloc(self, shape) -> np.ndarray:
         """A uint8 array of `shape` in a free slot (worker) or plain memory (main / no slot free)."""
-        info = get_worker_info()
+        info = worker_info()
         n = int(np.prod(shape))
         if info is None:
             return np.empty(shape, np.uint8)
@@ -233,7 +234,7 @@ class SlotTransport:
 
     def pack(self, batch):
         """Worker side: the batch's slot tensors become SlotRefs, small tensors numpy arrays."""
-        info = get_worker_info()
+        info = worker_info()
         if info is None or not isinstance(batch, dict):
             return batch
         by_ptr = {self._slots[s][0].data_ptr(): s for s in self._pending}

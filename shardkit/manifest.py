@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from shardkit._version import __version__
 from shardkit.errors import ManifestError
 from shardkit.fs import atomic_write, is_remote, join, read_bytes
-from shardkit.writers import ShardInfo
+from shardkit.contract import ShardInfo
 
 FORMAT = "shardkit"
 VERSION = 1

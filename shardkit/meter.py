@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from shardkit.errors import ConfigError
 from shardkit.fs import atomic_write
+from shardkit.identity import rank_world
 
 log = logging.getLogger("shardkit.meter")
 
@@ -119,16 +120,6 @@ def _figures(waits, steps, samples: int, gpu_idle: float | None, gpu_busy: float
     return out
 
 
-def _rank() -> tuple[int, int]:
-    """(rank, world_size) from torch.distributed when initialised, else the environment."""
-    import sys
-
-    dist = sys.modules.get("torch.distributed")  # never import torch just to learn the rank
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 class CudaGapTimer:
     """GPU idle gap between steps from CUDA events, read without syncing every step.
 
@@ -190,7 +181,7 @@ class StarvationMeter:
         self._clock = clock
         self._gpu = CudaGapTimer(event_factory) if device == "cuda" else None
         self.num_workers: int | None = None
-        self.rank, self.world_size = _rank()
+        self.rank, self.world_size = rank_world()
         self._seen = 0  # steps seen, warm-up included
         self._warm_left = warmup  # warm-up again after a restart: workers start, caches are cold
         self._skipped = 0

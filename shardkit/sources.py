@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig
+from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
 from shardkit.sample import Sample, make_key
 
@@ -181,20 +182,11 @@ def scan(cfg: BuildConfig) -> ScanResult:
     return ScanResult(records, rejections, classes, kinds)
 
 
-def _decode_text(data: bytes) -> tuple[str, int]:
-    """UTF-8 with replacement; returns the text and how many characters were replaced."""
-    try:
-        return data.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
-
-
 def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
     _, offset, length = rec.line
     with open(os.path.join(root, rec.files[0]), "rb") as f:
         f.seek(offset)
-        text, replaced = _decode_text(f.read(length))
+        text, replaced = decode_text(f.read(length))
     try:
         obj = json.loads(text)
     except ValueError as e:
@@ -224,7 +216,7 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample
                 if ext in IMAGE_EXTS:
                     sample.fields["image"] = data
                 elif ext in TEXT_EXTS:
-                    sample.fields["txt"], sample.meta["utf8_replaced"] = _decode_text(data)
+                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
                 elif ext in ARRAY_EXTS:
                     sample.fields["array"] = data  # .npy bytes; the array stage parses them
                 else:

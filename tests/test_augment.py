@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import tarfile
 
 import numpy as np
 import pyarrow.parquet as pq

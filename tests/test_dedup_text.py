@@ -9,7 +9,8 @@ from datasketch import LeanMinHash, MinHash
 from shardkit.stages.dedup.cluster import exact_groups, text_clusters
 from shardkit.stages.dedup.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
 from shardkit.stages.dedup.minhash import MinHasher, estimate_jaccard
-from shardkit.stages.dedup.text import (content_hash, decode_text, normalise, shingle_hash, shingle_hashes,
+from shardkit.contract import decode_text
+from shardkit.stages.dedup.text import (content_hash, normalise, shingle_hash, shingle_hashes,
                                         shingles, words)
 from shardkit.stages.dedup.unionfind import components
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
-BASE = {"sample", "config", "errors", "fs", "_version", "datagen"}
+BASE = {"sample", "config", "errors", "fs", "_version", "datagen", "contract", "identity"}
 FLOW = ["sources", "stages", "writers", "manifest", "reader", "loader", "meter", "train"]
 TOP = {"executor", "cli", "dedup_job", "demo", "bench"}  # and cli_* modules
 

@@ -141,7 +141,7 @@ def test_bad_arguments_name_the_value():
 def test_rank_world_prefers_torch_distributed(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from shardkit.reader.partition import rank_world, worker_identity
+    from shardkit.identity import rank_world, worker_identity
 
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")

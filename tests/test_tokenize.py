@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import tarfile
 
 import numpy as np

@@ -11,7 +11,7 @@ import tempfile
 
 from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path, tmp_name
-from shardkit.writers import ShardInfo
+from shardkit.contract import ShardInfo
 
 CHUNK = 1 << 20
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from shardkit.config import StreamConfig
 from shardkit.errors import ConfigError, ShardError
@@ -16,10 +16,11 @@ from shardkit.fs import join
 from shardkit.manifest import load_manifest
 from shardkit.reader import decode, variants
 from shardkit.reader.cache import ShardCache
-from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, rank_world,
-                                       shard_offsets, worker_batches, worker_identity)
+from shardkit.identity import rank_world, worker_identity, worker_info
+from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, shard_offsets,
+                                       worker_batches)
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, open_shard
-from shardkit.writers import fixed_nbytes
+from shardkit.contract import fixed_nbytes
 
 log = logging.getLogger(__name__)
 MAX_OPEN_SHARDS = 64  # per worker; a shuffle block spans a few shards, so this rarely evicts
@@ -143,7 +144,7 @@ class StreamingDataset(IterableDataset):
         self._iter_epoch = epoch  # in a worker, self.epoch is the main process's at fork time
         if self.transport is not None:
             self.transport.start_iteration()
-        if get_worker_info() is not None:
+        if worker_info() is not None:
             decode.tune_worker_malloc()
         worker, num_workers = worker_identity()
         sequence = rank_sequence(self.counts, self.plan, epoch, self.rank, self.world_size)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,28 +146,3 @@ def locate(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Global ids -> (shard index, row within shard)."""
     shard = np.searchsorted(offsets, ids, side="right") - 1
     return shard, ids - offsets[shard]
-
-
-def rank_world() -> tuple[int, int]:
-    """(rank, world_size) from torch.distributed when initialised, else RANK / WORLD_SIZE env."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    try:
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    except ValueError as e:
-        raise ConfigError(f"RANK/WORLD_SIZE must be integers ({e}); unset them or fix the launcher") from e
-
-
-def worker_identity() -> tuple[int, int]:
-    """(worker, num_workers) of this process: DataLoader's worker info, else (0, 1).
-
-    SHARDKIT_WORKER / SHARDKIT_NUM_WORKERS override it so tests can play any worker in-process.
-    """
-    if "SHARDKIT_NUM_WORKERS" in os.environ:
-        return int(os.environ.get("SHARDKIT_WORKER", 0)), int(os.environ["SHARDKIT_NUM_WORKERS"])
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)

@@ -14,7 +14,7 @@ from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.sample import Sample
-from shardkit.writers import ShardInfo
+from shardkit.contract import ShardInfo
 
 BLOCK = 512
 ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups

@@ -8,7 +8,7 @@ import numpy as np
 
 from shardkit.config import VARIANT_POLICIES as POLICIES
 from shardkit.errors import ConfigError
-from shardkit.stages.augment import key_hash
+from shardkit.contract import key_hash
 
 
 def choose(keys: list[str], epoch: int, k: int, policy: str = "cycle", seed: int = 0) -> np.ndarray:

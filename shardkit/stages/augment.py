@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from shardkit.config import BuildConfig
+from shardkit.contract import key_hash
 from shardkit.errors import RejectionLog
 from shardkit.sample import Sample
 from shardkit.stages import map_samples
@@ -21,11 +21,6 @@ ROTATE_DEGREES = 15.0  # rotation uniform in ±15°, same size, black corners
 COLOR_JITTER = 0.4  # brightness, contrast, saturation factors uniform in 1 ± 0.4
 BLUR_P, BLUR_RADIUS = 0.5, (0.1, 2.0)  # Gaussian blur probability and radius range
 OP_ORDER = ("crop", "flip", "rotate", "color", "blur")
-
-
-def key_hash(key: str) -> int:
-    """A stable 63-bit hash of a sample key (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
 def variant_rng(seed: int, key: str, k: int) -> np.random.Generator:

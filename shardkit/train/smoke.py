@@ -6,9 +6,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from shardkit.contract import IMAGE_FIELDS
 from shardkit.errors import ConfigError
 
-IMAGE_FIELDS = ("raw", "jpg", "png", "webp")
 _SHAPE_ERROR = re.compile(r"shape|size mismatch|mat1 and mat2|must match the size|batch_size|channels", re.I)
 
 

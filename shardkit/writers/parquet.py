@@ -6,7 +6,7 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.writers import ShardInfo, fixed_nbytes, shard_relpath
+from shardkit.contract import ShardInfo, fixed_nbytes, shard_relpath
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 

@@ -7,7 +7,8 @@ import os
 import tarfile
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.writers import ShardInfo, encode_value, shard_relpath
+from shardkit.contract import ShardInfo, shard_relpath
+from shardkit.writers import encode_value
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end

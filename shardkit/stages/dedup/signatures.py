@@ -8,13 +8,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit.contract import IMAGE_FIELDS as DATASET_IMAGE_FIELDS
+from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
 from shardkit.fs import atomic_writer
 from shardkit.stages.dedup import image as image_mod
 from shardkit.stages.dedup.minhash import MinHasher
-from shardkit.stages.dedup.text import content_hash, decode_text, shingle_hashes, words
+from shardkit.stages.dedup.text import content_hash, shingle_hashes, words
 
-IMAGE_FIELDS = ("image", "jpg", "png", "webp", "raw")
+# "image": a raw-folder sample before the image stage; then the dataset's own image fields.
+IMAGE_FIELDS = ("image",) + DATASET_IMAGE_FIELDS
 MODALITY_CODES = {"none": 0, "text": 1, "image": 2}
 
 

@@ -19,17 +19,6 @@ _K = 0x9E3779B97F4A7C15
 _FMIX64 = (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)
 
 
-def decode_text(data: bytes | str) -> tuple[str, int]:
-    """UTF-8 with replacement; returns the text and how many bad bytes were replaced."""
-    if isinstance(data, str):
-        return data, 0
-    try:
-        return data.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
-
-
 def normalise(text: str) -> str:
     """Unicode NFKC, lowercase, punctuation and whitespace folded to single spaces, stripped."""
     return _NON_WORD.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()

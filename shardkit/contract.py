@@ -1,0 +1,71 @@
+"""The dataset contract both sides share: shard records, field kinds and sizes, key hashing, text bytes.
+
+Build (writers, executor) and read (reader, loader) import these from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Field kinds a manifest may declare (`fields[name]["kind"]`).
+FIELD_KINDS = ("image", "bytes", "array", "tokens", "int", "text", "json")
+# Image field names a dataset can hold, by encoding (WebDataset convention: field = extension).
+IMAGE_FIELD = {"jpeg": "jpg", "png": "png", "webp": "webp", "raw": "raw"}
+IMAGE_FIELDS = ("raw", "jpg", "png", "webp")
+SHARD_SUFFIX = {"tar": ".tar", "parquet": ".parquet"}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the manifest records of one written shard. `path` is relative to the dataset root."""
+
+    id: int
+    format: str
+    path: str
+    samples: int
+    bytes: int
+    sha256: str
+    index: dict[str, Any] | None = field(default=None)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["index"] is None:
+            del d["index"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardInfo":
+        return cls(**{k: d[k] for k in ("id", "format", "path", "samples", "bytes", "sha256")},
+                   index=d.get("index"))
+
+
+def shard_relpath(shard_id: int, fmt: str) -> str:
+    return f"shards/data-{shard_id:05d}{SHARD_SUFFIX[fmt]}"
+
+
+def fixed_nbytes(spec: dict) -> int | None:
+    """Bytes per value of a fixed-shape field (raw images, packed token rows, arrays, 0-d ones too),
+    else None: Parquet stores these as fixed-size binary and readers gather them without copies."""
+    if spec.get("shape") is not None and spec.get("dtype"):
+        import numpy as np
+
+        return int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+    return None
+
+
+def key_hash(key: str) -> int:
+    """A stable 63-bit hash of a sample key (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+def decode_text(data: bytes | str) -> tuple[str, int]:
+    """UTF-8 with replacement; returns the text and how many characters were replaced."""
+    if isinstance(data, str):
+        return data, 0
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
