@@ -13,6 +13,7 @@ from shardkit.errors import FailFast, RejectedInput, Rejection, count_by_reason
 from shardkit.stages.dedup import signatures as sigmod
 from shardkit.stages.dedup.decide import cluster_stage
 from shardkit.stages.dedup.report import DedupResult, write_report
+from shardkit.tasks import dask_client, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.dedup")
 WORK_VERSION = 1
@@ -114,30 +115,8 @@ def signature_task(part: Partition, reader, params: sigmod.SignatureParams, spec
     return part.path
 
 
-def _run_local(parts, reader, params, specs, on_error, bar) -> None:
-    for part in parts:
-        signature_task(part, reader, params, specs, on_error)
-        bar.update(1)
-
-
-def _run_dask(client, parts, reader, params, specs, on_error, bar) -> None:
-    from distributed import as_completed
-
-    futures = [client.submit(signature_task, p, reader, params, specs, on_error, pure=False, retries=2,
-                             key=f"dedup-sig-{os.path.basename(p.path)[:-4]}") for p in parts]
-    for future in as_completed(futures):
-        try:
-            future.result()
-        except FailFast:
-            client.cancel(futures)
-            raise
-        bar.update(1)
-
-
 def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=None, specs: dict | None = None) -> None:
     """Stage 1: one file per partition (skipping files already there); stale files are removed."""
-    from tqdm.auto import tqdm
-
     folder = os.path.dirname(parts[0].path) if parts else None
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -147,13 +126,10 @@ def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=Non
                 os.remove(os.path.join(folder, name))
     todo = [p for p in parts if not os.path.exists(p.path)]
     log.info("dedup signatures: %d partitions, %d reused from an earlier run", len(parts), len(parts) - len(todo))
-    params = signature_params(cfg)
-    with tqdm(total=len(parts), initial=len(parts) - len(todo), unit="part", desc="dedup signatures",
-              disable=None if cfg.progress else True) as bar:
-        if client is None:
-            _run_local(todo, reader, params, specs, cfg.on_error, bar)
-        else:
-            _run_dask(client, todo, reader, params, specs, cfg.on_error, bar)
+    with progress_bar(len(parts), initial=len(parts) - len(todo), desc="dedup signatures", unit="part",
+                      enabled=cfg.progress) as bar:
+        run_tasks(signature_task, todo, client=client, bar=bar, name="dedup-sig",
+                  shared=(reader, signature_params(cfg), specs, cfg.on_error))
 
 
 def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *, reader=None,
@@ -171,8 +147,9 @@ def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *,
     return cluster_stage([p.path for p in parts], cfg, report_dir or os.path.join(workdir, "report"))
 
 
-def _filter_shard(shard, new_id: int, root: str, manifest, out: str, removed: frozenset):
+def _filter_shard(task: tuple, root: str, manifest, out: str, removed: frozenset):
     """The Dask task of the output stage: one input shard minus the removed keys, same format."""
+    shard, new_id = task
     from shardkit.reader.shards import read_shard_samples
     from shardkit.writers import get_writer
 
@@ -207,8 +184,6 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
 
     Shards left empty are dropped and ids stay dense and in order; errors.jsonl = SRC's + ours.
     """
-    from tqdm.auto import tqdm
-
     from shardkit.fs import atomic_write, join, read_bytes
     from shardkit.manifest import Manifest, remove_unlisted_shards, write_manifest
 
@@ -216,20 +191,9 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
     survivors = [i for i in sorted(keys) if any(k not in removed for k in keys[i])]
     new_id = {old: new for new, old in enumerate(survivors)}
     tasks = [(s, new_id[s.id]) for s in manifest.shards if s.id in new_id]
-    with tqdm(total=len(tasks), unit="shard", desc="dedup write", disable=None if progress else True) as bar:
-        if client is None:
-            infos = []
-            for shard, n in tasks:
-                infos.append(_filter_shard(shard, n, src, manifest, out, removed))
-                bar.update(1)
-        else:
-            shared = client.scatter([manifest, removed], broadcast=True)  # once per worker, not per task
-            futures = [client.submit(_filter_shard, shard, n, src, shared[0], out, shared[1], pure=False,
-                                     retries=2) for shard, n in tasks]
-            infos = []
-            for f in futures:
-                infos.append(f.result())
-                bar.update(1)
+    with progress_bar(len(tasks), desc="dedup write", unit="shard", enabled=progress) as bar:
+        infos = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write",
+                          shared=(src, manifest, out, removed))
     try:
         old_errors = read_bytes(join(src, "errors.jsonl")).decode("utf-8")
     except FileNotFoundError:
@@ -304,8 +268,6 @@ def dedup(cfg: DedupConfig) -> DedupResult:
         # Until this run ends, no manifest may name shards it is about to replace.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, MANIFEST_NAME))
-        from shardkit.executor import dask_client
-
         with dask_client(cfg.scheduler, cfg.workers) as client:
             result, manifest = _dedup_dataset(cfg, load_manifest(cfg.src), os.path.join(cfg.out, ".shardkit", "dedup"),
                                               client)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig, DedupConfig
+from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
 from shardkit.fs import atomic_write
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
@@ -20,7 +21,7 @@ from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
-from shardkit.contract import ShardInfo
+from shardkit.tasks import dask_client, progress_bar, run_tasks
 from shardkit.writers import get_writer
 
 log = logging.getLogger("shardkit.build")
@@ -229,76 +230,17 @@ def _sum_stats(results: list[ShardResult]) -> dict:
     return dict(sorted(total.items()))
 
 
-# Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
-EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
-
-
-@contextlib.contextmanager
-def dask_client(scheduler: str | None, workers: int | None):
-    """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
-    embedded LocalCluster closed on exit."""
-    if workers == 0:
-        yield None
-        return
-    from distributed import Client, LocalCluster
-
-    if scheduler:
-        client = Client(scheduler, timeout="30s")
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    import dask
-
-    n = workers or max(1, os.cpu_count() or 1)
-    # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
-    # ":0": a free port for the dashboard, so two builds on one machine never collide on 8787.
-    # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
-    # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
-    # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
-    with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
-        yield client
-
-
-def _progress(cfg: BuildConfig, total: int, initial: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="shard", desc="build", disable=None if cfg.progress else True)
+def _check_result(result: ShardResult) -> None:
+    if result.failed:
+        raise FailFast(result.failed)
 
 
 def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar) -> list[ShardResult]:
     if not todo:
         return []
-    if cfg.workers == 0:  # in-process, no cluster: for debugging and tiny folders
-        results = []
-        for plan in todo:
-            results.append(build_shard(plan, cfg, fields, config_hash))
-            bar.update(1)
-            if results[-1].failed:
-                raise FailFast(results[-1].failed)
-        return results
-    from distributed import as_completed
-
-    results = []
-    with dask_client(cfg.scheduler, cfg.workers) as client:
-        futures = [client.submit(build_shard, plan, cfg, fields, config_hash, retries=2, pure=False,
-                                 key=f"build-shard-{plan.id:05d}-{config_hash}-{os.getpid()}-{time.time_ns()}")
-                   for plan in todo]
-        for future in as_completed(futures):
-            try:
-                result = future.result()
-            except Exception as e:
-                client.cancel(futures)
-                raise RuntimeError(f"building a shard failed after 2 retries: {type(e).__name__}: {e}") from e
-            bar.update(1)
-            if result.failed:
-                client.cancel(futures)
-                raise FailFast(result.failed)
-            results.append(result)
-    return results
+    with dask_client(cfg.scheduler, cfg.workers) as client:  # workers=0: in-process, for debugging
+        return run_tasks(build_shard, todo, client=client, bar=bar, name=f"build-shard-{config_hash}",
+                         check=_check_result, shared=(cfg, fields, config_hash))
 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
@@ -361,7 +303,7 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
     todo = [p for p in plans if p.id not in reused]
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    with _progress(cfg, len(plans), len(reused)) as bar:
+    with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard", enabled=cfg.progress) as bar:
         results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar)
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]

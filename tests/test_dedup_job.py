@@ -13,7 +13,7 @@ from PIL import Image
 
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.dedup_job import dedup, dedup_records, find_duplicates, shard_keys
-from shardkit.executor import dask_client
+from shardkit.tasks import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
 from shardkit.sample import Sample

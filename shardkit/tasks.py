@@ -1,0 +1,93 @@
+"""One home for running offline work: the Dask client (embedded or remote) and the task loop.
+
+`run_tasks` runs a function over items in this process (no client) or on Dask, with a progress
+bar, and cancels what is left at the first failure. Build and dedup both run through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Callable, Sequence
+
+# Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
+EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+RETRIES = 2  # a task that raised is tried this many more times (a worker may have died under it)
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None, workers: int | None):
+    """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
+    embedded LocalCluster closed on exit."""
+    if workers == 0:
+        yield None
+        return
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        client = Client(scheduler, timeout="30s")
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    import dask
+
+    n = workers or max(1, os.cpu_count() or 1)
+    # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
+    # ":0": a free port for the dashboard, so two builds on one machine never collide on 8787.
+    # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
+    # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
+    # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
+    with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                         silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
+        yield client
+
+
+def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
+    """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=None if enabled else True)
+
+
+def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str = "task",
+              check: Callable | None = None, shared: tuple = ()) -> list:
+    """`fn(item, *shared)` for every item, results in the order of `items`.
+
+    client None: one after another in this process. Else on Dask, `RETRIES` retries per task;
+    `shared` values go to every worker once (not once per task). `check(result)` may raise to stop
+    the run (e.g. a FailFast result); the first exception cancels the tasks still pending.
+    """
+    results: list = [None] * len(items)
+    if client is None:
+        for i, item in enumerate(items):
+            results[i] = fn(item, *shared)
+            if check is not None:
+                check(results[i])
+            if bar is not None:
+                bar.update(1)
+        return results
+    from distributed import as_completed
+
+    if shared:
+        shared = tuple(client.scatter(list(shared), broadcast=True))
+    stamp = f"{os.getpid()}-{time.time_ns()}"
+    futures = [client.submit(fn, item, *shared, retries=RETRIES, pure=False, key=f"{name}-{i:06d}-{stamp}")
+               for i, item in enumerate(items)]
+    where = {f.key: i for i, f in enumerate(futures)}
+    try:
+        for future in as_completed(futures):
+            result = future.result()
+            if check is not None:
+                check(result)
+            results[where[future.key]] = result
+            if bar is not None:
+                bar.update(1)
+    except BaseException:
+        client.cancel(futures)
+        raise
+    return results
