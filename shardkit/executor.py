@@ -1,70 +1,38 @@
-"""Runs a build on Dask: plan shards up front, one task per shard, skip finished ones, manifest last."""
+"""Runs a build on Dask: list SRC while the cluster starts, count row files on it, plan shards from
+compact columns, run work units and one step per shard (reusing finished shards), manifest last."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections import namedtuple
+from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from shardkit.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
+                                  reusable, shard_task, unit_task, units_dir)
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
 from shardkit.fs import atomic_write
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
-from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
-from shardkit.stages import compose, map_samples
-from shardkit.stages.arrays import array_spec, arrays
-from shardkit.stages.augment import augmented_images, variant_fields
-from shardkit.stages.image import images
-from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
-from shardkit.tasks import dask_client, progress_bar, run_tasks
-from shardkit.writers import get_writer
+from shardkit.sources import walk as W
+from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
+from shardkit.sources.order import ATOMS
+from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples
+from shardkit.sources.read import SourceReader, save_atoms
+from shardkit.sources.rows import count_rows
+from shardkit.stages.arrays import array_spec
+from shardkit.stages.augment import variant_fields
+from shardkit.stages.tokenize import TOKENIZER_NAME, TokenizerInfo, prepare_tokenizer
+from shardkit.tasks import Then, background_client, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
-STATE_DIR = ".shardkit"
-MARKER_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """Which inputs one output shard holds: decided before any task runs, from sorted keys."""
-
-    id: int
-    records: tuple[InputRecord, ...]
-
-    def fingerprint(self, config_hash: str) -> str:
-        h = hashlib.sha256(f"{MARKER_VERSION}|{config_hash}|{self.id}".encode())
-        for r in self.records:
-            h.update(r.fingerprint().encode("utf-8", "surrogatepass"))
-        return h.hexdigest()
-
-
-@dataclass
-class ShardResult:
-    id: int
-    shards: list[ShardInfo]
-    rejections: list[Rejection]
-    images: int = 0
-    utf8_replaced: int = 0
-    seconds: float = 0.0
-    skipped: bool = False  # reused from a previous build
-    failed: Rejection | None = None
-    stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
-                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
-                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "ShardResult":
-        return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
-                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
-                   stats=d.get("stats", {}))
+_Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
 
 
 @dataclass
@@ -89,145 +57,135 @@ class BuildResult:
         return count_by_reason(self.rejections)
 
 
-def estimate_bytes(rec: InputRecord, cfg: BuildConfig, has_image: bool) -> int:
-    """Output size guess used to cut shards before anything is encoded (shards are a target size)."""
-    if not has_image or cfg.image_size is None or cfg.resize_mode == "none":
-        return rec.size
-    px = cfg.image_size ** 2 * (4 / 3 if cfg.resize_mode == "shorter" else 1)
-    per_px = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}[cfg.encode]
-    return int(px * per_px) + (rec.size if len(rec.files) > 1 else 0) // 8
-
-
-def plan_shards(records: list[InputRecord], cfg: BuildConfig) -> list[ShardPlan]:
-    """Cut the sorted records into shards by estimated bytes and sample count (deterministic)."""
-    from shardkit.sources import IMAGE_EXTS
-
-    plans, current, size = [], [], 0
-    for rec in records:
-        est = estimate_bytes(rec, cfg, any(os.path.splitext(f)[1].lower() in IMAGE_EXTS for f in rec.files))
-        if current and (size + est > cfg.shard_size or len(current) >= cfg.max_samples_per_shard):
-            plans.append(ShardPlan(len(plans), tuple(current)))
-            current, size = [], 0
-        current.append(rec)
-        size += est
-    if current:
-        plans.append(ShardPlan(len(plans), tuple(current)))
-    return plans
-
-
-def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
+def field_specs(inv: Inventory, cfg: BuildConfig) -> dict:
     """The manifest's field specs, known before any task runs so every shard has the same schema."""
     fields = {}
-    if "image" in result.kinds:
+    if "image" in inv.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
             spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
-        fields[cfg.image_field] = spec
-    if "txt" in result.kinds:
+        fields[cfg.output_image_field] = spec
+    if "txt" in inv.kinds:
         fields["txt"] = {"kind": "text"}
-    if "json" in result.kinds:
+    if "json" in inv.kinds:
         fields["json"] = {"kind": "json"}
-    if result.classes is not None:
+    if inv.classes is not None:
         fields["cls"] = {"kind": "int", "dtype": "int64"}
     return fields
 
 
-def cache_fields(fields: dict, result: ScanResult, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
+def _npy_samples(inv: Inventory):
+    """File samples holding a .npy array, in key order (array_spec reads the first readable header)."""
+    kinds = inv.atoms.column("kinds").to_numpy() if len(inv.atoms) else np.zeros(0, np.int8)
+    for i in np.flatnonzero(kinds & W.ARRAY).tolist():
+        yield _Files(tuple(inv.atoms.column("files")[i].as_py()))
+
+
+def cache_fields(fields: dict, inv: Inventory, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
     """field_specs plus the caching stages: augmented variants, arrays, tokens (txt becomes tokens)."""
-    if cfg.augment and cfg.image_field in fields:
-        fields.update(variant_fields(cfg.image_field, fields.pop(cfg.image_field), cfg))
-    if "array" in result.kinds and (spec := array_spec(cfg.src, result.records, cfg.half)) is not None:
+    fields = dict(fields)
+    if cfg.augment and cfg.output_image_field in fields:
+        fields.update(variant_fields(cfg.output_image_field, fields.pop(cfg.output_image_field), cfg))
+    if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half)) is not None:
         fields["array"] = spec
     if tok is not None and fields.pop("txt", None) is not None:
         fields.update(tok.fields(cfg.seq_len))
-        if cfg.seq_len and not result.kinds & {"image", "array"}:
+        if cfg.seq_len and not inv.kinds & {"image", "array"}:
             fields.pop("json", None)  # packed rows carry no per-document fields
             fields.pop("cls", None)
     return fields
 
 
-def _corpus_key(scanned: ScanResult) -> str:
+def _corpus_key(inv: Inventory) -> str:
     """Fingerprint of every input (names, sizes, mtimes): a trained tokenizer is reused while it holds."""
-    h = hashlib.sha256()
-    for rec in scanned.records:
-        h.update(rec.fingerprint().encode("utf-8", "surrogatepass"))
+    h = hashlib.sha256(str([(p.source, p.start, p.stop) for p in inv.pieces]).encode())
+    if len(inv.atoms):
+        h.update(inv.atoms.column("stamp").to_numpy().tobytes())
+    for rf in inv.row_files:
+        h.update(rf.stamp().encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
-def _corpus(scanned: ScanResult, cfg: BuildConfig) -> list[str]:
-    """Every document's text, in key order, to train a tokenizer on (bad inputs are rejected later)."""
-    texts = []
-    for rec in scanned.records:
-        if rec.line is None and not any(os.path.splitext(f)[1].lower() in TEXT_EXTS for f in rec.files):
-            continue
-        try:
-            texts.append(read_record(cfg.src, rec, cfg.text_field).fields["txt"])
-        except (RejectedInput, KeyError):
-            continue
-    return texts
+class _Corpus:
+    """Every document's text in key order, read lazily, to train a tokenizer on (bad inputs are
+    rejected later, by the tasks). Sized, as the trainer's progress wants."""
+
+    def __init__(self, inv: Inventory, reader: SourceReader):
+        self.inv, self.reader = inv, reader
+
+    def __len__(self) -> int:
+        return self.inv.samples
+
+    def __iter__(self):
+        kinds = self.inv.atoms.column("kinds").to_numpy() if len(self.inv.atoms) else None
+        for piece in self.inv.pieces:
+            if piece.source == ATOMS:  # only samples with text: images are not read for this
+                wanted = np.flatnonzero(kinds[piece.start:piece.stop] & W.TXT) + piece.start
+                pieces = [replace(piece, start=i, stop=i + 1) for i in wanted.tolist()]
+            else:
+                pieces = [piece]
+            for ref in self.reader.refs(pieces):
+                try:
+                    text = ref.make().fields.get("txt")
+                except RejectedInput:
+                    continue
+                if text is not None:
+                    yield text
 
 
-def _marker_path(cfg: BuildConfig, shard_id: int) -> str:
-    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+def _scan(cfg: BuildConfig, pending) -> Inventory:
+    """List SRC here (while the cluster starts), count row files on the cluster, order everything.
+    Source rejections go through the policy; OUT's manifest is retired before any write."""
+    if not os.path.isdir(cfg.src):
+        raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
+    listing = W.walk(cfg.src)
+    opts = scan_options(cfg)
+    counts = {}
+    if listing.row_files:
+        found = run_tasks(count_rows, listing.row_files, client=pending.get(), name="build-count", shared=(opts,))
+        counts = {rf.id: c for rf, c in zip(listing.row_files, found)}
+    inv = make_inventory(listing, counts, cfg, opts)
+    source_log = RejectionLog(cfg.on_error)
+    for r in inv.rejections:
+        source_log.reject(r.path, r.stage, r.reason)
+    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
+    # Until this build ends, no manifest may name shards it is about to replace.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+    return inv
 
 
-def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: str) -> ShardResult:
-    """The Dask task: read the plan's inputs, run the stages, write one shard per format, mark it done."""
-    start = time.perf_counter()
-    rejections = RejectionLog(cfg.on_error)
-    stats = {"images": 0, "utf8_replaced": 0}
-
-    def read(rec: InputRecord):
-        sample = read_record(cfg.src, rec, cfg.text_field)
-        stats["images"] += "image" in sample.fields
-        stats["utf8_replaced"] += sample.meta.get("utf8_replaced", 0)
-        return sample
-
-    counters: dict = {}
-    stages = [lambda recs: map_samples(recs, read, stage="read", log=rejections, where=lambda r: r.source),
-              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=rejections),
-              lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
-    if TOKENS_FIELD in fields:
-        stages.append(lambda s: tokenize(s, spec=fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=plan.id, stats=counters))
-    try:
-        samples = list(compose(plan.records, *stages))
-    except FailFast as e:
-        return ShardResult(plan.id, [], rejections.items, failed=e.rejection)
-    formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
-    infos = [get_writer(fmt)(samples, cfg.out, plan.id, fields) for fmt in formats] if samples else []
-    result = ShardResult(plan.id, infos, rejections.items, stats["images"], stats["utf8_replaced"],
-                         time.perf_counter() - start, stats=counters)
-    marker = {"fingerprint": plan.fingerprint(config_hash), "result": result.to_json()}
-    atomic_write(_marker_path(cfg, plan.id), json.dumps(marker, sort_keys=True))
-    return result
+def _reader(inv: Inventory) -> SourceReader:
+    digest = hashlib.sha256(inv.atoms.column("stamp").to_numpy().tobytes() if len(inv.atoms) else b"").hexdigest()
+    return SourceReader(inv.opts, tuple(inv.row_files), inv.counts, inv.row_labels, inv.label_index,
+                        save_atoms(inv.atoms, inv.labels, inv.opts.state_dir, digest[:24]))
 
 
-def _reusable(plan: ShardPlan, cfg: BuildConfig, config_hash: str) -> ShardResult | None:
-    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
-    try:
-        with open(_marker_path(cfg, plan.id), encoding="utf-8") as f:
-            marker = json.load(f)
-        if marker["fingerprint"] != plan.fingerprint(config_hash):
-            return None
-        result = ShardResult.from_json(marker["result"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    for info in result.shards:
-        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
-        for rel, size in files:
-            full = os.path.join(cfg.out, rel)
-            if not os.path.isfile(full) or os.path.getsize(full) != size:
-                return None
-    return result
+def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
+    """`--dedup`: drop near-duplicates before shards are assigned; the report goes to OUT/dedup/.
+    Returns (the inventory without them, DedupResult)."""
+    from shardkit.dedup_job import dedup_records
+    from shardkit.sources import records
+
+    _, result = dedup_records(records(inv), cfg.src, cfg.out, dcfg, client)
+    return without(inv, set(result.removed_keys)), result
 
 
-def _sum_stats(results: list[ShardResult]) -> dict:
-    total: dict = {}
-    for r in results:
-        for k, v in r.stats.items():
-            total[k] = total.get(k, 0) + v
-    return dict(sorted(total.items()))
+def _workers(cfg: BuildConfig, client) -> int:
+    """Worker threads the work is spread over (1 in-process)."""
+    if client is None:
+        return 1
+    if cfg.scheduler:
+        return max(1, sum(client.nthreads().values()))
+    return cfg.workers or max(1, os.cpu_count() or 1)
+
+
+def _shard_tasks(plans: list[ShardPlan], inv: Inventory, cfg: BuildConfig, config_hash: str,
+                 workers: int) -> list[ShardTask]:
+    """Each shard cut into work units sized from the worker count and the number of samples to do."""
+    kind = "image" if "image" in inv.kinds else "text"
+    per_unit = cfg.unit_samples or unit_samples(sum(p.samples for p in plans), workers, kind)
+    return [ShardTask(p.id, p.fingerprint(inv, config_hash), tuple(split(p, per_unit))) for p in plans]
 
 
 def _check_result(result: ShardResult) -> None:
@@ -235,79 +193,81 @@ def _check_result(result: ShardResult) -> None:
         raise FailFast(result.failed)
 
 
-def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar) -> list[ShardResult]:
-    if not todo:
-        return []
-    with dask_client(cfg.scheduler, cfg.workers) as client:  # workers=0: in-process, for debugging
-        return run_tasks(build_shard, todo, client=client, bar=bar, name=f"build-shard-{config_hash}",
-                         check=_check_result, shared=(cfg, fields, config_hash))
+def _run(tasks: list[ShardTask], ctx: BuildContext, client, bar) -> list[ShardResult]:
+    items, members = [], []
+    for task in tasks:
+        members.append([] if len(task.units) == 1 else list(range(len(items), len(items) + len(task.units))))
+        if len(task.units) > 1:
+            items += [UnitTask(task.id, j, unit) for j, unit in enumerate(task.units)]
+    return run_tasks(unit_task, items, client=client, bar=bar, name=f"build-{ctx.config_hash}",
+                     check=_check_result, shared=(ctx,), then=Then(shard_task, tasks, members))
 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
-    """Delete shard files and markers a previous, larger build left behind."""
+    """Delete shard files and markers a previous, larger build left behind, and unit files."""
+    import shutil
+
     remove_unlisted_shards(cfg.out, shards)
     done_dir = os.path.join(cfg.out, STATE_DIR, "done")
     for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
         if name.startswith("shard-") and int(name[6:11]) >= n_plans:
             os.remove(os.path.join(done_dir, name))
+    shutil.rmtree(units_dir(cfg), ignore_errors=True)
 
 
-def _dedup(records: list[InputRecord], cfg: BuildConfig, dcfg: DedupConfig):
-    """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/.
-    Returns (kept records, DedupResult)."""
-    from shardkit.dedup_job import dedup_records
-
-    with dask_client(cfg.scheduler, cfg.workers) as client:
-        return dedup_records(records, cfg.src, cfg.out, dcfg, client)
-
-
-def _scan(cfg: BuildConfig) -> ScanResult:
-    """Scan SRC (source rejections go through the policy) and retire OUT's manifest before any write."""
-    scanned = scan(cfg)
-    source_log = RejectionLog(cfg.on_error)
-    for r in scanned.rejections:
-        source_log.reject(r.path, r.stage, r.reason)
-    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
-    # Until this build ends, no manifest may name shards it is about to replace.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
-    return scanned
-
-
-def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
-    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest.
-
-    `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
-    otherwise `cfg.dedup` does, with the options BuildConfig carries.
-    """
-    from dataclasses import replace
-
-    start = time.perf_counter()
-    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
-    scanned = _scan(cfg)
-    records, dedup_result = scanned.records, None
-    if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
-        dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
-                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
-        records, dedup_result = _dedup(records, cfg, dcfg)
-    kept = replace(scanned, records=records)
-    fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
-    tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
-    fields = cache_fields(fields, kept, cfg, tok)
-    if tok is not None:  # the tokenizer file's content changes the output, not only its path
+def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
+    """(shard fields, unit fields, config hash): known before any task runs."""
+    fields, config_hash = field_specs(inv, cfg), cfg.output_hash()
+    tok = None
+    if cfg.tokenizer:
+        tok = prepare_tokenizer(cfg, lambda: _Corpus(inv, reader), _corpus_key(inv))
+        # The tokenizer file's content changes the output, not only its path.
         config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
-    plans = plan_shards(records, cfg)
-    reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
-    todo = [p for p in plans if p.id not in reused]
-    log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard", enabled=cfg.progress) as bar:
-        results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar)
+    shard_fields = cache_fields(fields, inv, cfg, tok)
+    unit_fields = cache_fields(fields, inv, cfg, None) if tok is not None and cfg.seq_len else shard_fields
+    return shard_fields, unit_fields, config_hash, tok
+
+
+def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
+    """Build OUT from SRC: scan, plan, run work units and shard steps (reusing finished shards), manifest.
+
+    `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
+    otherwise `cfg.dedup` does, with the options BuildConfig carries.
+    """
+    start = time.perf_counter()
+    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    with background_client(cfg.scheduler, cfg.workers) as pending:
+        scanned = inv = _scan(cfg, pending)
+        dedup_result = None
+        if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+            dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
+                           scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
+            inv, dedup_result = _dedup(inv, cfg, dcfg, pending.get())
+        reader = _reader(inv)
+        fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+        plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
+        reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
+        todo = [p for p in plans if p.id not in reused]
+        log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
+        results = list(reused.values())
+        if todo:
+            client = pending.get()
+            ctx = BuildContext(cfg, fields, unit_fields, config_hash, reader, bool(tok is not None and cfg.seq_len))
+            tasks = _shard_tasks(todo, inv, cfg, config_hash, _workers(cfg, client))
+            with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard",
+                              enabled=cfg.progress) as bar:
+                results += _run(tasks, ctx, client, bar)
+    return _finish(cfg, scanned, inv, plans, results, fields, config_hash, tok, dedup_result, start)
+
+
+def _finish(cfg, scanned, inv, plans, results, fields, config_hash, tok, dedup_result, start) -> BuildResult:
+    """errors.jsonl, then the manifest (last), then the summary."""
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]
-    rejections = sorted(scanned.rejections + [x for r in results for x in r.rejections],
+    rejections = sorted(inv.rejections + [x for r in results for x in r.rejections],
                         key=lambda r: (r.path, r.stage, r.reason))
     _remove_stale(cfg, shards, len(plans))
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
@@ -318,11 +278,14 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
         removed = len(dedup_result.removed)
         build_record["dedup"] = {"config": dedup_result.summary["parameters"], "source_samples": samples + removed,
                                  "removed": removed, "report": "dedup/summary.json"}
+    stats = {}
+    for r in results:
+        add_stats(stats, r.stats)
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
                         build=build_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
+                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=dict(sorted(stats.items())))})
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
-                       sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       len(scanned.records) - len(records), manifest, dedup_result)
+                       sum(r.images for r in results), sum(r.skipped for r in results), sum(r.utf8_replaced for r in results),
+                       scanned.samples - inv.samples, manifest, dedup_result)

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
@@ -47,6 +48,52 @@ def dask_client(scheduler: str | None, workers: int | None):
         yield client
 
 
+class PendingClient:
+    """A Dask client started (and later closed) by a thread of its own: `get()` waits until it is up
+    (None when running in-process). One thread enters and leaves dask_client: Dask keeps the current
+    client in a context variable that must be reset where it was set."""
+
+    def __init__(self, scheduler: str | None, workers: int | None):
+        import threading
+
+        self._box, self._ready, self._done = {}, threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
+                                        daemon=True)
+        self._thread.start()
+
+    def _hold(self, scheduler, workers) -> None:
+        try:
+            with dask_client(scheduler, workers) as client:
+                self._box["client"] = client
+                self._ready.set()
+                self._done.wait()
+        except BaseException as e:  # noqa: BLE001 — handed to the thread that asks for the client
+            self._box.setdefault("error", e)
+        finally:
+            self._ready.set()
+
+    def get(self):
+        self._ready.wait()
+        if "client" not in self._box:
+            raise self._box["error"]
+        return self._box["client"]
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@contextlib.contextmanager
+def background_client(scheduler: str | None, workers: int | None):
+    """dask_client, started in the background: the caller lists inputs and plans while workers start
+    (start-up is most of a small build's fixed cost). Yields a PendingClient; closed on exit."""
+    pending = PendingClient(scheduler, workers)
+    try:
+        yield pending
+    finally:
+        pending.close()
+
+
 def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
     """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False)."""
     from tqdm.auto import tqdm
@@ -54,30 +101,44 @@ def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, init
     return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=None if enabled else True)
 
 
+@dataclass(frozen=True)
+class Then:
+    """A second step per group of items: `fn(group, [results of its items], *shared)`, run as soon as
+    that group's items are done (so it overlaps the next groups' work). `members[g]`: item indices."""
+
+    fn: Callable
+    groups: Sequence
+    members: Sequence[Sequence[int]]
+
+
 def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str = "task",
-              check: Callable | None = None, shared: tuple = ()) -> list:
+              check: Callable | None = None, shared: tuple = (), then: Then | None = None) -> list:
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
     client None: one after another in this process. Else on Dask, `RETRIES` retries per task;
     `shared` values go to every worker once (not once per task). `check(result)` may raise to stop
-    the run (e.g. a FailFast result); the first exception cancels the tasks still pending.
+    the run (e.g. a FailFast result); the first exception cancels the tasks still pending. With
+    `then`, the results are those of `then.fn`, one per group, and `check` and `bar` see those.
     """
-    results: list = [None] * len(items)
     if client is None:
-        for i, item in enumerate(items):
-            results[i] = fn(item, *shared)
-            if check is not None:
-                check(results[i])
-            if bar is not None:
-                bar.update(1)
-        return results
+        return _run_here(fn, items, bar, check, shared, then)
     from distributed import as_completed
 
     if shared:
         shared = tuple(client.scatter(list(shared), broadcast=True))
     stamp = f"{os.getpid()}-{time.time_ns()}"
-    futures = [client.submit(fn, item, *shared, retries=RETRIES, pure=False, key=f"{name}-{i:06d}-{stamp}")
-               for i, item in enumerate(items)]
+
+    def submit(f, key, *args):
+        return client.submit(f, *args, *shared, retries=RETRIES, pure=False, key=f"{name}-{key}-{stamp}")
+
+    if then is None:
+        futures = [submit(fn, f"{i:06d}", item) for i, item in enumerate(items)]
+    else:  # each group's items, then the group: Dask runs earlier submissions first
+        futures = []
+        for g, (group, members) in enumerate(zip(then.groups, then.members)):
+            parts = [submit(fn, f"{i:06d}", items[i]) for i in members]
+            futures.append(submit(then.fn, f"then-{g:06d}", group, parts))
+    results: list = [None] * len(futures)
     where = {f.key: i for i, f in enumerate(futures)}
     try:
         for future in as_completed(futures):
@@ -90,4 +151,18 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
     except BaseException:
         client.cancel(futures)
         raise
+    return results
+
+
+def _run_here(fn, items, bar, check, shared, then) -> list:
+    """run_tasks without a client: in order, in this process."""
+    groups = [(None, [i]) for i in range(len(items))] if then is None else list(zip(then.groups, then.members))
+    results = []
+    for group, members in groups:
+        parts = [fn(items[i], *shared) for i in members]
+        results.append(parts[0] if then is None else then.fn(group, parts, *shared))
+        if check is not None:
+            check(results[-1])
+        if bar is not None:
+            bar.update(1)
     return results

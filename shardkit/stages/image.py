@@ -107,12 +107,12 @@ def process_image(data: bytes, cfg: BuildConfig) -> bytes:
 
 
 def images(samples: Iterable[Sample], *, cfg: BuildConfig, log: RejectionLog) -> Iterator[Sample]:
-    """Stage: replace the original bytes under 'image' with the processed image under cfg.image_field."""
+    """Stage: replace the original bytes under 'image' with the processed image under cfg.output_image_field."""
 
     def one(sample: Sample) -> Sample:
         data = sample.fields.pop("image", None)
         if data is not None:
-            sample.fields[cfg.image_field] = process_image(data, cfg)
+            sample.fields[cfg.output_image_field] = process_image(data, cfg)
         return sample
 
     return map_samples(samples, one, stage="image", log=log)

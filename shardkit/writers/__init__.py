@@ -1,35 +1,31 @@
-"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS."""
+"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS.
+
+Each format has two entry points with the same bytes out: from Samples (`get_writer`) and from a
+samples table, the Arrow form build tasks hand each other (`get_table_writer`).
+"""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-
-def encode_value(spec: dict, value: Any) -> bytes:
-    """A field value as the bytes of its tar member (WebDataset conventions)."""
-    kind = spec["kind"]
-    if kind in ("image", "bytes", "array", "tokens"):
-        return bytes(value)
-    if kind == "int":
-        return str(int(value)).encode("ascii")
-    if kind == "text":
-        return value.encode("utf-8")
-    if kind == "json":
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    raise ValueError(f"unknown field kind {kind!r}; expected image, bytes, array, tokens, int, text or json")
-
 
 def _writers():
-    from shardkit.writers.parquet import write_parquet
-    from shardkit.writers.tar import write_tar
+    from shardkit.writers.parquet import write_parquet, write_parquet_table
+    from shardkit.writers.tar import write_tar, write_tar_table
 
-    return {"tar": write_tar, "parquet": write_parquet}
+    return {"tar": (write_tar, write_tar_table), "parquet": (write_parquet, write_parquet_table)}
 
 
-def get_writer(fmt: str):
-    """The writer function for a shard format; a bad name lists the valid ones."""
+def _lookup(fmt: str):
     writers = _writers()
     if fmt not in writers:
         raise ValueError(f"unknown shard format {fmt!r}; valid formats: {', '.join(sorted(writers))}")
     return writers[fmt]
+
+
+def get_writer(fmt: str):
+    """The writer of Samples for a shard format; a bad name lists the valid ones."""
+    return _lookup(fmt)[0]
+
+
+def get_table_writer(fmt: str):
+    """The writer of a samples table (writers.parquet.samples_table) for a shard format."""
+    return _lookup(fmt)[1]

@@ -34,22 +34,50 @@ def _column_value(spec: dict, value):
     return value
 
 
+def samples_table(samples, fields: dict):
+    """`samples` (sorted by key) as an Arrow table: __key__, then one nullable column per field, sorted.
+
+    The same columns serve Parquet shards and the build's work-unit files, so a shard assembled from
+    units holds exactly the bytes a shard written in one go would."""
+    import pyarrow as pa
+
+    samples = list(samples)
+    columns = {"__key__": pa.array([s.key for s in samples], pa.string())}
+    for name in sorted(fields):
+        spec = fields[name]
+        columns[name] = pa.array([_column_value(spec, s.fields.get(name)) for s in samples], arrow_type(spec))
+    return pa.table(columns)
+
+
+def table_samples(table, fields: dict) -> list:
+    """The inverse of samples_table: Samples with the same field values (absent where null)."""
+    from shardkit.sample import Sample
+
+    columns = {name: table.column(name).to_pylist() for name in sorted(fields)}
+    out = []
+    for i, key in enumerate(table.column("__key__").to_pylist()):
+        sample = Sample(key)
+        for name, values in columns.items():
+            if values[i] is not None:
+                sample.fields[name] = json.loads(values[i]) if fields[name]["kind"] == "json" else values[i]
+        out.append(sample)
+    return out
+
+
 def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column."""
-    import pyarrow as pa
+    return write_parquet_table(samples_table(samples, fields), root, shard_id, fields)
+
+
+def write_parquet_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
+    """Write a samples_table (possibly concatenated from several) as shard `shard_id`."""
     import pyarrow.parquet as pq
 
     rel = shard_relpath(shard_id, "parquet")
     names = sorted(fields)
-    samples = list(samples)
-    columns = {"__key__": pa.array([s.key for s in samples], pa.string())}
-    for name in names:
-        spec = fields[name]
-        values = [_column_value(spec, s.fields.get(name)) for s in samples]
-        columns[name] = pa.array(values, arrow_type(spec))
-    table = pa.table(columns)
-    row_bytes = max(1, table.nbytes // max(1, len(samples)))
-    rows_per_group = max(1, min(len(samples), ROW_GROUP_BYTES // row_bytes))
+    table = table.combine_chunks()  # row groups are sized from nbytes, which counts each chunk's offsets
+    row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+    rows_per_group = max(1, min(table.num_rows, ROW_GROUP_BYTES // row_bytes))
     # Encoded media is already compressed: zstd there costs CPU on every read for nothing.
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
@@ -57,4 +85,4 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     path = os.path.join(root, rel)
     with atomic_writer(path) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression)
-    return ShardInfo(shard_id, "parquet", rel, len(samples), os.path.getsize(path), sha256_file(path))
+    return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path))

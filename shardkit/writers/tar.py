@@ -8,7 +8,6 @@ import tarfile
 
 from shardkit.fs import atomic_writer, sha256_file
 from shardkit.contract import ShardInfo, shard_relpath
-from shardkit.writers import encode_value
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
@@ -39,7 +38,35 @@ class _HashingFile:
 
 
 def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
-    """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo.
+    """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo."""
+    from shardkit.writers.parquet import samples_table
+
+    return write_tar_table(samples_table(samples, fields), root, shard_id, fields)
+
+
+def _member_views(array):
+    """(valid flags, i -> member bytes) of one Arrow column chunk, without copying binary values."""
+    import numpy as np
+    import pyarrow as pa
+
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    t = array.type
+    if pa.types.is_integer(t):  # int fields: decimal text, as WebDataset's cls members
+        values = array.to_pylist()
+        return valid, lambda i: str(values[i]).encode("ascii")
+    buffers = array.buffers()
+    data = memoryview(buffers[-1]) if buffers[-1] is not None else memoryview(b"")
+    if pa.types.is_fixed_size_binary(t):
+        width, base = t.byte_width, array.offset * t.byte_width
+        return valid, lambda i: data[base + i * width:base + (i + 1) * width]
+    wide = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)[array.offset:array.offset + len(array) + 1]
+    offsets = offsets.tolist()
+    return valid, lambda i: data[offsets[i]:offsets[i + 1]]  # text: its UTF-8; json: its canonical dump
+
+
+def write_tar_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
+    """Write a samples_table (possibly concatenated from work units) as `{key}.{field}` members.
 
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
     sample lacks the field) lets readers slice members out of the shard without parsing headers.
@@ -54,19 +81,22 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     sizes = {n: [] for n in names}
     with atomic_writer(os.path.join(root, rel)) as raw:
         f = _HashingFile(raw)
-        for sample in samples:
-            keys.append(sample.key)
-            for name in names:
-                if name not in sample.fields:
-                    offsets[name].append(-1)
-                    sizes[name].append(-1)
-                    continue
-                data = encode_value(fields[name], sample.fields[name])
-                f.write(_header(f"{sample.key}.{name}", len(data)))
-                offsets[name].append(f.n)
-                sizes[name].append(len(data))
-                f.write(data)
-                f.write(b"\0" * (-len(data) % BLOCK))
+        for batch in table.to_batches():
+            batch_keys = batch.column("__key__").to_pylist()
+            columns = [(name, *_member_views(batch.column(name))) for name in names]
+            for i, key in enumerate(batch_keys):
+                keys.append(key)
+                for name, valid, member in columns:
+                    if not valid[i]:
+                        offsets[name].append(-1)
+                        sizes[name].append(-1)
+                        continue
+                    data = member(i)
+                    f.write(_header(f"{key}.{name}", len(data)))
+                    offsets[name].append(f.n)
+                    sizes[name].append(len(data))
+                    f.write(data)
+                    f.write(b"\0" * (-len(data) % BLOCK))
         f.write(b"\0" * (2 * BLOCK))
         f.write(b"\0" * (-f.n % RECORD))
         digest, nbytes = f.h.hexdigest(), f.n

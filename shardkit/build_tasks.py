@@ -1,0 +1,206 @@
+"""The build's Dask tasks: work units turn samples into a samples table file; one step per shard writes
+the shard from its units' tables, in key order, and marks it done.
+
+A unit runs every per-sample stage (read, images, arrays, per-document tokens) and writes the
+table (writers.parquet.samples_table) under OUT/.shardkit/units; the shard step concatenates the
+tables and writes tar and/or Parquet with the same bytes as one task writing the whole shard, and
+runs the per-shard stage (packing tokens into rows). A shard of one unit is done in one task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from shardkit.config import BuildConfig
+from shardkit.contract import ShardInfo
+from shardkit.errors import FailFast, Rejection, RejectionLog
+from shardkit.fs import atomic_write, atomic_writer
+from shardkit.sources.order import Piece
+from shardkit.sources.read import SourceReader
+from shardkit.stages import compose, map_samples
+from shardkit.stages.arrays import arrays
+from shardkit.stages.augment import augmented_images
+from shardkit.stages.image import images
+from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
+from shardkit.writers import get_table_writer, get_writer
+from shardkit.writers.parquet import samples_table, table_samples
+
+STATE_DIR = ".shardkit"
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every task of a build shares (sent to each worker once)."""
+
+    cfg: BuildConfig
+    fields: dict  # the shard fields (the manifest's)
+    unit_fields: dict  # the fields of unit tables: the same, or with txt when tokens are packed per shard
+    config_hash: str
+    reader: SourceReader
+    pack: bool  # --seq-len: documents are packed into token rows per shard, in the shard step
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    id: int
+    fingerprint: str
+    units: tuple[tuple[Piece, ...], ...]
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    shard: int
+    index: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass
+class UnitResult:
+    rows: int
+    rejections: list[Rejection]
+    images: int = 0
+    utf8_replaced: int = 0
+    stats: dict = field(default_factory=dict)
+    failed: Rejection | None = None
+    path: str | None = None  # the unit's table file
+
+
+@dataclass
+class ShardResult:
+    id: int
+    shards: list[ShardInfo]
+    rejections: list[Rejection]
+    images: int = 0
+    utf8_replaced: int = 0
+    seconds: float = 0.0
+    skipped: bool = False  # reused from a previous build
+    failed: Rejection | None = None
+    stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
+                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
+                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ShardResult":
+        return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
+                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
+                   stats=d.get("stats", {}))
+
+
+def add_stats(total: dict, more: dict) -> dict:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def marker_path(cfg: BuildConfig, shard_id: int) -> str:
+    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+
+
+def units_dir(cfg: BuildConfig) -> str:
+    return os.path.join(cfg.out, STATE_DIR, "units")
+
+
+def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str) -> ShardResult | None:
+    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
+    try:
+        with open(marker_path(cfg, shard_id), encoding="utf-8") as f:
+            marker = json.load(f)
+        if marker["fingerprint"] != fingerprint:
+            return None
+        result = ShardResult.from_json(marker["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for info in result.shards:
+        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
+        for rel, size in files:
+            full = os.path.join(cfg.out, rel)
+            if not os.path.isfile(full) or os.path.getsize(full) != size:
+                return None
+    return result
+
+
+def _process(pieces, ctx: BuildContext, shard_id: int):
+    """Read and run the per-sample stages over some pieces: (UnitResult, samples table)."""
+    cfg = ctx.cfg
+    log = RejectionLog(cfg.on_error)
+    result = UnitResult(0, log.items)
+
+    def read(ref):
+        sample = ref.make()
+        result.images += "image" in sample.fields
+        result.utf8_replaced += sample.meta.get("utf8_replaced", 0)
+        return sample
+
+    stages = [lambda refs: map_samples(refs, read, stage="read", log=log, where=lambda r: r.source),
+              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
+              lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
+    if TOKENS_FIELD in ctx.fields and not ctx.pack:
+        stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
+                                         shard_id=shard_id, stats=result.stats))
+    try:
+        table = samples_table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
+    except FailFast as e:
+        result.failed = e.rejection
+        return result, None
+    result.rows = table.num_rows
+    return result, table
+
+
+def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
+    """A work unit: its samples through the per-sample stages, saved as a table file for the shard step."""
+    import pyarrow as pa
+
+    result, table = _process(unit.pieces, ctx, unit.shard)
+    if table is not None:
+        result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
+        with atomic_writer(result.path) as f, pa.ipc.new_file(f, table.schema) as writer:
+            writer.write_table(table)
+    return result
+
+
+def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:
+    cfg, stats = ctx.cfg, {}
+    for part in parts:
+        add_stats(stats, part.stats)
+    formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
+    if ctx.pack:  # a per-shard stage: the shard's documents packed into rows keyed by the shard id
+        samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD], root=cfg.out,
+                                tail=cfg.tail, shard_id=shard.id, stats=stats))
+        infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
+    else:
+        infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields) for fmt in formats] if len(table) else []
+    result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections],
+                         sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
+                         time.perf_counter() - start, stats=stats)
+    marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
+    atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
+    return result
+
+
+def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> ShardResult:
+    """The shard step: write the shard from its units' tables (or, for a one-unit shard, do the unit here)."""
+    import pyarrow as pa
+
+    start = time.perf_counter()
+    if not parts:
+        part, table = _process(shard.units[0], ctx, shard.id)
+        if part.failed:
+            return ShardResult(shard.id, [], part.rejections, failed=part.failed)
+        return _write(shard, table, [part], ctx, start)
+    failed = next((p for p in parts if p.failed), None)
+    if failed is not None:
+        return ShardResult(shard.id, [], [r for p in parts for r in p.rejections], failed=failed.failed)
+    done = reusable(ctx.cfg, shard.id, shard.fingerprint)
+    if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
+        return done
+    tables = [pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    result = _write(shard, pa.concat_tables(tables), parts, ctx, start)
+    for p in parts:
+        os.remove(p.path)
+    return result
