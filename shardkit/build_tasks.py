@@ -9,6 +9,7 @@ runs the per-shard stage (packing tokens into rows). A shard of one unit is done
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, Rejection, RejectionLog
-from shardkit.fs import atomic_write, atomic_writer
+from shardkit.fs import atomic_write, tmp_name
 from shardkit.sources.order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
@@ -159,8 +160,18 @@ def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
     result, table = _process(unit.pieces, ctx, unit.shard)
     if table is not None:
         result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
-        with atomic_writer(result.path) as f, pa.ipc.new_file(f, table.schema) as writer:
-            writer.write_table(table)
+        # Temp name, then rename, but no fsync: a unit file lives for seconds and is never reused by
+        # a later build, so it need not reach the disk (fsync here cost as much as writing the shard).
+        tmp = tmp_name(result.path)
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        try:
+            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(tmp, result.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
     return result
 
 

@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
-EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                           "distributed.worker.multiprocessing-method": "forkserver"}
+# Imported once by the fork server, so that each worker it forks starts with them loaded.
+FORKSERVER_PRELOAD = ["distributed", "numpy", "PIL.Image", "shardkit.build_tasks"]
 RETRIES = 2  # a task that raised is tried this many more times (a worker may have died under it)
+IN_FLIGHT = 2  # tasks queued or running per worker thread: one running, one ready to start
 
 
 @contextlib.contextmanager
@@ -42,10 +46,23 @@ def dask_client(scheduler: str | None, workers: int | None):
     # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
     # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
     # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
+    # Workers are forked from a fork server that has imported Dask and the build's modules once
+    # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
+    # small build's fixed cost). The server starts with the environment the nanny prepares
+    # (OMP_NUM_THREADS=1, ...) and lives as long as this process.
+    _preload_forkserver()
     with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                          silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
         yield client
+
+
+def _preload_forkserver() -> None:
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet
+        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 class PendingClient:
@@ -122,36 +139,70 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
     """
     if client is None:
         return _run_here(fn, items, bar, check, shared, then)
-    from distributed import as_completed
+    return _Window(client, name, shared).run(fn, items, bar, check, then)
 
-    if shared:
-        shared = tuple(client.scatter(list(shared), broadcast=True))
-    stamp = f"{os.getpid()}-{time.time_ns()}"
 
-    def submit(f, key, *args):
-        return client.submit(f, *args, *shared, retries=RETRIES, pure=False, key=f"{name}-{key}-{stamp}")
+class _Window:
+    """Submits in order with at most IN_FLIGHT items per worker thread queued or running, and each
+    group's `then` step right after its last item. Handing Dask everything at once lets it place
+    tasks up front and run later groups' items early (work stealing), which left a large group's
+    `then` step alone at the end while the other workers idled."""
 
-    if then is None:
-        futures = [submit(fn, f"{i:06d}", item) for i, item in enumerate(items)]
-    else:  # each group's items, then the group: Dask runs earlier submissions first
-        futures = []
-        for g, (group, members) in enumerate(zip(then.groups, then.members)):
-            parts = [submit(fn, f"{i:06d}", items[i]) for i in members]
-            futures.append(submit(then.fn, f"then-{g:06d}", group, parts))
-    results: list = [None] * len(futures)
-    where = {f.key: i for i, f in enumerate(futures)}
-    try:
-        for future in as_completed(futures):
-            result = future.result()
-            if check is not None:
-                check(result)
-            results[where[future.key]] = result
-            if bar is not None:
-                bar.update(1)
-    except BaseException:
-        client.cancel(futures)
-        raise
-    return results
+    def __init__(self, client, name: str, shared: tuple):
+        self.client, self.name = client, name
+        self.shared = tuple(client.scatter(list(shared), broadcast=True)) if shared else ()
+        self.stamp = f"{os.getpid()}-{time.time_ns()}"
+        self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+        self.priority = 0
+
+    def submit(self, f, key: str, *args):
+        self.priority -= 1  # earlier submissions first, also among tasks already on a worker
+        return self.client.submit(f, *args, *self.shared, retries=RETRIES, pure=False, priority=self.priority,
+                                  key=f"{self.name}-{key}-{self.stamp}")
+
+    def run(self, fn, items, bar, check, then) -> list:
+        from collections import deque
+
+        from distributed import as_completed
+
+        groups = then.members if then is not None else [[i] for i in range(len(items))]
+        steps = deque()
+        for g, members in enumerate(groups):
+            steps.extend(("item", i, g) for i in members)
+            if then is not None:
+                steps.append(("then", None, g))
+        results, parts, what, done = [None] * len(groups), {}, {}, as_completed()
+        busy = 0
+
+        def feed():
+            nonlocal busy
+            while steps and (steps[0][0] == "then" or busy < self.limit):
+                kind, i, g = steps.popleft()
+                if kind == "item":
+                    future = self.submit(fn, f"{i:06d}", items[i])
+                    parts.setdefault(g, []).append(future)
+                    busy += 1
+                else:
+                    future = self.submit(then.fn, f"then-{g:06d}", then.groups[g], parts.pop(g, []))
+                what[future.key] = (kind, g, future)
+                done.add(future)
+
+        try:
+            feed()
+            for future in done:
+                kind, g, _ = what.pop(future.key)
+                busy -= kind == "item"
+                if kind == "then" or then is None:
+                    results[g] = future.result()
+                    if check is not None:
+                        check(results[g])
+                    if bar is not None:
+                        bar.update(1)
+                feed()
+        except BaseException:
+            self.client.cancel([f for _, _, f in what.values()])
+            raise
+        return results
 
 
 def _run_here(fn, items, bar, check, shared, then) -> list:

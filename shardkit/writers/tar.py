@@ -13,7 +13,7 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
 
 
-def _header(name: str, size: int) -> bytes:
+def _tarfile_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
     # Fixed metadata: two builds of the same input must give byte-identical shards.
@@ -23,6 +23,23 @@ def _header(name: str, size: int) -> bytes:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "strict")
+
+
+# The GNU header tarfile writes for our fixed fields, around the name and size: built here in ~3 µs
+# instead of tarfile's 15-30 µs, which was most of the writer's time on text shards (two members
+# per document). Names over 100 bytes need tarfile's extra long-name block.
+_MIDDLE = b"0000644\0" + b"0000000\0" * 2  # mode, uid, gid
+_TAIL = b"00000000000\0" + b" " * 8 + b"0" + b"\0" * 100 + b"ustar  \0" + b"\0" * 247
+_CHECKSUM_AT = 148
+
+
+def _header(name: str, size: int) -> bytes:
+    """The 512-byte GNU tar header of a member (same bytes as tarfile's GNU_FORMAT for our fields)."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100 or size >= 8 ** 11:
+        return _tarfile_header(name, size)
+    head = raw + b"\0" * (100 - len(raw)) + _MIDDLE + b"%011o\0" % size + _TAIL
+    return head[:_CHECKSUM_AT] + b"%06o\0 " % sum(head) + head[_CHECKSUM_AT + 8:]
 
 
 class _HashingFile:
