@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, Rejection, RejectionLog
-from shardkit.fs import atomic_write, tmp_name
+from shardkit.fs import atomic_write, fsync_path, tmp_name
 from shardkit.sources.order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
@@ -26,10 +26,11 @@ from shardkit.stages.arrays import arrays
 from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
-from shardkit.writers import get_table_writer, get_writer
+from shardkit.writers import get_table_writer
 from shardkit.writers.parquet import samples_table, table_samples
 
 STATE_DIR = ".shardkit"
+TABLE_BATCH = 256  # samples turned into Arrow columns at a time
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,25 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
         stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
                                          shard_id=shard_id, stats=result.stats))
     try:
-        table = samples_table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
+        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
     except FailFast as e:
         result.failed = e.rejection
         return result, None
     result.rows = table.num_rows
     return result, table
+
+
+def _table(samples, fields: dict):
+    """The samples as a table, built TABLE_BATCH samples at a time: a task holds its output's bytes in
+    Arrow buffers, and at most one batch of samples as Python objects."""
+    import itertools
+
+    import pyarrow as pa
+
+    batches, it = [], iter(samples)
+    while chunk := list(itertools.islice(it, TABLE_BATCH)):
+        batches += samples_table(chunk, fields).to_batches()
+    return pa.Table.from_batches(batches, schema=samples_table([], fields).schema)
 
 
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
@@ -175,6 +189,41 @@ def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
     return result
 
 
+def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_paths=()) -> None:
+    """fsync the shard's files, then write its marker, then drop its unit files: a marker always names
+    shards on disk, and a retried shard step finds either the marker or its units."""
+    for info in result.shards:
+        fsync_path(os.path.join(cfg.out, info.path))
+        if info.index:
+            fsync_path(os.path.join(cfg.out, info.index["path"]))
+    marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
+    atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
+    for path in unit_paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+_SYNC: dict = {}  # this process's fsync thread and the shards handed to it
+
+
+def _in_background(fn, *args) -> None:
+    """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if "pool" not in _SYNC:
+        _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
+    _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
+
+
+def flush_durable() -> int:
+    """Wait until every shard this process wrote is on disk with its marker (raises the first failure).
+    Run in every worker (and here) before the manifest names any shard."""
+    jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
+    for job in jobs:
+        job.result()
+    return len(jobs)
+
+
 def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:
     cfg, stats = ctx.cfg, {}
     for part in parts:
@@ -183,19 +232,19 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
     if ctx.pack:  # a per-shard stage: the shard's documents packed into rows keyed by the shard id
         samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD], root=cfg.out,
                                 tail=cfg.tail, shard_id=shard.id, stats=stats))
-        infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
-    else:
-        infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields) for fmt in formats] if len(table) else []
+        table = samples_table(samples, ctx.fields)
+    infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
+        if len(table) else []
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections],
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats)
-    marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
-    atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
+    _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])
     return result
 
 
 def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> ShardResult:
-    """The shard step: write the shard from its units' tables (or, for a one-unit shard, do the unit here)."""
+    """The shard step: write the shard from its units' tables (or, for a one-unit shard, do the unit here).
+    The shard's fsync, marker and unit-file cleanup run behind the next tasks (see flush_durable)."""
     import pyarrow as pa
 
     start = time.perf_counter()
@@ -211,7 +260,4 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
         return done
     tables = [pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
-    result = _write(shard, pa.concat_tables(tables), parts, ctx, start)
-    for p in parts:
-        os.remove(p.path)
-    return result
+    return _write(shard, pa.concat_tables(tables), parts, ctx, start)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shardkit.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
-                                  reusable, shard_task, unit_task, units_dir)
+                                  flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
+                                  units_dir)
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
@@ -142,7 +143,7 @@ def _scan(cfg: BuildConfig, pending) -> Inventory:
     opts = scan_options(cfg)
     counts = {}
     if listing.row_files:
-        found = run_tasks(count_rows, listing.row_files, client=pending.get(), name="build-count", shared=(opts,))
+        found = run_tasks(count_rows, listing.row_files, client=pending, name="build-count", shared=(opts,))
         counts = {rf.id: c for rf, c in zip(listing.row_files, found)}
     inv = make_inventory(listing, counts, cfg, opts)
     source_log = RejectionLog(cfg.on_error)
@@ -171,12 +172,12 @@ def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     return without(inv, set(result.removed_keys)), result
 
 
-def _workers(cfg: BuildConfig, client) -> int:
-    """Worker threads the work is spread over (1 in-process)."""
-    if client is None:
+def _workers(cfg: BuildConfig, pending) -> int:
+    """Worker threads the work is spread over (1 in-process); an embedded cluster need not be up yet."""
+    if pending.local:
         return 1
     if cfg.scheduler:
-        return max(1, sum(client.nthreads().values()))
+        return max(1, sum(pending.get().nthreads().values()))
     return cfg.workers or max(1, os.cpu_count() or 1)
 
 
@@ -201,6 +202,17 @@ def _run(tasks: list[ShardTask], ctx: BuildContext, client, bar) -> list[ShardRe
             items += [UnitTask(task.id, j, unit) for j, unit in enumerate(task.units)]
     return run_tasks(unit_task, items, client=client, bar=bar, name=f"build-{ctx.config_hash}",
                      check=_check_result, shared=(ctx,), then=Then(shard_task, tasks, members))
+
+
+def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], pending) -> None:
+    """Every new shard on disk with its marker before the manifest may name it: wait for the fsync
+    threads (workers, and this process for the head start), then finish any a lost worker left."""
+    flush_durable()
+    if not pending.local:
+        pending.get().run(flush_durable)
+    for task, result in zip(tasks, done):
+        if not os.path.exists(marker_path(cfg, task.id)):
+            make_durable(cfg, task, result)
 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
@@ -254,12 +266,13 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
         log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
         results = list(reused.values())
         if todo:
-            client = pending.get()
             ctx = BuildContext(cfg, fields, unit_fields, config_hash, reader, bool(tok is not None and cfg.seq_len))
-            tasks = _shard_tasks(todo, inv, cfg, config_hash, _workers(cfg, client))
+            tasks = _shard_tasks(todo, inv, cfg, config_hash, _workers(cfg, pending))
             with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard",
                               enabled=cfg.progress) as bar:
-                results += _run(tasks, ctx, client, bar)
+                done = _run(tasks, ctx, pending, bar)
+            _durable(cfg, tasks, done, pending)
+            results += done
     return _finish(cfg, scanned, inv, plans, results, fields, config_hash, tok, dedup_result, start)
 
 

@@ -74,6 +74,7 @@ class PendingClient:
         import threading
 
         self._box, self._ready, self._done = {}, threading.Event(), threading.Event()
+        self._local = workers == 0
         self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
                                         daemon=True)
         self._thread.start()
@@ -88,6 +89,11 @@ class PendingClient:
             self._box.setdefault("error", e)
         finally:
             self._ready.set()
+
+    @property
+    def local(self) -> bool:
+        """True when the work runs in this process (workers=0): there is no cluster to wait for."""
+        return self._local
 
     def get(self):
         self._ready.wait()
@@ -133,76 +139,175 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
     client None: one after another in this process. Else on Dask, `RETRIES` retries per task;
-    `shared` values go to every worker once (not once per task). `check(result)` may raise to stop
-    the run (e.g. a FailFast result); the first exception cancels the tasks still pending. With
-    `then`, the results are those of `then.fn`, one per group, and `check` and `bar` see those.
+    `shared` values go to every worker once (not once per task). A PendingClient (a cluster still
+    starting) gets a head start: items run in this process until the cluster is up. `check(result)`
+    may raise to stop the run (e.g. a FailFast result); the first exception cancels the tasks still
+    pending. With `then`, the results are those of `then.fn`, one per group, and `check` and `bar`
+    see those.
     """
+    if isinstance(client, PendingClient) and client.local:
+        client = None
     if client is None:
         return _run_here(fn, items, bar, check, shared, then)
-    return _Window(client, name, shared).run(fn, items, bar, check, then)
+    return _Run(fn, items, then, shared, name).run(client, bar, check)
 
 
-class _Window:
-    """Submits in order with at most IN_FLIGHT items per worker thread queued or running, and each
-    group's `then` step right after its last item. Handing Dask everything at once lets it place
-    tasks up front and run later groups' items early (work stealing), which left a large group's
-    `then` step alone at the end while the other workers idled."""
+class _Run:
+    """Feeds Dask in order with at most IN_FLIGHT items per worker thread queued or running, and each
+    group's `then` step right after its last item. Handing Dask everything at once let it place tasks
+    up front and run later groups' items early (work stealing), which left a large group's `then`
+    step alone at the end while the other workers idled.
 
-    def __init__(self, client, name: str, shared: tuple):
-        self.client, self.name = client, name
-        self.shared = tuple(client.scatter(list(shared), broadcast=True)) if shared else ()
-        self.stamp = f"{os.getpid()}-{time.time_ns()}"
-        self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
-        self.priority = 0
+    With a PendingClient, a thread of this process runs steps from the front meanwhile (`head`):
+    the cluster's start-up is most of a small build's fixed cost, and it leaves a core idle."""
+
+    def __init__(self, fn, items, then, shared, name):
+        import threading
+        from collections import deque
+
+        self.fn, self.items, self.then, self.raw_shared, self.name = fn, items, then, shared, name
+        self.members = then.members if then is not None else [[i] for i in range(len(items))]
+        self.steps = deque()
+        for g, members in enumerate(self.members):
+            self.steps.extend(("item", i, g) for i in members)
+            if then is not None:
+                self.steps.append(("then", None, g))
+        self.lock, self.up, self.error = threading.Lock(), False, None
+        self.local, self.local_groups, self.futures, self.deferred, self.what = {}, {}, {}, [], {}
+        self.results, self.reported, self.busy, self.priority = [None] * len(self.members), set(), 0, 0
+
+    def head(self, check) -> None:
+        """Run steps here until the cluster is up; one finished after that wakes the main loop."""
+        while True:
+            with self.lock:
+                if self.up or not self.steps or self.error:
+                    return
+                kind, i, g = self.steps.popleft()
+            try:
+                if kind == "item":
+                    value = self.fn(self.items[i], *self.raw_shared)
+                else:
+                    value = self.then.fn(self.then.groups[g], [self.local[j] for j in self.members[g]],
+                                         *self.raw_shared)
+                if (kind == "then" or self.then is None) and check is not None:
+                    check(value)
+            except BaseException as e:  # noqa: BLE001 — raised again by the main loop
+                self.error = e
+                value = None
+            with self.lock:
+                if kind == "item":
+                    self.local[i] = value
+                if kind == "then" or self.then is None:
+                    self.local_groups[g] = value
+                if self.up:  # the main loop may be waiting on Dask alone: give it something to see
+                    future = self.submit(_wake, f"wake-{kind}-{i}-{g}")
+                    self.what[future.key] = ("wake", g, future)
+                    self.done.add(future)
 
     def submit(self, f, key: str, *args):
         self.priority -= 1  # earlier submissions first, also among tasks already on a worker
         return self.client.submit(f, *args, *self.shared, retries=RETRIES, pure=False, priority=self.priority,
                                   key=f"{self.name}-{key}-{self.stamp}")
 
-    def run(self, fn, items, bar, check, then) -> list:
-        from collections import deque
+    def _then_parts(self, g):
+        """The group's item results (values computed here, or futures); None while one still runs here."""
+        parts = []
+        for i in self.members[g]:
+            if i in self.local:
+                parts.append(self.local[i])
+            elif i in self.futures:
+                parts.append(self.futures[i])
+            else:
+                return None
+        for i in self.members[g]:
+            self.futures.pop(i, None)
+        return parts
+
+    def _submit_then(self, g) -> bool:
+        if g in self.local_groups:
+            return True
+        parts = self._then_parts(g)
+        if parts is None:
+            return False
+        future = self.submit(self.then.fn, f"then-{g:06d}", self.then.groups[g], parts)
+        self.what[future.key] = ("then", g, future)
+        self.done.add(future)
+        return True
+
+    def feed(self) -> None:
+        with self.lock:
+            self.deferred = [g for g in self.deferred if not self._submit_then(g)]
+            while self.steps and (self.steps[0][0] == "then" or self.busy < self.limit):
+                kind, i, g = self.steps.popleft()
+                if kind == "then":
+                    if not self._submit_then(g):
+                        self.deferred.append(g)
+                    continue
+                future = self.futures[i] = self.submit(self.fn, f"{i:06d}", self.items[i])
+                self.what[future.key] = ("item", g, future)
+                self.done.add(future)
+                self.busy += 1
+
+    def report(self, g, value, bar, check) -> None:
+        self.results[g] = value
+        self.reported.add(g)
+        if check is not None:
+            check(value)
+        if bar is not None:
+            bar.update(1)
+
+    def run(self, client, bar, check) -> list:
+        import threading
 
         from distributed import as_completed
 
-        groups = then.members if then is not None else [[i] for i in range(len(items))]
-        steps = deque()
-        for g, members in enumerate(groups):
-            steps.extend(("item", i, g) for i in members)
-            if then is not None:
-                steps.append(("then", None, g))
-        results, parts, what, done = [None] * len(groups), {}, {}, as_completed()
-        busy = 0
-
-        def feed():
-            nonlocal busy
-            while steps and (steps[0][0] == "then" or busy < self.limit):
-                kind, i, g = steps.popleft()
-                if kind == "item":
-                    future = self.submit(fn, f"{i:06d}", items[i])
-                    parts.setdefault(g, []).append(future)
-                    busy += 1
-                else:
-                    future = self.submit(then.fn, f"then-{g:06d}", then.groups[g], parts.pop(g, []))
-                what[future.key] = (kind, g, future)
-                done.add(future)
-
+        helper = None
+        if isinstance(client, PendingClient):
+            helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
+            helper.start()
+            client = client.get()
+        self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
+        self.done = as_completed(loop=client.loop)
+        self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
+        self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+        with self.lock:
+            self.up = True
         try:
-            feed()
-            for future in done:
-                kind, g, _ = what.pop(future.key)
-                busy -= kind == "item"
-                if kind == "then" or then is None:
-                    results[g] = future.result()
-                    if check is not None:
-                        check(results[g])
-                    if bar is not None:
-                        bar.update(1)
-                feed()
+            while True:
+                self.feed()
+                for future in self.done:
+                    kind, g, _ = self.what.pop(future.key)
+                    self.busy -= kind == "item"
+                    if kind == "then" or (kind == "item" and self.then is None):
+                        self.report(g, future.result(), bar, check)
+                    self._report_local(bar, check)
+                    self.feed()
+                if helper is not None and helper.is_alive():
+                    helper.join()
+                    continue
+                self._report_local(bar, check)
+                if all(g in self.reported for g in range(len(self.members))):
+                    return self.results
+                assert self.steps or self.deferred, "run_tasks: groups left without a step to run them"
         except BaseException:
-            self.client.cancel([f for _, _, f in what.values()])
+            with self.lock:
+                self.steps.clear()
+            client.cancel([f for _, _, f in self.what.values()])
             raise
-        return results
+
+    def _report_local(self, bar, check) -> None:
+        """Results of groups the head start finished (or its error)."""
+        if self.error is not None:
+            raise self.error
+        with self.lock:
+            done_here = [g for g in self.local_groups if g not in self.reported]
+        for g in done_here:
+            self.report(g, self.local_groups[g], bar, check)
+
+
+def _wake():
+    """A no-op task: its completion tells the main loop that the head start finished a step."""
+    return None
 
 
 def _run_here(fn, items, bar, check, shared, then) -> list:

@@ -69,7 +69,7 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     return write_parquet_table(samples_table(samples, fields), root, shard_id, fields)
 
 
-def write_parquet_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
+def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: bool = True) -> ShardInfo:
     """Write a samples_table (possibly concatenated from several) as shard `shard_id`."""
     import pyarrow.parquet as pq
 
@@ -83,6 +83,6 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict) -> ShardI
                    for n in names}
     compression["__key__"] = "zstd"
     path = os.path.join(root, rel)
-    with atomic_writer(path) as out:
+    with atomic_writer(path, durable=durable) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression)
     return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path))

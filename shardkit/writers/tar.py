@@ -82,7 +82,7 @@ def _member_views(array):
     return valid, lambda i: data[offsets[i]:offsets[i + 1]]  # text: its UTF-8; json: its canonical dump
 
 
-def write_tar_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
+def write_tar_table(table, root: str, shard_id: int, fields: dict, durable: bool = True) -> ShardInfo:
     """Write a samples_table (possibly concatenated from work units) as `{key}.{field}` members.
 
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
@@ -96,7 +96,7 @@ def write_tar_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
     keys: list[str] = []
     offsets = {n: [] for n in names}
     sizes = {n: [] for n in names}
-    with atomic_writer(os.path.join(root, rel)) as raw:
+    with atomic_writer(os.path.join(root, rel), durable=durable) as raw:
         f = _HashingFile(raw)
         for batch in table.to_batches():
             batch_keys = batch.column("__key__").to_pylist()
@@ -122,7 +122,7 @@ def write_tar_table(table, root: str, shard_id: int, fields: dict) -> ShardInfo:
         columns[f"{name}.offset"] = pa.array(offsets[name], pa.int64())
         columns[f"{name}.size"] = pa.array(sizes[name], pa.int64())
     index_rel = rel + ".idx.parquet"
-    with atomic_writer(os.path.join(root, index_rel)) as out:
+    with atomic_writer(os.path.join(root, index_rel), durable=durable) as out:
         pq.write_table(pa.table(columns), out, compression="zstd")
     index_path = os.path.join(root, index_rel)
     index = {"path": index_rel, "bytes": os.path.getsize(index_path), "sha256": sha256_file(index_path)}
