@@ -243,6 +243,53 @@ def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
     return shard_fields, unit_fields, config_hash, tok
 
 
+@dataclass
+class _Plan:
+    """Everything decided before any shard task runs."""
+
+    cfg: BuildConfig
+    scanned: Inventory  # as listed (inputs are counted here)
+    inv: Inventory  # without --dedup's duplicates
+    dedup: object  # DedupResult or None
+    reader: SourceReader
+    fields: dict
+    unit_fields: dict
+    config_hash: str
+    tok: TokenizerInfo | None
+    plans: list[ShardPlan]
+    reused: dict[int, ShardResult]
+
+
+def _prepare(cfg: BuildConfig, dedup: DedupConfig | None, pending) -> _Plan:
+    scanned = inv = _scan(cfg, pending)
+    dedup_result = None
+    if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+        dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
+                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
+        inv, dedup_result = _dedup(inv, cfg, dcfg, pending.get())
+    reader = _reader(inv)
+    fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+    plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
+    reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
+    log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
+    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
+
+
+def _build_todo(b: _Plan, pending) -> list[ShardResult]:
+    """Run the shards not reused: units and shard steps, then wait until they are all on disk."""
+    todo = [p for p in b.plans if p.id not in b.reused]
+    if not todo:
+        return []
+    ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
+                       bool(b.tok is not None and b.cfg.seq_len))
+    tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
+    with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
+                      enabled=b.cfg.progress) as bar:
+        done = _run(tasks, ctx, pending, bar)
+    _durable(b.cfg, tasks, done, pending)
+    return done
+
+
 def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """Build OUT from SRC: scan, plan, run work units and shard steps (reusing finished shards), manifest.
 
@@ -252,53 +299,49 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     with background_client(cfg.scheduler, cfg.workers) as pending:
-        scanned = inv = _scan(cfg, pending)
-        dedup_result = None
-        if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
-            dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
-                           scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
-            inv, dedup_result = _dedup(inv, cfg, dcfg, pending.get())
-        reader = _reader(inv)
-        fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
-        plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
-        reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
-        todo = [p for p in plans if p.id not in reused]
-        log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-        results = list(reused.values())
-        if todo:
-            ctx = BuildContext(cfg, fields, unit_fields, config_hash, reader, bool(tok is not None and cfg.seq_len))
-            tasks = _shard_tasks(todo, inv, cfg, config_hash, _workers(cfg, pending))
-            with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard",
-                              enabled=cfg.progress) as bar:
-                done = _run(tasks, ctx, pending, bar)
-            _durable(cfg, tasks, done, pending)
-            results += done
-    return _finish(cfg, scanned, inv, plans, results, fields, config_hash, tok, dedup_result, start)
+        b = _prepare(cfg, dedup, pending)
+        results = list(b.reused.values()) + _build_todo(b, pending)
+    return _finish(b, results, start)
 
 
-def _finish(cfg, scanned, inv, plans, results, fields, config_hash, tok, dedup_result, start) -> BuildResult:
+def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     """errors.jsonl, then the manifest (last), then the summary."""
+    cfg = b.cfg
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]
-    rejections = sorted(inv.rejections + [x for r in results for x in r.rejections],
+    rejections = sorted(b.inv.rejections + [x for r in results for x in r.rejections],
                         key=lambda r: (r.path, r.stage, r.reason))
-    _remove_stale(cfg, shards, len(plans))
+    _remove_stale(cfg, shards, len(b.plans))
+    _remove_stale_scan(b)
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
-    build_record = {"config": cfg.recorded(), "hash": config_hash}
-    if dedup_result is not None:  # as `shardkit dedup` of a dataset records it
-        removed = len(dedup_result.removed)
-        build_record["dedup"] = {"config": dedup_result.summary["parameters"], "source_samples": samples + removed,
+    build_record = {"config": cfg.recorded(), "hash": b.config_hash}
+    if b.dedup is not None:  # as `shardkit dedup` of a dataset records it
+        removed = len(b.dedup.removed)
+        build_record["dedup"] = {"config": b.dedup.summary["parameters"], "source_samples": samples + removed,
                                  "removed": removed, "report": "dedup/summary.json"}
     stats = {}
     for r in results:
         add_stats(stats, r.stats)
-    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
-                        build=build_record,
-                        errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=dict(sorted(stats.items())))})
+    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=dict(sorted(stats.items())))}
+    manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=b.scanned.classes,
+                        build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
+                        extra=extra)
     write_manifest(cfg.out, manifest)
-    return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
-                       sum(r.images for r in results), sum(r.skipped for r in results), sum(r.utf8_replaced for r in results),
-                       scanned.samples - inv.samples, manifest, dedup_result)
+    return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
+                       sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
+                       b.scanned.samples - b.inv.samples, manifest, b.dedup)
+
+
+def _remove_stale_scan(b: _Plan) -> None:
+    """Row indexes of files that changed or left SRC, and file-sample tables of earlier builds."""
+    keep = {os.path.basename(b.reader.atoms_path or "")}
+    for count in b.scanned.counts.values():
+        base = os.path.basename(count.index)
+        keep |= {base, base[:-len(".npy")] + ".json"}
+    folder = b.inv.opts.state_dir
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name not in keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))

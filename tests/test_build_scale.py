@@ -298,3 +298,28 @@ def test_dedup_removes_rows_inside_a_jsonl_and_accounts_for_them(tmp_path):
     keys = [k for s in result.manifest.shards for k in pq.read_table(out / s.path).column("__key__").to_pylist()]
     assert result.duplicates == 1 and "c/000005" not in keys and len(keys) == 8
     assert result.inputs == result.samples + result.duplicates + len(result.rejections)
+
+
+def test_a_broken_or_changed_row_file_is_rejected_not_fatal(tmp_path):
+    from shardkit.errors import RejectedInput
+    from shardkit.sources.read import SourceReader
+    from shardkit.sources.rows import ScanOptions, count_rows
+    from shardkit.sources.walk import walk
+
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    (raw / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file")
+    (raw / "ok.jsonl").write_text("".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(5)))
+    out = tmp_path / "out"
+    result = _build(raw, out)
+    assert result.samples == 5 and _errors(out)["broken.parquet"].startswith("unreadable")
+    # A file cut short after it was counted: its rows are rejected one by one, the task goes on.
+    opts = ScanOptions(str(raw), str(tmp_path / "scan"))
+    rf = next(r for r in walk(str(raw)).row_files if r.rel == "ok.jsonl")
+    count = count_rows(rf, opts)
+    (raw / "ok.jsonl").write_text("")
+    reader = SourceReader(opts, (None,) * rf.id + (rf,), {rf.id: count}, {rf.id: -1}, None, None)
+    refs = list(reader._row_refs(rf.id, 0, 5, None, None))
+    assert [r.source for r in refs] == [f"ok.jsonl:{n}" for n in range(1, 6)]
+    with pytest.raises(RejectedInput, match="unreadable"):
+        refs[0].make()

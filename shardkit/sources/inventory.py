@@ -147,7 +147,9 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
         classes, label_index = _column_classes(parquet, cfg)
     blocks = [(O.row_key(rf.stem_key, counts[rf.id].first, counts[rf.id].width), rf.id, counts[rf.id].rows)
               for rf in listing.row_files if rf.id not in blow and counts[rf.id].rows]
-    rejections = sorted(listing.rejections, key=lambda r: (r.path, r.stage, r.reason))
+    rejections = listing.rejections + [Rejection(rf.rel, "source", counts[rf.id].error)
+                                       for rf in listing.row_files if counts[rf.id].error]
+    rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
     return Inventory(opts, table, labels, _estimates(table, opts), listing.row_files, counts, row_labels,
                      label_index, O.pieces_in_order(table, blocks), rejections, classes,
                      _kinds(table, listing.row_files, counts))

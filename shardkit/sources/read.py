@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from shardkit.sources import walk as W
 from shardkit.sources.order import ATOMS, Piece
-from shardkit.sources.rows import RowCount, RowRef, ScanOptions, jsonl_rows
+from shardkit.sources.rows import RowCount, RowRef, ScanOptions, jsonl_rows, load_index
 
 ATOMS_NAME = "samples-{}.arrow"
 
@@ -68,12 +68,16 @@ class SourceReader:
     def _row_refs(self, rid: int, start: int, stop: int, keys, labels):
         """Rows of a row file; the folder label (or the given per-row labels) becomes field cls."""
         rf, count = self.row_files[rid], self.counts[rid]
-        if rf.kind == "jsonl":
-            refs = jsonl_rows(self.opts, rf, count, start, stop, keys)
-        else:
-            from shardkit.sources.parquet import parquet_rows
+        try:  # read now: a file that vanished or changed since it was counted rejects its rows
+            if rf.kind == "jsonl":
+                refs = list(jsonl_rows(self.opts, rf, count, start, stop, keys))
+            else:
+                from shardkit.sources.parquet import parquet_rows
 
-            refs = parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys)
+                refs = list(parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys))
+        except (OSError, ValueError) as e:
+            reason = f"unreadable: {getattr(e, 'strerror', None) or e} (it changed while the build ran?)"
+            refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in load_index(count)["number"][start:stop].tolist()]
         for i, ref in enumerate(refs):
             label = self.row_labels.get(rid, -1) if labels is None else labels[i]
             yield ref if label < 0 else RowRef(ref.source, _labelled(ref.make, label))

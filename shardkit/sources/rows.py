@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from shardkit.contract import decode_text
-from shardkit.errors import RejectedInput
+from shardkit.errors import ConfigError, RejectedInput
 from shardkit.sample import Sample
 
 INDEX_VERSION = 1
@@ -48,6 +48,7 @@ class RowCount:
     total_estimate: int  # estimated output bytes of all rows
     index: str  # the row index file (INDEX_DTYPE)
     parquet: dict = field(default_factory=dict)  # Parquet only: columns and label information
+    error: str | None = None  # why the file could not be read (it is then a rejected input)
 
     @property
     def width(self) -> int:
@@ -112,12 +113,17 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     except (OSError, ValueError, TypeError):
         pass
     path = os.path.join(opts.root, rf.rel)
-    if rf.kind == "jsonl":
-        index, top, info = *jsonl_index(path), {}
-    else:
-        from shardkit.sources.parquet import parquet_index
+    try:
+        if rf.kind == "jsonl":
+            index, top, info = *jsonl_index(path), {}
+        else:
+            from shardkit.sources.parquet import parquet_index
 
-        index, top, info = parquet_index(path, opts)
+            index, top, info = parquet_index(path, opts)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # pyarrow's errors for a broken file are ValueError / OSError
+        return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'strerror', None) or e}")
     from shardkit.fs import atomic_writer, atomic_write
 
     with atomic_writer(base + ".npy") as f:
@@ -160,6 +166,14 @@ class RowRef:
     def __init__(self, source: str, make):
         self.source, self.make = source, make
 
+    @classmethod
+    def failed(cls, source: str, reason: str) -> "RowRef":
+        """A row that cannot be read (its file vanished or changed since it was counted)."""
+        def make():
+            raise RejectedInput(reason)
+
+        return cls(source, make)
+
 
 def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, keys=None):
     """RowRefs of rows [start, stop) of a jsonl file, read with one seek; `keys` overrides the row keys."""
@@ -171,7 +185,7 @@ def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, ke
         f.seek(lo)
         data = f.read(int(rows["offset"][-1] + rows["length"][-1]) - lo)
     if len(data) < int(rows["offset"][-1] + rows["length"][-1]) - lo:
-        raise OSError(f"{rf.rel} is shorter than when it was indexed; rerun the build")
+        raise ValueError(f"{rf.rel} is shorter than when it was counted")
     width = count.width
     for i, (number, offset, length) in enumerate(zip(rows["number"].tolist(), rows["offset"].tolist(),
                                                      rows["length"].tolist())):
