@@ -100,7 +100,7 @@ def test_rerun_reuses_the_cache(ran, tmp_path):
 
 def test_checks_catch_a_variant_that_read_other_samples(ran):
     from shardkit.bench.report import checks
-    from shardkit.bench.runner import label_checksum
+    from shardkit.bench.report import label_checksum
 
     r = ran["report"]
     runs = [dict(run) for run in r["runs"]]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import threading
 import time
 
 from shardkit.bench.config import BenchConfig
 from shardkit.bench.data import BenchData, prepare
+from shardkit.bench.report import build_report, label_checksum, write_outputs
 from shardkit.bench.variants import VARIANTS
 from shardkit.errors import ConfigError, ShardkitError
 
@@ -56,11 +56,6 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         self.sample()
-
-
-def label_checksum(counts) -> str:
-    """Order-free fingerprint of the labels read: workers interleave batches differently per variant."""
-    return hashlib.sha256(",".join(str(int(c)) for c in counts).encode()).hexdigest()[:16]
 
 
 def _close(loader) -> None:
@@ -142,8 +137,6 @@ def _check_batches(cfg: BenchConfig, data: BenchData) -> None:
 def run(cfg: BenchConfig) -> dict:
     """Prepare the data, measure every cell, write bench.json, bench.md and bench.png; return the report."""
     from tqdm.auto import tqdm
-
-    from shardkit.bench.report import build_report, write_outputs
 
     data = prepare(cfg)
     _check_batches(cfg, data)
