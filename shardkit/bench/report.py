@@ -103,6 +103,7 @@ def build_report(cfg: BenchConfig, data: BenchData, runs: list[dict], step: dict
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "step": step,
         "data": {"raw_folder": data.raw_folder, "samples": data.samples, "classes": len(data.classes),
+                 "epochs_per_run": cfg.epochs_per_run(data.samples),
                  "image_size": data.image_size, "bytes": data.bytes, "jpeg_root": data.jpeg_root,
                  "raw_root": data.raw_root, "reused_shards": data.reused_shards},
         "variants": {name: VARIANTS[name].what for name in cfg.variants},
@@ -119,6 +120,18 @@ def _ratio(report: dict, key: str, cell: dict) -> str:
     return "-" if value is None else f"{value:.1f}×"
 
 
+def _epochs_line(report: dict) -> list[str]:
+    """Why a run read several epochs (a small folder), or nothing when one was enough."""
+    d, cfg = report["data"], report["config"]
+    epochs = d.get("epochs_per_run", 1)
+    if epochs <= 1:
+        return []
+    batches = -(-d["samples"] // cfg["batch_size"])
+    return [f"{d['samples']} images make {batches} batch{'es' if batches != 1 else ''} of {cfg['batch_size']} per "
+            f"epoch: each run read {epochs} epochs, so that at least {cfg['min_batches']} batches were measured "
+            f"after the {cfg['warmup']} warm-up ones (--min-batches, --warmup)"]
+
+
 def markdown(report: dict) -> str:
     """The table users read: medians with min-max over the interleaved repetitions."""
     d, cfg, step = report["data"], report["config"], report["step"]
@@ -127,6 +140,7 @@ def markdown(report: dict) -> str:
     lines = [f"{d['samples']} images ({d['classes']} classes) at {d['image_size']}², batch {cfg['batch_size']}, "
              f"{how}, {cfg['repeat']} interleaved repetitions, {cfg['warmup']} warm-up batches left out; "
              f"{report['machine']['cpus']} CPUs",
+             *_epochs_line(report),
              "",
              "| variant | workers | samples/s median (min–max) | MB/s | starved % | first batch s | peak RSS MB "
              "| × raw folder | × WebDataset |",

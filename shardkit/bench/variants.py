@@ -58,8 +58,10 @@ def _raw_folder(data: BenchData, workers: int, batch_size: int, pin: bool):
     from torch.utils.data import DataLoader
 
     ds = RawFolderDataset(data.raw_folder, data.items, data.image_size)
+    # persistent_workers as shardkit's loader has them: a run of several epochs (a small folder)
+    # must not charge one side for starting its workers again each epoch.
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin,
-                      collate_fn=hwc_collate)
+                      collate_fn=hwc_collate, persistent_workers=workers > 0)
 
 
 def wds_decode(sample: dict):
@@ -86,7 +88,7 @@ def _webdataset(data: BenchData, workers: int, batch_size: int, pin: bool):
     # Unshuffled so every variant reads the same samples; split over workers by shard (its default).
     ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode).batched(
         batch_size, collation_fn=hwc_collate)
-    return DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin)
+    return DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
 
 def _shardkit(root_of: Callable, fmt: str, field: str):
