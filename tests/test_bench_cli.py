@@ -116,11 +116,33 @@ def test_checks_catch_a_variant_that_read_other_samples(ran):
     assert checks(r["runs"], Data)["same_samples"]
 
 
-def test_plot_without_matplotlib_names_the_extra(ran, monkeypatch):
+def test_the_plot_needs_no_matplotlib(ran, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    result = CliRunner().invoke(main, ["bench", "--plot-only", "--out", str(ran["out"])])
-    assert result.exit_code == 1
-    assert "pip install 'shardkit[plot]'" in result.output
+    (tmp_path / "bench.json").write_bytes((ran["out"] / "bench.json").read_bytes())
+    result = CliRunner().invoke(main, ["bench", "--plot-only", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_shows_the_figures(ran):
+    """Each cell's bar is drawn in its worker count's colour, and taller bars mean more samples/s."""
+    from PIL import Image, ImageColor
+
+    from shardkit.bench import plot
+
+    report = ran["report"]
+    img = Image.open(ran["out"] / "bench.png").convert("RGB")
+    assert img.size == plot.SIZE
+    axis = plot.log_axis(report["cells"], plot.PANELS[0][1], plot.PANELS[0][3])
+    drawn = plot.bars(report["cells"], "samples_per_s", axis, plot.PANELS[0], whiskers=True)
+    assert len(drawn) == len(report["cells"]) == 10
+    for bar, cell in zip(drawn, report["cells"]):
+        x0, top, x1, bottom = bar.box
+        assert img.getpixel((x0 + 2, (top + bottom) // 2 + 1)) == ImageColor.getrgb(bar.color), bar
+        assert bar.whisker[0] <= top <= bar.whisker[1]  # the median lies within min-max
+    by_speed = sorted(zip(drawn, report["cells"]), key=lambda p: p[1]["samples_per_s"]["median"])
+    tops = [bar.box[1] for bar, _ in by_speed]
+    assert tops == sorted(tops, reverse=True)  # faster: higher bar (smaller pixel row)
 
 
 def test_plot_only_redraws_from_bench_json(ran, tmp_path):
