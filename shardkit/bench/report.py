@@ -17,7 +17,10 @@ from shardkit.fs import atomic_write
 from shardkit.meter import advice, band
 
 SCHEMA = "shardkit.bench/1"
-METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms")
+METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms",
+           "step_p50_ms", "epoch_start_wait_pct", "steady_wait_p95_ms", "steady_starved_pct")
+ADVICE_FIGURES = ("starved_pct", "wait_p50_ms", "wait_p95_ms", "step_p50_ms", "epoch_start_wait_pct",
+                  "steady_wait_p95_ms", "steady_starved_pct")
 BASELINES = {"vs_raw_folder": "raw-folder", "vs_webdataset": "webdataset-tar"}
 
 
@@ -55,8 +58,9 @@ def cells(runs: list[dict]) -> list[dict]:
         # The meter's band and advice for the median figures, so they agree with the starved% shown.
         pct = cell["starved_pct"]["median"]
         cell["band"] = band(pct)
-        cell["advice"] = advice(pct, wait_p50=cell["wait_p50_ms"]["median"] / 1e3,
-                                wait_p95=cell["wait_p95_ms"]["median"] / 1e3, num_workers=workers)
+        figures = {m: cell[m]["median"] for m in ADVICE_FIGURES}
+        figures["steps"] = min(r["measured_steps"] for r in rs)
+        cell["advice"] = advice(figures, num_workers=workers, data=VARIANTS[variant].data)
         out.append(cell)
     order = {name: i for i, name in enumerate(VARIANTS)}
     return sorted(out, key=lambda c: (order[c["variant"]], c["workers"]))

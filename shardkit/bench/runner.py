@@ -95,7 +95,7 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
     variant = VARIANTS[name]
     pin = cfg.gpu and torch.cuda.is_available()
     loader = variant.loader(data, workers, cfg.batch_size, pin)
-    meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu")
+    meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu", data=variant.data)
     epochs = cfg.epochs_per_run(data.samples)
     with RssSampler() as rss:
         start = time.perf_counter()
@@ -112,7 +112,9 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
         "starved_pct": s.get("gpu_idle_pct", s["starved_pct"]), "host_wait_pct": s["starved_pct"],
         "first_batch_s": first_batch or 0.0, "peak_rss_bytes": rss.peak, "wall_s": wall,
         "measured_steps": s["steps"], "warmup_steps": s["warmup_steps"],
-        "wait_p50_ms": s["wait_p50_ms"], "wait_p95_ms": s["wait_p95_ms"], "band": s["band"], "advice": s["advice"],
+        "wait_p50_ms": s["wait_p50_ms"], "wait_p95_ms": s["wait_p95_ms"], "step_p50_ms": s["step_p50_ms"],
+        "epoch_start_wait_pct": s["epoch_start_wait_pct"], "steady_wait_p95_ms": s["steady_wait_p95_ms"],
+        "steady_starved_pct": s["steady_starved_pct"], "band": s["band"], "advice": s["advice"],
     }
 
 
