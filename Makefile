@@ -14,7 +14,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# setuptools tells every editable install of a flat layout to mind same-named folders (an
+	# information block, not a deprecation); the package is found through its import hook anyway.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
