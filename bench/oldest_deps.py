@@ -1,5 +1,9 @@
-"""Check the oldest supported dependency set: install every lower bound of pyproject.toml exactly,
-in a fresh virtual environment, and run the test suite there.
+"""Check the oldest supported dependency set: install every lower bound of pyproject.toml, in a
+fresh virtual environment, and run the test suite there.
+
+A bound X.Y is installed as X.Y.* (the oldest supported release series, its latest patch: patches
+add no API, and early patches often lack wheels for newer Pythons). Runtime dependencies and the
+http/s3 extras are pinned that way; the test tools of the dev extra are installed as they resolve.
 
     python bench/oldest_deps.py                    # every minimum, torch included
     python bench/oldest_deps.py --torch 2.13.0     # where the oldest torch CPU wheel cannot be had
@@ -23,7 +27,7 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("http", "s3", "dev")  # optional sets whose minimums are pinned too (dev: the test tools)
+EXTRAS = ("http", "s3")  # optional sets whose minimums are pinned too
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -51,13 +55,21 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, **kw)
 
 
+def test_tools(pyproject: Path, pins: dict[str, str]) -> list[str]:
+    """The dev extra's requirements that are not pinned already (pytest, moto, ...), as written."""
+    import tomllib
+
+    dev = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["optional-dependencies"]["dev"]
+    return [req for req in dev if re.split(r"\s*>=", req)[0] not in pins]
+
+
 def install(python: Path, pins: dict[str, str], torch: str, torch_index: str | None) -> None:
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     run(pip + ["--upgrade", "pip"], check=True)
     # torch first and alone, so that the resolver never swaps in another (CUDA) build.
     run(pip + [f"torch=={torch}"] + (["--extra-index-url", torch_index] if torch_index else []), check=True)
-    specs = [f"{name}=={version}" for name, version in pins.items() if name != "torch"]
-    run(pip + specs + [f"torch=={torch}"], check=True)
+    specs = [f"{name}=={version}.*" for name, version in pins.items() if name != "torch"]
+    run(pip + specs + test_tools(ROOT / "pyproject.toml", pins) + [f"torch=={torch}"], check=True)
     run(pip + ["--no-deps", "-e", str(ROOT)], check=True)
 
 
@@ -78,14 +90,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pytest-args", default="-q -p no:cacheprovider", help="arguments for pytest")
     args = ap.parse_args(argv)
     pins = minimums(ROOT / "pyproject.toml")
-    torch = args.torch or pins["torch"]
+    torch = args.torch or pins["torch"] + ".*"
     with tempfile.TemporaryDirectory(prefix="shardkit-oldest-") as tmp:
         env_dir = Path(args.keep or tmp)
         venv.create(env_dir, with_pip=True, clear=True)
         python = env_dir / "bin" / "python"
         install(python, pins, torch, args.torch_index or None)
         print("\ninstalled:", " ".join(installed(python, ["torch", *pins])), flush=True)
-        if torch != pins["torch"]:
+        if not torch.startswith(pins["torch"]):
             print(f"NOTE: torch {torch}, not the lower bound {pins['torch']} (--torch)", flush=True)
         result = run([str(python), "-m", "pytest", *shlex.split(args.pytest_args)], cwd=ROOT)
     return result.returncode

@@ -35,4 +35,4 @@ def test_oldest_set_script_reads_every_bound():
         sys.path.pop(0)
     pins = minimums(ROOT / "pyproject.toml")
     assert pins["torch"] == "2.6" and pins["numpy"] == "2.0" and pins["dask[distributed]"] == "2024.1"
-    assert {"pillow", "pyarrow", "tokenizers", "s3fs", "moto[server]"} <= set(pins)
+    assert {"pillow", "pyarrow", "tokenizers", "s3fs", "aiohttp"} <= set(pins)
