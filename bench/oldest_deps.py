@@ -18,6 +18,7 @@ versions installed and the suite's summary line; exits with the suite's status.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -70,7 +71,9 @@ def install(python: Path, pins: dict[str, str], torch: str, torch_index: str | N
     run(pip + [f"torch=={torch}"] + (["--extra-index-url", torch_index] if torch_index else []), check=True)
     specs = [f"{name}=={version}.*" for name, version in pins.items() if name != "torch"]
     run(pip + specs + test_tools(ROOT / "pyproject.toml", pins) + [f"torch=={torch}"], check=True)
-    run(pip + ["--no-deps", "-e", str(ROOT)], check=True)
+    # setuptools' note on editable installs of a flat layout is information, not a problem
+    env = {**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"}
+    run(pip + ["--no-deps", "-e", str(ROOT)], check=True, env=env)
 
 
 def installed(python: Path, names) -> list[str]:
