@@ -64,7 +64,7 @@ def field_specs(inv: Inventory, cfg: BuildConfig) -> dict:
     if "image" in inv.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
-            spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
+            spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
         fields[cfg.output_image_field] = spec
     if "txt" in inv.kinds:
         fields["txt"] = {"kind": "text"}

@@ -303,7 +303,8 @@ def test_dedup_removes_rows_inside_a_jsonl_and_accounts_for_them(tmp_path):
 def test_a_broken_or_changed_row_file_is_rejected_not_fatal(tmp_path):
     from shardkit.errors import RejectedInput
     from shardkit.sources.read import SourceReader
-    from shardkit.sources.rows import ScanOptions, count_rows
+    from shardkit.sources.index import ScanOptions
+    from shardkit.sources.rows import count_rows
     from shardkit.sources.walk import walk
 
     raw = tmp_path / "raw"

@@ -58,7 +58,7 @@ def records(inv) -> list[InputRecord]:
     """Every sample of an Inventory as an InputRecord, in key order: O(samples), for small tools and
     for deduplication (which reads samples one by one)."""
     from shardkit.sources.order import ATOMS
-    from shardkit.sources.rows import load_index, row_key
+    from shardkit.sources.index import load_index, row_key
 
     out = []
     for piece in inv.pieces:
@@ -110,7 +110,7 @@ def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
             f.seek(offset)
             return parse_jsonl_line(f.read(length), rec.key, rec.source, text_field)
     from shardkit.sources.parquet import RowConverter, row_group_of
-    from shardkit.sources.rows import ScanOptions
+    from shardkit.sources.index import ScanOptions
 
     opts = ScanOptions(root, "", text_field)
     info, table, first = row_group_of(os.path.join(root, rel), number, opts)

@@ -12,7 +12,7 @@ from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError, Rejection
 from shardkit.sources import order as O
 from shardkit.sources import walk as W
-from shardkit.sources.rows import RowCount, ScanOptions
+from shardkit.sources.index import RowCount, ScanOptions
 
 STATE_SCAN = os.path.join(".shardkit", "scan")
 _PER_PX = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}  # stored bytes per pixel, roughly
@@ -22,7 +22,7 @@ def image_estimate(cfg: BuildConfig) -> int | None:
     """Estimated stored bytes of one resized image (shards are cut before anything is encoded)."""
     if cfg.image_size is None or cfg.resize_mode == "none":
         return None
-    px = cfg.image_size ** 2 * (4 / 3 if cfg.resize_mode == "shorter" else 1)
+    px = cfg.stored_size ** 2 if cfg.stored_size else cfg.image_size ** 2 * 4 / 3
     return int(px * _PER_PX[cfg.encode])
 
 
@@ -169,7 +169,7 @@ def without(inv: Inventory, keys: set[str]) -> Inventory:
     import pyarrow.compute as pc
     from dataclasses import replace
 
-    from shardkit.sources.rows import load_index
+    from shardkit.sources.index import load_index
 
     if not keys:
         return inv

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.sources import walk as W
-from shardkit.sources.rows import RowCount, load_index, row_key
+from shardkit.sources.index import RowCount, load_index, row_key
 
 ATOMS = -1  # Piece.source of a run of the sorted file-sample table
 

@@ -90,7 +90,7 @@ def parquet_index(path: str, opts) -> tuple[np.ndarray, int, dict]:
     label column. Size estimates are per row group: its uncompressed bytes spread over its rows."""
     import pyarrow.parquet as pq
 
-    from shardkit.sources.rows import INDEX_DTYPE
+    from shardkit.sources.index import INDEX_DTYPE
 
     pf = pq.ParquetFile(path)
     info = describe(pf, opts)
@@ -235,7 +235,7 @@ def parquet_rows(opts, rf, count, start: int, stop: int, convert: RowConverter, 
     """RowRefs of rows [start, stop) of a Parquet file: the row groups that hold them are read once."""
     import pyarrow.parquet as pq
 
-    from shardkit.sources.rows import RowRef, load_index, row_key
+    from shardkit.sources.index import RowRef, load_index, row_key
 
     rows = load_index(count)[start:stop]
     if not len(rows):

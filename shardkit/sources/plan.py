@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.sources.order import ATOMS, Piece
-from shardkit.sources.rows import load_index
+from shardkit.sources.index import load_index
 
 PLAN_VERSION = 2
 # Work-unit sizes, in samples: enough units for every worker to stay busy to the end (UNITS_PER_WORKER

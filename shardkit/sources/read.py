@@ -12,7 +12,8 @@ from functools import lru_cache
 
 from shardkit.sources import walk as W
 from shardkit.sources.order import ATOMS, Piece
-from shardkit.sources.rows import RowCount, RowRef, ScanOptions, jsonl_rows, load_index
+from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index
+from shardkit.sources.rows import jsonl_rows
 
 ATOMS_NAME = "samples-{}.arrow"
 

@@ -7,61 +7,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 
 from shardkit.contract import decode_text
 from shardkit.errors import ConfigError, RejectedInput
 from shardkit.sample import Sample
+from shardkit.sources.index import INDEX_DTYPE, RowCount, RowRef, ScanOptions, load_index, row_key
 
 INDEX_VERSION = 1
-# One row per sample of a row file: 1-based line number (jsonl) or 0-based row (Parquet), the row's
-# byte offset and length in the file (jsonl), and the running total of estimated output bytes.
-INDEX_DTYPE = np.dtype([("number", "<i8"), ("offset", "<i8"), ("length", "<i8"), ("cum", "<i8")])
 BLOCK = 4 << 20  # bytes read per step while indexing a jsonl file: bounds the task's memory
 _WHITESPACE = np.zeros(256, bool)
 _WHITESPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.strip() removes: a line of only these is blank
-KEY_DIGITS = 6  # `{stem}/{line:06d}`; a file with more lines gets as many digits as its last number needs
 
-
-@dataclass(frozen=True)
-class ScanOptions:
-    """What counting and reading rows depends on (a part of BuildConfig, small enough to ship to tasks)."""
-
-    root: str
-    state_dir: str  # OUT/.shardkit/scan
-    text_field: str = "text"
-    image_field: str = "image"
-    label_field: str | None = None
-    image_estimate: int | None = None  # estimated output bytes of one image when images are resized
-
-
-@dataclass(frozen=True)
-class RowCount:
-    """What a counting task returns: a few numbers, never per-row data."""
-
-    rows: int  # samples (non-blank lines, or Parquet rows)
-    first: int  # number of the first and last sample
-    last: int
-    top_number: int  # the largest number the file could give a sample: sets the key width
-    total_estimate: int  # estimated output bytes of all rows
-    index: str  # the row index file (INDEX_DTYPE)
-    parquet: dict = field(default_factory=dict)  # Parquet only: columns and label information
-    error: str | None = None  # why the file could not be read (it is then a rejected input)
-
-    @property
-    def width(self) -> int:
-        return max(KEY_DIGITS, len(str(self.top_number)))
-
-
-def row_key(stem_key: str, number: int, width: int) -> str:
-    return f"{stem_key}/{number:0{width}d}"
 
 
 def _index_name(rf, opts: ScanOptions) -> str:
     """The index file's name: changes with the file's stats and with what the estimates depend on."""
-    text = f"{INDEX_VERSION}|{rf.stamp()}|{rf.kind}|{opts.image_estimate}|{opts.text_field}|{opts.image_field}"
+    text = (f"{INDEX_VERSION}|{rf.stamp()}|{rf.kind}|{opts.image_estimate}|{opts.text_field}|{opts.image_field}|"
+            f"{opts.label_field}")
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
@@ -135,11 +100,6 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     return count
 
 
-def load_index(count: RowCount) -> np.ndarray:
-    """The row index, memory-mapped: callers touch only the pages of the rows they use."""
-    return np.load(count.index, mmap_mode="r")
-
-
 def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str) -> Sample:
     """One jsonl line → a Sample (txt, and json for the other keys); a bad line is a RejectedInput."""
     text, replaced = decode_text(data)
@@ -156,23 +116,6 @@ def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str) -> Sam
     if obj:
         fields["json"] = obj
     return Sample(key, fields, {"source": source, "utf8_replaced": replaced})
-
-
-class RowRef:
-    """One row about to be read: where it comes from (for errors.jsonl) and how to make its Sample."""
-
-    __slots__ = ("source", "make")
-
-    def __init__(self, source: str, make):
-        self.source, self.make = source, make
-
-    @classmethod
-    def failed(cls, source: str, reason: str) -> "RowRef":
-        """A row that cannot be read (its file vanished or changed since it was counted)."""
-        def make():
-            raise RejectedInput(reason)
-
-        return cls(source, make)
 
 
 def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, keys=None):
