@@ -17,8 +17,11 @@ from shardkit.config import BuildConfig
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
 from shardkit.sample import Sample
-from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS,  # noqa: F401
-                                   PARQUET_EXTS, ROW_EXTS, TEXT_EXTS)
+from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS, PARQUET_EXTS,
+                                   ROW_EXTS, TEXT_EXTS)
+
+__all__ = ["ARRAY_EXTS", "IMAGE_EXTS", "JSON_EXTS", "JSONL_EXTS", "KNOWN_EXTS", "PARQUET_EXTS", "ROW_EXTS",
+           "TEXT_EXTS", "InputRecord", "ScanResult", "read_record", "records", "scan"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     blow = O.exploded(listing.files, listing.row_files, counts)
     extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id])) for rf in listing.row_files
              if rf.id in blow]
-    table = O.unique_keys(pa.concat_tables([listing.files, *extra]), listing.row_files, counts)
+    table = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
     classes, labels, row_labels = _folder_classes(table, listing.row_files, counts, cfg)
     label_index = None
     if cfg.label_field:

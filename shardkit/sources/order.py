@@ -52,13 +52,13 @@ def _sorted(table):
     return table.take(pc.sort_indices(table, [("key", "ascending")])).combine_chunks()
 
 
-def _source_of(row: dict, row_files) -> str:
+def _source_of(row: dict) -> str:
     if row["row_file"] >= 0:
         return f"{row['files'][0]}:{row['number']}"
     return row["files"][0]
 
 
-def unique_keys(table, row_files, counts):
+def unique_keys(table, counts):
     """Rename colliding keys (e.g. 'a.jsonl' line 1 vs 'a/000001.txt') `{key}_{sha1(source)[:8]}`, sorted."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -78,7 +78,7 @@ def unique_keys(table, row_files, counts):
         row = {n: table.column(n)[i].as_py() for n in ("files", "row_file", "row")}
         if row["row_file"] >= 0:
             row["number"] = int(load_index(counts[row["row_file"]])["number"][row["row"]])
-        digest = hashlib.sha1(_source_of(row, row_files).encode("utf-8")).hexdigest()[:8]
+        digest = hashlib.sha1(_source_of(row).encode("utf-8")).hexdigest()[:8]
         new_keys[i] = f"{new_keys[i]}_{digest}"
         stamps[i] = W.stamp_digest(f"{stamps[i]}|{new_keys[i]}")
     table = table.set_column(0, "key", pa.array(new_keys, pa.string()))
