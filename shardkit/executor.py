@@ -24,7 +24,7 @@ from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, w
 from shardkit.sources import walk as W
 from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
 from shardkit.sources.order import ATOMS
-from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples
+from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows
 from shardkit.stages.arrays import array_spec
@@ -185,8 +185,12 @@ def _shard_tasks(plans: list[ShardPlan], inv: Inventory, cfg: BuildConfig, confi
                  workers: int) -> list[ShardTask]:
     """Each shard cut into work units sized from the worker count and the number of samples to do."""
     kind = "image" if "image" in inv.kinds else "text"
-    per_unit = cfg.unit_samples or unit_samples(sum(p.samples for p in plans), workers, kind)
-    return [ShardTask(p.id, p.fingerprint(inv, config_hash), tuple(split(p, per_unit))) for p in plans]
+    counts = [p.samples for p in plans]
+    if cfg.unit_samples:  # as asked, no smaller units at the ends
+        sizes = unit_sizes(counts, cfg.unit_samples, 1, kind)
+    else:
+        sizes = unit_sizes(counts, unit_samples(sum(counts), workers, kind), workers, kind)
+    return [ShardTask(p.id, p.fingerprint(inv, config_hash), tuple(split(p, s))) for p, s in zip(plans, sizes)]
 
 
 def _check_result(result: ShardResult) -> None:

@@ -9,6 +9,7 @@ units; they change how the work is spread, never a byte of the output.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ PLAN_VERSION = 2
 UNITS_PER_WORKER = 8
 MIN_UNIT = {"image": 16, "text": 2048}
 MAX_UNIT = {"image": 1024, "text": 65536}
+TAIL_SPLIT = 4
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,42 @@ def unit_samples(total: int, workers: int, kind: str) -> int:
     return max(MIN_UNIT[kind], min(MAX_UNIT[kind], want))
 
 
-def split(plan: ShardPlan, per_unit: int) -> list[tuple[Piece, ...]]:
-    """The shard's pieces cut into ceil(samples / per_unit) units of near-equal size, in order."""
-    n = plan.samples
-    units = max(1, math.ceil(n / per_unit))
-    bounds = [round(j * n / units) for j in range(1, units + 1)]
+def _even(n: int, parts: int) -> list[int]:
+    bounds = [round(j * n / parts) for j in range(parts + 1)]
+    return [b - a for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _quartered(units: list[int], small: int) -> list[int]:
+    out = []
+    for n in units:
+        out += _even(n, min(TAIL_SPLIT, n // small)) if n >= 2 * small else [n]
+    return out
+
+
+def unit_sizes(counts: list[int], per_unit: int, workers: int, kind: str) -> list[list[int]]:
+    """Unit sizes of each shard (samples, in order): near-equal units of ~per_unit, except at both ends
+    of the build, where `workers` units (first) and 2 × `workers` units (last) are cut in TAIL_SPLIT:
+    the head start (this process, while workers start) then stops soon after they are up, and the
+    workers finish together instead of one waiting on the last big unit."""
+    small = MIN_UNIT[kind]
+    sizes = [_even(n, max(1, math.ceil(n / per_unit))) for n in counts]
+    if workers <= 1 or not sizes:
+        return sizes
+    sizes[0] = _quartered(sizes[0][:workers], small) + sizes[0][workers:]
+    left = 2 * workers
+    for shard in reversed(range(len(sizes))):
+        take = min(left, len(sizes[shard]))
+        if take:
+            head, tail = sizes[shard][:len(sizes[shard]) - take], sizes[shard][len(sizes[shard]) - take:]
+            sizes[shard] = head + _quartered(tail, small)
+            left -= take
+    return sizes
+
+
+def split(plan: ShardPlan, sizes: list[int]) -> list[tuple[Piece, ...]]:
+    """The shard's pieces cut into consecutive units of the given sizes (they add up to its samples)."""
+    bounds = list(itertools.accumulate(sizes))
+    assert bounds[-1] == plan.samples, "unit sizes must add up to the shard's samples"
     out, cur, done = [], [], 0
     for piece in plan.pieces:
         start = piece.start
