@@ -26,7 +26,7 @@ from shardkit.sources.inventory import Inventory, make_inventory, scan_options, 
 from shardkit.sources.order import ATOMS
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
-from shardkit.sources.rows import count_rows
+from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
 from shardkit.stages.tokenize import TOKENIZER_NAME, TokenizerInfo, prepare_tokenizer
@@ -141,10 +141,11 @@ def _scan(cfg: BuildConfig, pending) -> Inventory:
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src)
     opts = scan_options(cfg)
-    counts = {}
-    if listing.row_files:
-        found = run_tasks(count_rows, listing.row_files, client=pending, name="build-count", shared=(opts,))
-        counts = {rf.id: c for rf, c in zip(listing.row_files, found)}
+    counts = {rf.id: c for rf in listing.row_files if (c := counted(rf, opts)) is not None}
+    todo = [rf for rf in listing.row_files if rf.id not in counts]
+    if todo:  # files not counted before (or changed): on the cluster
+        found = run_tasks(count_rows, todo, client=pending, name="build-count", shared=(opts,))
+        counts.update({rf.id: c for rf, c in zip(todo, found)})
     inv = make_inventory(listing, counts, cfg, opts)
     source_log = RejectionLog(cfg.on_error)
     for r in inv.rejections:
@@ -302,7 +303,10 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """
     start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
-    with background_client(cfg.scheduler, cfg.workers) as pending:
+    # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
+    # build) only when some shard or row file turns out to need it.
+    rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
+    with background_client(cfg.scheduler, cfg.workers, start=not rerun) as pending:
         b = _prepare(cfg, dedup, pending)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)

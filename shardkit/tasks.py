@@ -76,18 +76,25 @@ def _preload_forkserver() -> None:
 
 
 class PendingClient:
-    """A Dask client started (and later closed) by a thread of its own: `get()` waits until it is up
-    (None when running in-process). One thread enters and leaves dask_client: Dask keeps the current
-    client in a context variable that must be reset where it was set."""
+    """A Dask client started (and later closed) by a thread of its own: `start()` begins, `get()` waits
+    until it is up (starting it if need be; None when running in-process). One thread enters and
+    leaves dask_client: Dask keeps the current client in a context variable that must be reset where
+    it was set."""
 
-    def __init__(self, scheduler: str | None, workers: int | None):
+    def __init__(self, scheduler: str | None, workers: int | None, start: bool = True):
         import threading
 
-        self._box, self._ready, self._done = {}, threading.Event(), threading.Event()
+        self._box, self._ready, self._done, self._lock = {}, threading.Event(), threading.Event(), threading.Lock()
         self._local = workers == 0
         self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
                                         daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self._thread.is_alive() and not self._ready.is_set():
+                self._thread.start()
 
     def _hold(self, scheduler, workers) -> None:
         try:
@@ -106,6 +113,7 @@ class PendingClient:
         return self._local
 
     def get(self):
+        self.start()
         self._ready.wait()
         if "client" not in self._box:
             raise self._box["error"]
@@ -113,14 +121,18 @@ class PendingClient:
 
     def close(self) -> None:
         self._done.set()
-        self._thread.join()
+        with self._lock:
+            started = self._thread.is_alive() or self._ready.is_set()
+        if started:
+            self._thread.join()
 
 
 @contextlib.contextmanager
-def background_client(scheduler: str | None, workers: int | None):
+def background_client(scheduler: str | None, workers: int | None, start: bool = True):
     """dask_client, started in the background: the caller lists inputs and plans while workers start
-    (start-up is most of a small build's fixed cost). Yields a PendingClient; closed on exit."""
-    pending = PendingClient(scheduler, workers)
+    (start-up is most of a small build's fixed cost). With start=False it starts at the first get()
+    (a rerun that finds everything done needs no cluster). Yields a PendingClient; closed on exit."""
+    pending = PendingClient(scheduler, workers, start)
     try:
         yield pending
     finally:

@@ -323,3 +323,23 @@ def test_a_broken_or_changed_row_file_is_rejected_not_fatal(tmp_path):
     assert [r.source for r in refs] == [f"ok.jsonl:{n}" for n in range(1, 6)]
     with pytest.raises(RejectedInput, match="unreadable"):
         refs[0].make()
+
+
+def test_a_rerun_with_nothing_to_do_starts_no_cluster(raw_folder, tmp_path, monkeypatch):
+    import shardkit.tasks
+
+    out = tmp_path / "out"
+    _build(raw_folder, out, workers=1, max_samples_per_shard=8)
+    started = []
+    real = shardkit.tasks.dask_client
+
+    def counting(scheduler, workers):
+        started.append(workers)
+        return real(scheduler, workers)
+
+    monkeypatch.setattr(shardkit.tasks, "dask_client", counting)
+    again = _build(raw_folder, out, workers=1, max_samples_per_shard=8)
+    assert again.reused_shards == len({s.id for s in again.shards}) and started == []
+    (raw_folder / "corpus.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")
+    third = _build(raw_folder, out, workers=1, max_samples_per_shard=8)
+    assert started == [1] and 0 < third.reused_shards < len({s.id for s in third.shards})

@@ -68,15 +68,21 @@ def jsonl_index(path: str) -> tuple[np.ndarray, int]:
     return index, lines
 
 
+def counted(rf, opts: ScanOptions) -> RowCount | None:
+    """The count of a row file from an earlier build, if the file did not change since."""
+    try:
+        with open(os.path.join(opts.state_dir, _index_name(rf, opts)) + ".json", encoding="utf-8") as f:
+            return RowCount(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def count_rows(rf, opts: ScanOptions) -> RowCount:
     """The counting task: write the row index of one row file (reused while the file is unchanged)."""
     os.makedirs(opts.state_dir, exist_ok=True)
     base = os.path.join(opts.state_dir, _index_name(rf, opts))
-    try:
-        with open(base + ".json", encoding="utf-8") as f:
-            return RowCount(**json.load(f))
-    except (OSError, ValueError, TypeError):
-        pass
+    if (done := counted(rf, opts)) is not None:
+        return done
     path = os.path.join(opts.root, rf.rel)
     try:
         if rf.kind == "jsonl":
