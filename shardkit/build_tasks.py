@@ -47,6 +47,8 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class ShardTask:
+    """One output shard to write: its id, its rerun fingerprint and its work units (pieces each)."""
+
     id: int
     fingerprint: str
     units: tuple[tuple[Piece, ...], ...]
@@ -54,6 +56,8 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class UnitTask:
+    """One work unit: unit `index` of shard `shard`."""
+
     shard: int
     index: int
     pieces: tuple[Piece, ...]
@@ -61,6 +65,8 @@ class UnitTask:
 
 @dataclass
 class UnitResult:
+    """What a unit hands its shard step: its table file, rejections and counters."""
+
     rows: int
     rejections: list[Rejection]
     images: int = 0
@@ -72,6 +78,8 @@ class UnitResult:
 
 @dataclass
 class ShardResult:
+    """What the client gets back for one shard (and what its completion marker records)."""
+
     id: int
     shards: list[ShardInfo]
     rejections: list[Rejection]
