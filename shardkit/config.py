@@ -149,6 +149,9 @@ class StreamConfig:
     on_error: str = "fail"
     variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
     dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
+    checksums: bool = True  # check every value read against the checksum recorded at build time
+    timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
+    retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -157,6 +160,7 @@ class StreamConfig:
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
+        choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
         if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
             name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
             name = FLOAT_ALIASES.get(name, name)
@@ -166,6 +170,13 @@ class StreamConfig:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
+        self.remote_policy()  # validates timeout and retries
+
+    def remote_policy(self):
+        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
+        from shardkit.fs import RemotePolicy
+
+        return RemotePolicy(timeout=self.timeout, retries=self.retries)
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")

@@ -25,6 +25,18 @@ class ShardError(ShardkitError):
     """A shard is missing, truncated, corrupt, or fails its checksum (names the shard)."""
 
 
+class ChecksumMismatch(ShardError):
+    """Stored values whose bytes differ from the checksums recorded at build time.
+
+    `rows` are the failing rows of the shard, so a reader under on_error='skip' can leave out
+    just those samples.
+    """
+
+    def __init__(self, message: str, rows):
+        super().__init__(message)
+        self.rows = rows
+
+
 class RejectedInput(ShardkitError):
     """Raised inside a stage for one bad sample; the policy records it or fails the job."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from shardkit._version import __version__
 from shardkit.errors import ManifestError
-from shardkit.fs import atomic_write, is_remote, join, read_bytes
+from shardkit.fs import RemoteError, atomic_write, join, read_bytes
 from shardkit.contract import ShardInfo
 
 FORMAT = "shardkit"
@@ -100,20 +100,19 @@ def manifest_url(root: str) -> str:
     return join(root, MANIFEST_NAME)
 
 
-def load_manifest(root: str) -> Manifest:
-    """Read and validate ROOT/manifest.json (a local folder or an fsspec URL)."""
+def load_manifest(root: str, policy=None) -> Manifest:
+    """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
+    timeouts and retries: a shardkit.fs.RemotePolicy)."""
     url = manifest_url(root)
     try:
-        raw = read_bytes(url)
-    except FileNotFoundError as e:
+        raw = read_bytes(url, policy)
+    except (FileNotFoundError, RemoteError) as e:
+        if isinstance(e, RemoteError) and not e.not_found:
+            raise ManifestError(str(e)) from e
         raise ManifestError(
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
         ) from e
-    except OSError as e:
-        if is_remote(url):
-            raise ManifestError(f"cannot fetch {url}: {e}") from e
-        raise
     try:
         d = json.loads(raw)
     except ValueError as e:

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 from shardkit.config import StreamConfig
-from shardkit.errors import ConfigError, ShardError
-from shardkit.fs import join
+from shardkit.errors import ChecksumMismatch, ConfigError, ShardError
+from shardkit.fs import is_remote, join
 from shardkit.manifest import load_manifest
 from shardkit.reader import decode, variants
 from shardkit.reader.cache import ShardCache
@@ -24,6 +24,7 @@ from shardkit.contract import fixed_nbytes
 
 log = logging.getLogger(__name__)
 MAX_OPEN_SHARDS = 64  # per worker; a shuffle block spans a few shards, so this rarely evicts
+COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
 
 class StreamingDataset(IterableDataset):
@@ -43,7 +44,7 @@ class StreamingDataset(IterableDataset):
             valid = ", ".join(f.name for f in dataclasses.fields(StreamConfig))
             raise ConfigError(f"StreamingDataset: {e}; valid options: {valid}") from e
         self.src, self.transform, self.batch_transform = str(src), transform, batch_transform
-        self.manifest = load_manifest(self.src)
+        self.manifest = load_manifest(self.src, self.config.remote_policy())
         self.shards = self.manifest.shards_of(self.config.format)
         self.fields = self._resolve_fields()
         self.counts = [s.samples for s in self.shards]
@@ -58,6 +59,7 @@ class StreamingDataset(IterableDataset):
         # Shared with DataLoader workers (also persistent ones): [epoch, consumed at the start of
         # the current iteration, bad flag per shard]. The main process keeps the live position.
         self._shared = torch.zeros(2 + len(self.shards), dtype=torch.int64).share_memory_()
+        self._skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
         self._epoch, self._consumed = 0, 0
         self._readers: OrderedDict = OrderedDict()
         self._cache = None
@@ -139,6 +141,11 @@ class StreamingDataset(IterableDataset):
         bad = self._shared[2:].nonzero().flatten().tolist()
         return [self.shards[i].path for i in bad]
 
+    @property
+    def skipped_samples(self) -> int:
+        """Samples left out under on_error='skip' because their bytes failed the checksum (all workers)."""
+        return int(self._skipped.sum())
+
     def __iter__(self):
         epoch, consumed = int(self._shared[0]), int(self._shared[1])
         self._iter_epoch = epoch  # in a worker, self.epoch is the main process's at fork time
@@ -148,11 +155,30 @@ class StreamingDataset(IterableDataset):
             decode.tune_worker_malloc()
         worker, num_workers = worker_identity()
         sequence = rank_sequence(self.counts, self.plan, epoch, self.rank, self.world_size)
-        for ids in worker_batches(sequence, self.plan, consumed, worker, num_workers):
+        batches = worker_batches(sequence, self.plan, consumed, worker, num_workers)
+        done = self._last_uses(batches)
+        for j, ids in enumerate(batches):
             if self.batch_size is None:
                 yield from self._samples(ids)
             else:
                 yield self.load_batch(ids)
+            for s in done.get(j, ()):
+                self._close(s)
+
+    def _last_uses(self, batches) -> dict[int, list[int]]:
+        """Under a cache_limit: batch index -> shards this worker reads for the last time this epoch
+        in that batch. Closing them then unpins their cached copies for eviction, so the cache holds
+        about the shards of each worker's current shuffle block beyond the limit, not its last 64."""
+        if self.config.cache_limit is None or not is_remote(self.src) or not batches:
+            return {}
+        ids = np.concatenate(batches)
+        batch_of = np.repeat(np.arange(len(batches)), [len(b) for b in batches])
+        shard_of = locate(ids, self.offsets)[0]
+        shards, last = np.unique(shard_of[::-1], return_index=True)  # first seen from the end
+        out: dict[int, list[int]] = {}
+        for s, j in zip(shards.tolist(), batch_of[len(ids) - 1 - last].tolist()):
+            out.setdefault(j, []).append(s)
+        return out
 
     def _samples(self, ids):
         batch = self._batch(ids)
@@ -184,9 +210,15 @@ class StreamingDataset(IterableDataset):
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
                     raise
+                if isinstance(e, ChecksumMismatch):  # only these samples: the rest of the shard is sound
+                    log.warning("skipping %d sample(s): %s", len(e.rows), e)
+                    drop = (shard_idx == bad) & np.isin(rows, e.rows)
+                    self._skipped[worker_identity()[0] % COUNTED_WORKERS] += int(drop.sum())
+                    ids = np.asarray(ids)[~drop]
+                    continue
                 log.warning("skipping shard %s: %s", self.shards[bad].path, e)
                 self._shared[2 + bad] = 1
-                self._readers.pop(bad, None)
+                self._close(bad)
                 ids = np.asarray(ids)[shard_idx != bad]
 
     def _build(self, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
@@ -237,32 +269,50 @@ class StreamingDataset(IterableDataset):
     def _reader(self, s: int):
         if s in self._readers:
             self._readers.move_to_end(s)
-            return self._readers[s]
+            return self._readers[s][0]
         if self._cache is None:
             # Created lazily, in the worker that reads: caches are per process.
-            self._cache = ShardCache(self.src, self.config.cache_dir, self.config.cache_limit)
+            self._cache = ShardCache(self.src, self.config.cache_dir, self.config.cache_limit,
+                                     self.config.remote_policy())
             self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
-        shard = self.shards[s]
-        url = join(self.src, shard.path)
-
-        def load():
-            path, index_path = self._cache.shard_paths(shard)
-            return open_shard(path, shard, self.manifest.fields, url, index_path=index_path,
-                              cache=self._row_groups)
-
+        url = join(self.src, self.shards[s].path)
         try:
             try:
-                reader = load()
+                self._readers[s] = self._open(s)
             except FileNotFoundError:
-                reader = load()  # another worker evicted the cached copy between fetch and open
+                if not self._cache.remote:
+                    raise
+                # The cache pins what it hands out; a copy deleted behind its back is fetched again, once.
+                self._readers[s] = self._open(s)
         except ShardError as e:
             raise _tagged(e, s)
+        except FileNotFoundError as e:
+            raise _tagged(ShardError(f"shard {url} is missing ({e.strerror}: {e.filename}); the dataset folder "
+                                     "is incomplete: restore it or rebuild it with `shardkit build`"), s) from e
         except OSError as e:
-            raise _tagged(ShardError(f"cannot open shard {url}: {e}; is the dataset complete?"), s) from e
-        self._readers[s] = reader
+            raise _tagged(ShardError(f"cannot open shard {url}: {e}"), s) from e
         if len(self._readers) > MAX_OPEN_SHARDS:
-            self._readers.popitem(last=False)
-        return reader
+            self._close(next(iter(self._readers)))
+        return self._readers[s][0]
+
+    def _open(self, s: int):
+        """(reader, PinnedShard): the shard's files stay in the cache until _close(s) unpins them."""
+        shard = self.shards[s]
+        pinned = self._cache.pin_shard(shard)
+        try:
+            reader = open_shard(pinned.path, shard, self.manifest.fields, join(self.src, shard.path),
+                                index_path=pinned.index, cache=self._row_groups, checks=self.config.checksums)
+        except BaseException:
+            pinned.release()
+            raise
+        pinned.release_index()
+        return reader, pinned
+
+    def _close(self, s: int) -> None:
+        entry = self._readers.pop(s, None)
+        if entry is not None:
+            entry[1].release()
+            self._cache.evict()  # what the pin held over cache_limit may go now
 
     def __getstate__(self):
         state = self.__dict__.copy()

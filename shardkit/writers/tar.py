@@ -7,7 +7,7 @@ import os
 import tarfile
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import ShardInfo, shard_relpath
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, shard_relpath
 from shardkit.writers import encode_value
 
 BLOCK = 512
@@ -42,7 +42,8 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo.
 
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
-    sample lacks the field) lets readers slice members out of the shard without parsing headers.
+    sample lacks the field, and `<field>.xxh3`, each member's checksum) lets readers slice
+    members out of the shard without parsing headers, and check what they sliced.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -52,6 +53,7 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     keys: list[str] = []
     offsets = {n: [] for n in names}
     sizes = {n: [] for n in names}
+    sums = {n: [] for n in names}
     with atomic_writer(os.path.join(root, rel)) as raw:
         f = _HashingFile(raw)
         for sample in samples:
@@ -60,11 +62,13 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
                 if name not in sample.fields:
                     offsets[name].append(-1)
                     sizes[name].append(-1)
+                    sums[name].append(0)
                     continue
                 data = encode_value(fields[name], sample.fields[name])
                 f.write(_header(f"{sample.key}.{name}", len(data)))
                 offsets[name].append(f.n)
                 sizes[name].append(len(data))
+                sums[name].append(checksum(data))
                 f.write(data)
                 f.write(b"\0" * (-len(data) % BLOCK))
         f.write(b"\0" * (2 * BLOCK))
@@ -74,6 +78,7 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     for name in names:
         columns[f"{name}.offset"] = pa.array(offsets[name], pa.int64())
         columns[f"{name}.size"] = pa.array(sizes[name], pa.int64())
+        columns[name + CHECKSUM_SUFFIX] = pa.array(sums[name], pa.uint64())
     index_rel = rel + ".idx.parquet"
     with atomic_writer(os.path.join(root, index_rel)) as out:
         pq.write_table(pa.table(columns), out, compression="zstd")
