@@ -75,10 +75,11 @@ class BuildConfig:
     dedup_threshold: float = 0.8
     dedup_verify: bool = False
     image_distance: int = 10
+    allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")

@@ -9,7 +9,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from shardkit.config import DedupConfig
-from shardkit.errors import FailFast, RejectedInput, Rejection, count_by_reason
+from shardkit.errors import ConfigError, FailFast, RejectedInput, Rejection, count_by_reason
+from shardkit.fs import folder_lock
 from shardkit.stages.dedup import signatures as sigmod
 from shardkit.stages.dedup.decide import cluster_stage
 from shardkit.stages.dedup.report import DedupResult, write_report
@@ -255,11 +256,16 @@ def dedup(cfg: DedupConfig) -> DedupResult:
     with OUT/dedup/clusters.parquet and OUT/dedup/summary.json."""
     from dataclasses import replace
 
-    from shardkit.manifest import MANIFEST_NAME, load_manifest
-
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     if cfg.src == cfg.out:
-        raise ValueError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
+    with folder_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
+        return _dedup(cfg)
+
+
+def _dedup(cfg: DedupConfig) -> DedupResult:
+    from shardkit.manifest import MANIFEST_NAME, load_manifest
+
     is_dataset = os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME))
     if not is_dataset and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")

@@ -21,6 +21,14 @@ class ManifestError(ShardkitError):
     """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
 
 
+class FolderLocked(ShardkitError):
+    """Another build or dedup is writing the same output folder right now."""
+
+
+class EmptyInput(ShardkitError):
+    """The input holds no sample (and an empty dataset was not asked for)."""
+
+
 class ShardError(ShardkitError):
     """A shard is missing, truncated, corrupt, or fails its checksum (names the shard)."""
 

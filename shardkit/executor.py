@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
-from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
-from shardkit.fs import atomic_write
+from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
+                             count_by_reason)
+from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
 from shardkit.stages import compose, map_samples
@@ -83,6 +84,7 @@ class BuildResult:
     duplicates: int = 0  # removed by --dedup (see OUT/dedup/)
     manifest: Manifest | None = field(default=None, repr=False)
     dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
+    notes: list[str] = field(default_factory=list)  # what the scan read in a way worth knowing
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -267,6 +269,12 @@ def _scan(cfg: BuildConfig) -> ScanResult:
     source_log = RejectionLog(cfg.on_error)
     for r in scanned.rejections:
         source_log.reject(r.path, r.stage, r.reason)
+    if not scanned.records and not cfg.allow_empty:
+        passed = f" ({len(scanned.rejections)} files passed over: {count_by_reason(scanned.rejections)})"
+        raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if scanned.rejections else ''}; "
+                         "add images, text or .jsonl files, or pass --allow-empty to write an empty dataset")
+    for note in scanned.notes:
+        log.info("%s", note)
     os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
     # Until this build ends, no manifest may name shards it is about to replace.
     with contextlib.suppress(FileNotFoundError):
@@ -278,12 +286,23 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest.
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
-    otherwise `cfg.dedup` does, with the options BuildConfig carries.
+    otherwise `cfg.dedup` does, with the options BuildConfig carries. One build (or dedup) at a
+    time per OUT: a second one fails with FolderLocked naming the first.
     """
     from dataclasses import replace
 
-    start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
+                          "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
+    with folder_lock(cfg.out, "shardkit build"):
+        return _build(cfg, dedup)
+
+
+def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
+    from dataclasses import replace
+
+    start = time.perf_counter()
     scanned = _scan(cfg)
     records, dedup_result = scanned.records, None
     if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
@@ -313,6 +332,10 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
+    if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
+        raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
+                         f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
+                         "or pass --allow-empty to write an empty dataset")
     build_record = {"config": cfg.recorded(), "hash": config_hash}
     if dedup_result is not None:  # as `shardkit dedup` of a dataset records it
         removed = len(dedup_result.removed)
@@ -325,4 +348,4 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       len(scanned.records) - len(records), manifest, dedup_result)
+                       len(scanned.records) - len(records), manifest, dedup_result, scanned.notes)

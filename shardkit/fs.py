@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, FolderLocked, ShardkitError
 
 # Protocol -> the extra that installs its fsspec backend.
 EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
@@ -212,3 +215,53 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+LOCK_FILE = os.path.join(".shardkit", "lock")
+_HELD: dict[str, int] = {}  # lock files this process holds -> depth (dedup RAW OUT runs a build inside)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str, command: str):
+    """One writer per output folder: an exclusive flock on FOLDER/.shardkit/lock for the whole run.
+
+    A second build or dedup into the same folder fails at once with FolderLocked naming the
+    holder (pid, host, start). The kernel drops a flock when its process ends, however it ends,
+    so a build killed with kill -9 leaves no stale lock; the file itself stays (deleting it would
+    let two processes lock two different files under one name). Re-entrant within a process.
+    """
+    path = os.path.join(folder, LOCK_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    key = os.path.realpath(path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode("utf-8", "replace")
+        os.close(fd)
+        raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
+                           f"output folder (the lock, {path}, is released when that process ends, even if killed)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                             "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
+    _HELD[key] = 1
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        os.close(fd)
+
+
+def _holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"`{h['command']}` (pid {h['pid']} on host {h['host']}, since {h['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process (it is starting: no details yet)"

@@ -46,13 +46,25 @@ class ScanResult:
     rejections: list[Rejection]
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)  # 'image', 'txt', 'json' seen among the records
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
 
     @property
     def inputs(self) -> int:
         return len(self.records) + len(self.rejections)
 
 
-def _walk(root: str, rejections: list[Rejection]):
+def _not_input(folder: str, out: str | None) -> str | None:
+    """Why `folder` (below SRC) holds no input, or None: it is OUT, or a shardkit dataset. Reading
+    either would feed a build's output back into the next build."""
+    if out is not None and os.path.realpath(folder) == os.path.realpath(out):
+        return "the build's output folder (OUT): not read"
+    if os.path.isdir(os.path.join(folder, ".shardkit")) or (
+            os.path.isfile(os.path.join(folder, "manifest.json")) and os.path.isdir(os.path.join(folder, "shards"))):
+        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+    return None
+
+
+def _walk(root: str, rejections: list[Rejection], out: str | None = None, notes: list[str] | None = None):
     """Yield (relpath, stat) of regular files below root, sorted; record what is passed over."""
     real_root = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -65,7 +77,11 @@ def _walk(root: str, rejections: list[Rejection]):
                 rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
             elif os.path.islink(os.path.join(dirpath, d)):
                 rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
+            elif reason := _not_input(os.path.join(dirpath, d), out):
+                rejections.append(Rejection(rel + "/", "source", reason))
             else:
+                if notes is not None and os.path.splitext(d)[1].lower() in KNOWN_EXTS:
+                    notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
                 keep.append(d)
         dirnames[:] = keep
         for name in sorted(filenames):
@@ -122,9 +138,10 @@ def scan(cfg: BuildConfig) -> ScanResult:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"source folder {root!r} does not exist or is not a folder")
     rejections: list[Rejection] = []
+    notes: list[str] = []
     groups: dict[tuple[str, str], list[tuple[str, str, os.stat_result]]] = defaultdict(list)
     jsonl: list[tuple[str, os.stat_result]] = []
-    for rel, st in _walk(root, rejections):
+    for rel, st in _walk(root, rejections, cfg.out, notes):
         stem, ext = os.path.splitext(rel)
         ext = ext.lower()
         if ext not in KNOWN_EXTS:
@@ -179,7 +196,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         remap = {old: new for new, old in enumerate(used)}
         records = [InputRecord(r.key, r.files, remap.get(r.label), r.size, r.stamp, r.line) for r in records]
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
-    return ScanResult(records, rejections, classes, kinds)
+    return ScanResult(records, rejections, classes, kinds, notes)
 
 
 def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
