@@ -135,3 +135,16 @@ def test_writers_record_a_checksum_per_member(tmp_path):
             assert len(np.unique(sums.to_numpy())) > 1
     # Formats store raw bytes alike: the same value, the same checksum.
     assert index.column("raw.xxh3").equals(table.column("raw.xxh3"))
+
+
+def test_parquet_keys_are_covered_by_page_crcs(tmp_path):
+    root, _ = make_dataset(tmp_path / "d", 40, fmt="parquet", fields=("raw", "cls"))
+    shard = load_manifest(root).shards_of("parquet")[1]
+    path = os.path.join(root, shard.path)
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    chunk = meta.row_group(0).column(names.index("__key__"))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    flip(path, start + chunk.total_compressed_size - 4)  # inside the column chunk's last page
+    with pytest.raises(ShardError, match=rf"shard {root}/{shard.path}: cannot read keys.*CRC"):
+        read_all(root, "parquet")

@@ -31,7 +31,8 @@ class StreamingDataset(IterableDataset):
     """Streams a dataset built by `shardkit build`: exactly-once over ranks x workers, shuffled.
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
-    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields one decoded
+    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, checksums, timeout,
+    retries). Iterated alone it yields one decoded
     sample dict at a time; `make_loader` switches it to whole batches built in the workers.
     `transform` maps one decoded sample dict, `batch_transform` one batch dict.
     """
