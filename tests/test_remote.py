@@ -277,3 +277,17 @@ def test_copy_deleted_behind_the_cache_is_fetched_again(served, tmp_path, monkey
     ds, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)
     assert sorted(k for b in got for k in b["__key__"]) == sorted(expected)
     assert gets["/shards/data-00000.tar"] == 2 and ds._cache.fetched == 9
+
+
+def test_a_discarded_dataset_unpins_its_files(served, tmp_path):
+    import gc
+
+    root, url, _, _ = served
+    locks = lambda: sum(os.readlink(f"/proc/self/fd/{fd}").endswith(".lock")  # noqa: E731
+                        for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+    for _ in range(3):
+        ds, _ = batches(url, tmp_path / "cache", workers=0, shuffle=False)
+        assert locks() == 4  # the dataset's open shards stay pinned while it lives
+        del ds
+        gc.collect()
+        assert locks() == 0  # and no pin outlives it

@@ -98,6 +98,8 @@ class Pin:
             os.close(self.fd)  # closing the fd drops its flock
             self.fd = None
 
+    __del__ = release  # a reader dropped without closing (a discarded dataset) unpins its files too
+
 
 class PinnedShard:
     """Local paths of a shard and its index sidecar, pinned until released."""
