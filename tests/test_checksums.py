@@ -148,3 +148,13 @@ def test_parquet_keys_are_covered_by_page_crcs(tmp_path):
     flip(path, start + chunk.total_compressed_size - 4)  # inside the column chunk's last page
     with pytest.raises(ShardError, match=rf"shard {root}/{shard.path}: cannot read keys.*CRC"):
         read_all(root, "parquet")
+
+
+def test_a_missing_local_shard_says_the_folder_is_incomplete(tmp_path):
+    root, _ = make_dataset(tmp_path / "d", 40)
+    os.remove(os.path.join(root, "shards", "data-00002.tar"))
+    with pytest.raises(ShardError, match=r"shard .*/shards/data-00002.tar is missing \(No such file or directory"):
+        read_all(root, "tar")
+    m = load_manifest(root)
+    with pytest.raises(ShardError, match=r"data-00002.tar is missing .* rebuild it with `shardkit build`"):
+        read_shard_samples(root, m, m.shards_of("tar")[2])

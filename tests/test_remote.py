@@ -283,10 +283,15 @@ def test_a_discarded_dataset_unpins_its_files(served, tmp_path):
     import gc
 
     root, url, _, _ = served
-    locks = lambda: sum(os.readlink(f"/proc/self/fd/{fd}").endswith(".lock")  # noqa: E731
-                        for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+    cache = str(tmp_path / "cache")
+
+    def locks() -> int:  # lock files of this cache that this process holds open
+        paths = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}")]
+        return sum(p.startswith(cache) and p.endswith(".lock") for p in paths)
+
     for _ in range(3):
-        ds, _ = batches(url, tmp_path / "cache", workers=0, shuffle=False)
+        ds, _ = batches(url, cache, workers=0, shuffle=False)
         assert locks() == 4  # the dataset's open shards stay pinned while it lives
         del ds
         gc.collect()

@@ -19,7 +19,7 @@ from shardkit.reader.cache import ShardCache
 from shardkit.identity import rank_world, worker_identity, worker_info
 from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, shard_offsets,
                                        worker_batches)
-from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, open_shard
+from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard, open_shard
 from shardkit.contract import fixed_nbytes
 
 log = logging.getLogger(__name__)
@@ -288,8 +288,7 @@ class StreamingDataset(IterableDataset):
         except ShardError as e:
             raise _tagged(e, s)
         except FileNotFoundError as e:
-            raise _tagged(ShardError(f"shard {url} is missing ({e.strerror}: {e.filename}); the dataset folder "
-                                     "is incomplete: restore it or rebuild it with `shardkit build`"), s) from e
+            raise _tagged(missing_shard(url, e), s) from e
         except OSError as e:
             raise _tagged(ShardError(f"cannot open shard {url}: {e}"), s) from e
         if len(self._readers) > MAX_OPEN_SHARDS:

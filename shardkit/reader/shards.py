@@ -337,8 +337,13 @@ def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo) -> list[
         return _read_all(open_shard(join(local_path(root), shard.path), shard, manifest.fields, url,
                                     index_path=index_path))
     except FileNotFoundError as e:
-        raise ShardError(f"shard {url} is missing ({e.strerror}: {e.filename}); the dataset folder is "
-                         "incomplete: restore it or rebuild it with `shardkit build`") from e
+        raise missing_shard(url, e) from e
+
+
+def missing_shard(url: str, error: FileNotFoundError) -> ShardError:
+    """The error for a local shard file that is not there."""
+    return ShardError(f"shard {url} is missing ({error.strerror}: {error.filename}); the dataset folder is "
+                      "incomplete: restore it or rebuild it with `shardkit build`")
 
 
 def _read_all(reader) -> list[Sample]:
