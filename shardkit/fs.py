@@ -105,11 +105,20 @@ def _status(error: BaseException) -> int | None:
     return None
 
 
-def _retryable(error: BaseException) -> bool:
+def remote_hint(url: str, error: BaseException) -> str:
+    """What fixes a failed remote read, when the cause is a known one ('' otherwise)."""
+    text = f"{type(error).__name__} {error}".lower()
+    if str(url).split("://", 1)[0] == "s3" and "credential" in text:
+        return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
+                "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
+    return ""
+
+
+def _retryable(error: BaseException, url: str) -> bool:
     status = _status(error)
     if status is not None:
         return status in RETRY_STATUS
-    return not isinstance(error, PERMANENT + (ShardkitError,))
+    return not isinstance(error, PERMANENT + (ShardkitError,)) and not remote_hint(url, error)
 
 
 def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
@@ -137,11 +146,11 @@ def with_retries(url: str, policy: RemotePolicy, attempt):
         except ConfigError:
             raise
         except Exception as e:
-            retry = _retryable(e)
+            retry = _retryable(e, url)
             if retry and tries <= policy.retries:
                 time.sleep(policy.backoff * 2 ** (tries - 1))
                 continue
-            reason = _reason(e, policy, url)
+            reason = _reason(e, policy, url) + remote_hint(url, e)
             if retry:
                 detail = (f"{reason} (tried {tries} time(s) over {time.monotonic() - start:.1f} s, timeout "
                           f"{policy.timeout:g} s: StreamingDataset(timeout=..., retries=...) allow a slower store; "

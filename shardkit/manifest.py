@@ -7,7 +7,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 from shardkit._version import __version__
-from shardkit.errors import ManifestError
+from shardkit.errors import ConfigError, ManifestError
 from shardkit.fs import RemoteError, atomic_write, join, read_bytes
 from shardkit.contract import ShardInfo
 
@@ -132,9 +132,11 @@ def load_manifest(root: str, policy=None) -> Manifest:
     url = manifest_url(root)
     try:
         raw = read_bytes(url, policy)
+    except ConfigError as e:  # a remote backend that is not installed: the message names the extra
+        raise ManifestError(str(e)) from e
     except (FileNotFoundError, RemoteError) as e:
         if isinstance(e, RemoteError) and not e.not_found:
-            raise ManifestError(str(e)) from e
+            raise ManifestError(f"cannot fetch {url}: {e.detail}") from e
         raise ManifestError(
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
