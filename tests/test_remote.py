@@ -12,7 +12,7 @@ import pytest
 import torch
 from factory import make_dataset
 
-from shardkit.errors import ConfigError, ManifestError, ShardError
+from shardkit.errors import ManifestError, ShardError
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
 from shardkit.reader.dataset import StreamingDataset
@@ -257,7 +257,7 @@ def test_missing_http_extra_names_the_install(served, tmp_path, monkeypatch):
 
     url = served[1]
     monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if `pip install shardkit` without [http]
-    with pytest.raises(ConfigError, match=r"pip install 'shardkit\[http\]'"):
+    with pytest.raises(ManifestError, match=r"http:// needs a package that is not installed .* pip install 'shardkit\[http\]'"):
         StreamingDataset(url, cache_dir=str(tmp_path / "cache"))
 
 
