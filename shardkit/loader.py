@@ -14,7 +14,6 @@ from shardkit.errors import ConfigError
 from shardkit.identity import worker_info
 from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import batch_sizes, num_batches
-from shardkit.contract import fixed_nbytes
 
 STATE_VERSION = 1
 
@@ -36,9 +35,7 @@ class StreamingLoader(DataLoader):
             # Per field that fills a slot (images, fixed-shape rows: raw images, token rows,
             # arrays): every batch DataLoader can have in flight, plus a few the training loop
             # still holds; beyond that a worker falls back to DataLoader's own (slower) path.
-            specs = [dataset.manifest.fields[f] for f in dataset.fields]
-            slotted = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
-            slots = (prefetch_factor * num_workers + 4) * max(1, slotted)
+            slots = (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
             self._transport = SlotTransport(num_workers, slots, pin=pin_memory)
         dataset.transport = self._transport
         # batch_size=None: the dataset already yields batches; in_order keeps the round-robin

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from shardkit.config import StreamConfig
+from shardkit.config import FLOAT_DTYPES, StreamConfig
 from shardkit.errors import ConfigError, ShardError
 from shardkit.fs import join
 from shardkit.manifest import load_manifest
@@ -20,6 +20,7 @@ from shardkit.identity import rank_world, worker_identity, worker_info
 from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, shard_offsets,
                                        worker_batches)
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, open_shard
+from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 from shardkit.contract import fixed_nbytes
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,10 @@ class StreamingDataset(IterableDataset):
     """Streams a dataset built by `shardkit build`: exactly-once over ranks x workers, shuffled.
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
-    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields one decoded
-    sample dict at a time; `make_loader` switches it to whole batches built in the workers.
+    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, tokens, mask_boundaries, keys).
+    Iterated alone it yields one decoded sample dict at a time; `make_loader` switches it to whole
+    batches built in the workers. A tokenized dataset yields input_ids, labels, position_ids and
+    document_ids (shardkit.reader.tokens).
     `transform` maps one decoded sample dict, `batch_transform` one batch dict.
     """
 
@@ -45,7 +48,15 @@ class StreamingDataset(IterableDataset):
         self.src, self.transform, self.batch_transform = str(src), transform, batch_transform
         self.manifest = load_manifest(self.src)
         self.shards = self.manifest.shards_of(self.config.format)
-        self.fields = self._resolve_fields()
+        token_options, requested = resolve_tokens(self.manifest.fields, self.config, self.config.fields)
+        self.fields = self._resolve_fields(requested)
+        # Token datasets build their batches in reader/tokens.py (packed rows: all of it).
+        self.tokens = None if token_options is None else TokenBatches(
+            self.manifest.fields["tokens"], self.shards, token_options, self.config.keys is not False)
+        if self.tokens is not None and self.tokens.packed and self.config.keys is None:
+            self.tokens.keys = False  # row keys are just (shard, row): only when asked for
+        self.keys = self.config.keys is not False if self.tokens is None else self.tokens.keys
+        self.float_dtype = self.config.dtype if self.config.dtype in FLOAT_DTYPES else None
         self.counts = [s.samples for s in self.shards]
         self.offsets = shard_offsets(self.counts)
         self.rank, self.world_size = rank_world()
@@ -63,15 +74,24 @@ class StreamingDataset(IterableDataset):
         self._cache = None
         rank_sequence(self.counts, self.plan, 0, self.rank, self.world_size)  # validates early
 
-    def _resolve_fields(self) -> list[str]:
+    def _resolve_fields(self, requested) -> list[str]:
         known = self.manifest.fields
-        if self.config.fields is None:  # variants of an augmented field are read through it
+        if requested is None:  # variants of an augmented field are read through it
             return sorted(n for n, spec in known.items() if "variant_of" not in spec)
-        bad = [f for f in self.config.fields if f not in known]
+        bad = [f for f in requested if f not in known]
         if bad:
             raise ConfigError(f"fields={list(self.config.fields)!r}: {bad} not in this dataset; "
                               f"it has {sorted(known)}")
-        return list(self.config.fields)
+        return list(requested)
+
+    def slotted_fields(self) -> int:
+        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
+        fixed-shape rows, arrays, token fields)."""
+        if self.tokens is not None and self.tokens.packed:
+            return self.tokens.slots()
+        specs = [self.manifest.fields[f] for f in self.fields if self.tokens is None or f != "tokens"]
+        fixed = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
+        return fixed + (self.tokens.slots() if self.tokens is not None else 0)
 
     @property
     def plan(self) -> Plan:
@@ -156,7 +176,7 @@ class StreamingDataset(IterableDataset):
 
     def _samples(self, ids):
         batch = self._batch(ids)
-        for i in range(len(batch["__key__"])):
+        for i in range(_length(batch)):
             sample = decode.unbatch(batch, i)
             yield self.transform(sample) if self.transform else sample
 
@@ -164,7 +184,7 @@ class StreamingDataset(IterableDataset):
         """The batch of global sample ids `ids`: {'__key__': [str], field: tensor or list}."""
         batch = self._batch(ids)
         if self.transform is not None:
-            samples = [self.transform(decode.unbatch(batch, i)) for i in range(len(batch["__key__"]))]
+            samples = [self.transform(decode.unbatch(batch, i)) for i in range(_length(batch))]
             batch = decode.collate(samples)
         batch = self.batch_transform(batch) if self.batch_transform else batch
         return self.transport.pack(batch) if self.transport is not None else batch
@@ -197,15 +217,23 @@ class StreamingDataset(IterableDataset):
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
             pos = np.nonzero(shard_idx == s)[0]
             groups.append((s, self._reader(s), pos, rows[pos]))
+        if self.tokens is not None and self.tokens.packed:
+            return self.tokens.packed_batch(groups, n, self._alloc(), _guard)
+        batch = {"__key__": self._keys(groups, n)} if self.keys else {}
+        for name in self.fields:
+            batch[name] = self._column(name, groups, n)
+        if self.tokens is not None:  # one document per sample: the tokens become training fields
+            batch = self.tokens.document_batch(batch, self.offsets[shard_idx] + rows, self._alloc())
+        return batch
+
+    @staticmethod
+    def _keys(groups, n: int) -> list:
         keys: list = [None] * n
         for s, reader, pos, r in groups:
             rk = reader.keys
             for p, row in zip(pos.tolist(), r.tolist()):
                 keys[p] = rk[row]
-        batch = {"__key__": keys}
-        for name in self.fields:
-            batch[name] = self._column(name, groups, n)
-        return batch
+        return keys
 
     def _column(self, name: str, groups, n: int):
         spec = self.manifest.fields[name]
@@ -215,13 +243,13 @@ class StreamingDataset(IterableDataset):
         if fixed_nbytes(spec):
             # Rows widened into a new tensor (token ids to int64, a dtype cast) are read into
             # plain memory; the tensor handed on takes the shared slot.
-            direct = decode.stored_as_is(spec, self.config.dtype)
+            direct = decode.stored_as_is(spec, self.float_dtype)
             flat = decode.fixed_batch(n, spec, self._alloc() if direct else decode.np_empty)
             present = np.zeros(n, bool)
             for s, reader, pos, r in groups:
                 if reader.has(name):
                     present[pos] = _guard(s, lambda: reader.fill(name, r, flat, pos))
-            return decode.arrays(flat, present, spec, self._alloc(), self.config.dtype)
+            return decode.arrays(flat, present, spec, self._alloc(), self.float_dtype)
         values: list = [None] * n
         for s, reader, pos, r in groups:
             if reader.has(name):
@@ -247,6 +275,8 @@ class StreamingDataset(IterableDataset):
 
         def load():
             path, index_path = self._cache.shard_paths(shard)
+            if self.tokens is not None and self.tokens.packed:
+                return self.tokens.open(path, shard, url, self._row_groups)
             return open_shard(path, shard, self.manifest.fields, url, index_path=index_path,
                               cache=self._row_groups)
 
@@ -269,6 +299,13 @@ class StreamingDataset(IterableDataset):
         state["_readers"], state["_cache"] = OrderedDict(), None  # open files stay in their process
         state.pop("_row_groups", None)
         return state
+
+
+def _length(batch: dict) -> int:
+    """Samples in a batch (keys may be left out)."""
+    if "__key__" in batch:
+        return len(batch["__key__"])
+    return len(next(iter(batch.values())))
 
 
 def _tagged(error: ShardError, shard_index: int) -> ShardError:

@@ -1,19 +1,254 @@
-"""Tokenized datasets on the read side: stored ids -> LongTensors per batch, no per-token Python."""
+"""Token datasets on the read side: batches built from the stored ids, training fields per batch.
+
+A batch of packed rows leaves the shard as stored (uint16/uint32, gathered with one copy) and is
+widened once, straight into the tensors the training step takes: `input_ids`, `labels` (shifted,
+IGNORE_INDEX at padding), `position_ids` (restarting at each document and at the row start) and
+`document_ids` (the document's number in the dataset, -1 on padding). `tokens="rows"` gives the
+stored rows instead, padding included.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from shardkit.reader.decode import np_empty
+from shardkit.errors import ConfigError
+from shardkit.stages.tokenize import DOCUMENTS, PACKED, TOKENS_FIELD
 
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
+TRAIN_FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 
-def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=np_empty):
+def _np_empty(shape) -> np.ndarray:
+    return np.empty(shape, np.uint8)
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """What a token batch holds: the mode, the training fields, their dtype, boundary masking."""
+
+    mode: str = "train"
+    outputs: tuple[str, ...] = TRAIN_FIELDS
+    dtype: str = "int64"
+    mask_boundaries: bool = False
+    eos_id: int = 0
+
+
+def token_spec(fields: dict) -> dict | None:
+    """The dataset's tokens field spec when it has a layout this module builds batches for."""
+    spec = fields.get(TOKENS_FIELD)
+    return spec if spec is not None and spec.get("layout") in (PACKED, DOCUMENTS) else None
+
+
+def resolve(fields: dict, config, requested) -> tuple[TokenOptions | None, list[str] | None]:
+    """TokenOptions for this dataset and StreamConfig (None: not a token dataset, or stored rows of an
+    older layout), plus the manifest fields to read once training-field names are taken out of
+    `requested` (None: all)."""
+    spec = token_spec(fields)
+    names = [f for f in requested if f not in TRAIN_FIELDS] if requested is not None else None
+    asked = [f for f in requested or () if f in TRAIN_FIELDS]
+    if spec is None:
+        if config.tokens == "train" or asked:
+            what = "no tokens field" if TOKENS_FIELD not in fields else "tokens in an older layout"
+            raise ConfigError(f"training fields ({', '.join(TRAIN_FIELDS)}) need a tokenized dataset built by this "
+                              f"shardkit; this one has {what}: rebuild it (shardkit build ... --tokenizer), or read "
+                              "its stored fields (tokens='rows', and split_rows for inputs/targets)")
+        if config.dtype in ("int32", "int64"):
+            raise ConfigError(f"dtype={config.dtype!r} applies to token ids of datasets built by this shardkit; "
+                              "this one has none: leave dtype unset, or pass a float dtype for float arrays")
+        return None, names
+    mode = config.tokens or "train"
+    if asked and mode != "train":
+        raise ConfigError(f"fields={list(requested)!r} names training fields, but tokens={mode!r} gives the stored "
+                          "rows (field 'tokens'): drop tokens='rows' or ask for fields='tokens'")
+    dtype = config.dtype if config.dtype in ("int32", "int64") else "int64"
+    options = TokenOptions(mode, tuple(f for f in TRAIN_FIELDS if f in asked) or TRAIN_FIELDS, dtype,
+                           bool(config.mask_boundaries), int(spec["eos_id"]))
+    if names is not None and asked and TOKENS_FIELD not in names:
+        names.append(TOKENS_FIELD)
+    return options, names
+
+
+def documents_of(offsets: np.ndarray, rows: np.ndarray, width: int):
+    """Per stored row of a packed shard: (document holding column 0, where the real ids end, and the
+    (row, column) of every other document start in it), from the shard's document offsets. Row r
+    holds stream positions r * (width - 1) ... r * (width - 1) + width - 1 (rows overlap by one id)."""
+    r0 = rows.astype(np.int64) * (width - 1)
+    first = np.searchsorted(offsets, r0, side="right") - 1
+    last = np.searchsorted(offsets[:-1], r0 + width, side="left")  # documents starting before the row's end
+    counts = last - first - 1
+    real_end = np.minimum(offsets[-1] - r0, width)
+    rr = np.repeat(np.arange(len(rows)), counts)
+    idx = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first - 1, counts)
+    return first, real_end, rr, offsets[idx] - r0[rr]
+
+
+def train_fields(ids: np.ndarray, first_doc: np.ndarray, real_end: np.ndarray, starts: tuple, opts: TokenOptions,
+                 alloc=_np_empty) -> dict:
+    """Rows of ids (B, L+1) -> the selected training fields, each a (B, L) array of opts.dtype in memory from
+    `alloc`. real_end[b]: where row b's padding begins; starts: (rows, columns) of document starts after
+    column 0; first_doc[b]: the document holding row b's column 0."""
+    n, width = ids.shape
+    length, dtype = width - 1, np.dtype(opts.dtype)
+    rr, cc = starts
+
+    def new() -> np.ndarray:
+        return alloc((n, length * dtype.itemsize)).view(dtype)
+
+    out = {}
+    padded = np.nonzero(real_end < width)[0].tolist()
+    if "input_ids" in opts.outputs:
+        out["input_ids"] = x = new()
+        np.copyto(x, ids[:, :-1], casting="unsafe")  # the one widening pass
+        for r in padded:  # padding as input: any valid id; its label is ignored and it comes last
+            x[r, real_end[r]:] = opts.eos_id
+    if "labels" in opts.outputs:
+        out["labels"] = y = new()
+        np.copyto(y, ids[:, 1:], casting="unsafe")
+        for r in padded:
+            y[r, max(int(real_end[r]) - 1, 0):] = IGNORE_INDEX
+        if opts.mask_boundaries and len(cc):  # the first id of a document, predicted from the last one's EOS
+            y[rr, cc - 1] = IGNORE_INDEX
+    if "position_ids" in opts.outputs or "document_ids" in opts.outputs:
+        pos, doc = _segments(first_doc, real_end, rr, cc, length, opts.outputs)
+        out.update({k: _into(v, new) for k, v in (("position_ids", pos), ("document_ids", doc)) if v is not None})
+    return out
+
+
+def _into(values, new) -> np.ndarray:
+    out = new()
+    if isinstance(values, tuple):  # (per-row default, rows to overwrite, their values)
+        default, rows, sub = values
+        out[:] = default
+        if len(rows):
+            out[rows] = sub
+    return out
+
+
+def _segments(first_doc, real_end, rr, cc, length: int, outputs):
+    """position_ids and document_ids as (default, rows, values): rows without a document start or padding
+    inside the inputs keep the default (0..L-1, the row's first document); the others are cut into
+    segments, each restarting its positions and taking the next document number (-1: padding)."""
+    inside = cc < length  # a start at column L only moves a label
+    er, ec = rr[inside], cc[inside]
+    pr = np.nonzero(real_end < length)[0]
+    rows = np.union1d(er, pr)
+    m = len(rows)
+    b_row = np.concatenate([np.arange(m), np.searchsorted(rows, er), np.searchsorted(rows, pr)])
+    b_col = np.concatenate([np.zeros(m, np.int64), ec, real_end[pr]])
+    kind = np.concatenate([np.zeros(m, np.int8), np.ones(len(er), np.int8), np.full(len(pr), 2, np.int8)])
+    order = np.lexsort((kind, b_col, b_row))
+    b_row, b_col, kind = b_row[order], b_col[order], kind[order]
+    flat = b_row * length + b_col
+    seglen = np.diff(np.append(flat, m * length))
+    pos = doc = None
+    if "position_ids" in outputs:
+        sub = np.arange(m * length) - np.repeat(flat, seglen)
+        pos = (np.arange(length), rows, sub.reshape(m, length))
+    if "document_ids" in outputs:
+        seen = np.cumsum(kind == 1)  # document starts met so far, over all rows
+        row_first = np.nonzero(kind == 0)[0]
+        before = np.repeat(seen[row_first], np.diff(np.append(row_first, len(kind))))
+        segdoc = first_doc[rows][b_row] + (seen - before)
+        segdoc[kind == 2] = -1
+        doc = (first_doc[:, None], rows, np.repeat(segdoc, seglen).reshape(m, length))
+    return pos, doc
+
+
+class TokenBatches:
+    """How a token dataset's batches are built (picklable: one per StreamingDataset, used in workers)."""
+
+    def __init__(self, spec: dict, shards: list, options: TokenOptions, keys: bool):
+        self.spec, self.options, self.keys = spec, options, keys
+        self.packed = spec["layout"] == PACKED
+        self.width = int(spec["seq_len"]) + 1 if self.packed else None
+        self.stored = np.dtype(spec["dtype"]).newbyteorder("<")
+        self.shard_ids = [s.id for s in shards]
+        self.doc_base = None
+        if self.packed:
+            missing = [s.path for s in shards if s.documents is None]
+            if missing:
+                raise ConfigError(f"the manifest does not count the documents of {missing[0]}; rebuild the dataset")
+            self.doc_base = np.concatenate([[0], np.cumsum([s.documents for s in shards])]).astype(np.int64)
+            if options.dtype == "int32" and self.doc_base[-1] > np.iinfo(np.int32).max:
+                raise ConfigError(f"dtype='int32' cannot number {self.doc_base[-1]} documents; use dtype='int64'")
+        self._scratch = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, _scratch=None)
+
+    def slots(self) -> int:
+        """Tensors per batch that the loader's shared slots should hold."""
+        if self.options.mode == "rows":
+            return 1 if self.packed else 0
+        return len(self.options.outputs)
+
+    def open(self, path: str, shard, url: str, cache):
+        from shardkit.reader.token_shards import open_rows
+
+        return open_rows(path, shard, self.spec, url, cache)
+
+    def _ids(self, n: int) -> np.ndarray:
+        """Stored rows of a batch: reused memory, so gathering costs no page faults."""
+        if self._scratch is None or len(self._scratch) < n:
+            self._scratch = np.empty((n, self.width), self.stored)
+        return self._scratch[:n]
+
+    def packed_batch(self, groups: list, n: int, alloc=_np_empty, guard=None) -> dict:
+        """The batch of packed rows `groups` [(shard index, reader, batch positions, rows)] of size n."""
+        import torch
+
+        ids = self._ids(n)
+        first_doc, real_end = np.empty(n, np.int64), np.empty(n, np.int64)
+        rrs, ccs, keys = [], [], [None] * n
+        for s, reader, pos, rows in groups:
+            if guard is None:
+                reader.fill(rows, ids, pos)
+            else:
+                guard(s, lambda: reader.fill(rows, ids, pos))
+            first, end, rr, cc = documents_of(reader.offsets, rows, self.width)
+            first_doc[pos], real_end[pos] = self.doc_base[s] + first, end
+            rrs.append(pos[rr])
+            ccs.append(cc)
+            if self.keys:
+                sid = self.shard_ids[s]
+                for p, r in zip(pos.tolist(), rows.tolist()):
+                    keys[p] = f"tokens-{sid:05d}-{r:07d}"
+        batch = {"__key__": keys} if self.keys else {}
+        dtype = np.dtype(self.options.dtype)
+        if self.options.mode == "rows":
+            out = alloc((n, self.width * dtype.itemsize)).view(dtype)
+            np.copyto(out, ids, casting="unsafe")
+            batch[TOKENS_FIELD] = torch.from_numpy(out)
+            return batch
+        starts = (np.concatenate(rrs), np.concatenate(ccs)) if rrs else (np.zeros(0, np.int64),) * 2
+        fields = train_fields(ids, first_doc, real_end, starts, self.options, alloc)
+        batch.update({k: torch.from_numpy(v) for k, v in fields.items()})
+        return batch
+
+    def document_batch(self, batch: dict, sample_ids: np.ndarray, alloc=_np_empty) -> dict:
+        """One document per sample: the padded `tokens` column -> training fields (document_ids: the
+        sample's number in the dataset)."""
+        import torch
+
+        tokens = batch.pop(TOKENS_FIELD)
+        ids = tokens.numpy() if tokens.shape[1] else np.full((len(tokens), 1), self.spec["pad_id"], np.int64)
+        if self.options.mode == "rows":
+            batch[TOKENS_FIELD] = tokens.to(getattr(torch, self.options.dtype))
+            return batch
+        real_end = (ids != self.spec["pad_id"]).sum(1)
+        empty = np.zeros(0, np.int64)
+        fields = train_fields(ids, np.asarray(sample_ids, np.int64), real_end, (empty, empty), self.options, alloc)
+        batch.update({k: torch.from_numpy(v) for k, v in fields.items()})
+        return batch
+
+
+# Stored rows, as datasets built before the row layout read them (and tokens="rows" of unpacked ones).
+
+def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=_np_empty):
     """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor in memory from
-    `alloc` (a reusable shared slot in a make_loader worker: the batch is 4x its stored size, and a
-    fresh shared segment per batch cost more than reading it); a list with None where a sample has
-    no row (mixed datasets)."""
+    `alloc`; a list with None where a sample has no row (mixed datasets)."""
     import torch
 
     ids = flat.view(np.dtype(spec["dtype"]).newbyteorder("<")).reshape(len(flat), -1)
@@ -51,7 +286,7 @@ def variable_arrays(values: list, spec: dict):
 
 
 def split_rows(tokens, pad_id: int):
-    """Packed rows (B, N+1) -> (inputs, targets), each (B, N): targets are the rows shifted by one,
+    """Stored rows (B, N+1) -> (inputs, targets), each (B, N): targets are the rows shifted by one,
     padding becomes IGNORE_INDEX in the targets and 0 in the inputs (masked out by the targets)."""
     inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
     inputs[inputs == pad_id] = 0
@@ -60,8 +295,8 @@ def split_rows(tokens, pad_id: int):
 
 
 def segment_ids(doc_starts, row_len: int):
-    """doc_starts (B, S) as read (-1 = padding) -> (B, row_len) int64 segment numbers: tokens attend only
-    within their segment (a block-diagonal attention mask is `seg[:, :, None] == seg[:, None, :]`)."""
+    """doc_starts (B, S) of the older row layout (-1 = padding) -> (B, row_len) int64 segment numbers: tokens
+    attend only within their segment (a block-diagonal attention mask is `seg[:, :, None] == seg[:, None, :]`)."""
     import torch
 
     starts = doc_starts.long()

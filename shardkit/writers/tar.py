@@ -44,6 +44,10 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
     sample lacks the field) lets readers slice members out of the shard without parsing headers.
     """
+    from shardkit.writers.tokens import is_packed, write_rows_tar
+
+    if is_packed(fields):
+        return write_rows_tar(samples, root, shard_id, fields)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
