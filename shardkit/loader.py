@@ -68,15 +68,18 @@ class StreamingLoader(DataLoader):
         self._transport.reclaim()
         return self._count(batches, sizes, ds.epoch)
 
-    def _count(self, batches, sizes: list[int], epoch: int):
-        ds = self.dataset
-        for j, batch in enumerate(batches):
-            if j >= len(sizes) or ds.epoch != epoch:
-                raise RuntimeError(f"loader got batch {j} of epoch {epoch}, expected {len(sizes)} batches of "
-                                   f"epoch {ds.epoch}: set_epoch() was called during an epoch")
-            # Count the planned size (not len(batch)): a skipped shard must not shift resume.
-            ds.advance(sizes[j])
-            yield self._transport.unpack(batch) if self._transport is not None else batch
+    def _count(self, items, sizes: list[int], epoch: int):
+        ds, j = self.dataset, 0
+        for item in items:
+            # A worker item is one batch, or a group of consecutive batches (packed token rows).
+            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+                if j >= len(sizes) or ds.epoch != epoch:
+                    raise RuntimeError(f"loader got batch {j} of epoch {epoch}, expected {len(sizes)} batches of "
+                                       f"epoch {ds.epoch}: set_epoch() was called during an epoch")
+                # Count the planned size (not len(batch)): a skipped shard must not shift resume.
+                ds.advance(sizes[j])
+                j += 1
+                yield batch
 
     def state_dict(self) -> dict:
         """Small and elastic: the position does not depend on num_workers or batch_size."""

@@ -16,7 +16,7 @@ from shardkit.executor import build
 from shardkit.loader import make_loader
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.dataset import StreamingDataset
-from shardkit.reader.tokens import IGNORE_INDEX, segment_ids, split_rows, train_fields, TokenOptions
+from shardkit.reader.tokens import IGNORE_INDEX, TRAIN_FIELDS, TokenOptions, segment_ids, split_rows, train_fields
 from shardkit.sample import Sample
 from shardkit.writers import get_writer
 
@@ -78,7 +78,7 @@ def test_documents_round_trip_through_document_ids_and_position_ids(corpus, pack
     exactly, each piece at positions 0, 1, 2, ...; labels are the rows shifted by one with
     IGNORE_INDEX exactly at padding."""
     documents = _documents(corpus, packed)
-    ds = StreamingDataset(str(packed), format=fmt, shuffle=False, keys=True)
+    ds = StreamingDataset(str(packed), format=fmt, shuffle=False, keys=True, fields=TRAIN_FIELDS)
     batches = list(make_loader(ds, batch_size=3, num_workers=workers, prefetch_factor=2))
     stored = _stored_rows(packed)
     pad, eos = ds.manifest.fields["tokens"]["pad_id"], ds.manifest.fields["tokens"]["eos_id"]
@@ -104,7 +104,7 @@ def test_documents_round_trip_through_document_ids_and_position_ids(corpus, pack
 
 
 def test_boundary_masking_ignores_the_first_id_of_each_next_document(corpus, packed):
-    every = dict(shuffle=False, format="tar")
+    every = dict(shuffle=False, format="tar", fields=TRAIN_FIELDS)
     plain = next(iter(make_loader(StreamingDataset(str(packed), **every), batch_size=1000, num_workers=0)))
     masked = next(iter(make_loader(StreamingDataset(str(packed), mask_boundaries=True, **every),
                                    batch_size=1000, num_workers=0)))
@@ -174,9 +174,27 @@ def test_resume_with_another_worker_count_yields_exactly_the_rest(packed, monkey
     assert done + rest == full
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_grouped_worker_items_keep_batches_order_and_sizes(packed, monkeypatch, drop_last):
+    """Workers send several consecutive batches per item (GROUP_ROWS): the loader still yields the
+    batches, sizes and order of num_workers=0."""
+    monkeypatch.setattr("shardkit.reader.dataset.GROUP_ROWS", 12)  # 2 batches of 5 (+ a short last group)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+    def keys(workers):
+        ds = StreamingDataset(str(packed), seed=6, shuffle_buffer=8, keys=True)
+        loader = make_loader(ds, batch_size=5, num_workers=workers, prefetch_factor=2, drop_last=drop_last)
+        batches = [b["__key__"] for b in loader]
+        assert len(batches) == len(loader) and all(len(b) == 5 for b in batches[:-1])
+        return batches
+
+    assert keys(2) == keys(0) and (len(keys(0)[-1]) == 5 or not drop_last)
+
+
 def test_keys_dtype_and_field_choice(packed):
     default = next(iter(make_loader(StreamingDataset(str(packed), shuffle=False), batch_size=2, num_workers=0)))
-    assert "__key__" not in default  # packed rows leave keys out unless asked
+    assert set(default) == {"input_ids", "labels"}  # no keys for packed rows, document fields when asked
     ds = StreamingDataset(str(packed), shuffle=False, dtype="int32", fields=["labels", "document_ids"], keys=True)
     b = next(iter(make_loader(ds, batch_size=2, num_workers=0)))
     assert set(b) == {"__key__", "labels", "document_ids"} and b["__key__"] == ["tokens-00000-0000000",
@@ -192,7 +210,7 @@ def test_unpacked_documents_get_training_fields_per_sample(corpus, tmp_path):
     out = tmp_path / "docs"
     _build(corpus, out, format="parquet", max_samples_per_shard=11)
     documents = _documents(corpus, out)
-    ds = StreamingDataset(str(out), shuffle=False)
+    ds = StreamingDataset(str(out), shuffle=False, fields=TRAIN_FIELDS)
     batches = list(make_loader(ds, batch_size=6, num_workers=0))
     for j, b in enumerate(batches):
         assert len(b["__key__"]) == len(b["input_ids"])  # keys stay: they name the source documents
@@ -219,11 +237,14 @@ def test_train_fields_segments_on_a_hand_made_batch():
 
 
 def test_token_fields_travel_in_reused_slots(packed):
-    loader = make_loader(StreamingDataset(str(packed), seed=4), batch_size=3, num_workers=2, prefetch_factor=2)
+    def dataset():
+        return StreamingDataset(str(packed), seed=4, fields=TRAIN_FIELDS)
+
+    loader = make_loader(dataset(), batch_size=3, num_workers=2, prefetch_factor=2)
     held = [b for _ in range(3) for b in loader]  # more batches than slots, over three epochs
     transport = loader._transport
     assert int((transport.flags != 0).sum()) > 0
-    reference = make_loader(StreamingDataset(str(packed), seed=4), batch_size=3, num_workers=0)
+    reference = make_loader(dataset(), batch_size=3, num_workers=0)
     again = [b for _ in range(3) for b in reference]
     for a, b in zip(held, again):
         assert all(torch.equal(a[k], b[k]) for k in b)

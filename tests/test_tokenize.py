@@ -248,3 +248,13 @@ def test_packed_builds_keep_text_only_and_say_why(tmp_path):
     (src / "news" / "photo.jpg").write_bytes(b"not even an image")
     with pytest.raises(ConfigError, match="--seq-len 16 packs documents into rows.*image"):
         _build(src, tmp_path / "mixed", tokenizer="bpe:300", seq_len=16)
+
+
+def test_dedup_of_packed_rows_says_to_dedup_the_raw_text(corpus, tmp_path):
+    from shardkit.config import DedupConfig
+    from shardkit.dedup_job import dedup
+
+    out = tmp_path / "packed"
+    _build(corpus, out, tokenizer="bpe:300", seq_len=16)
+    with pytest.raises(ConfigError, match="packed token rows.*--dedup"):
+        dedup(DedupConfig(src=str(out), out=str(tmp_path / "dd"), workers=0, progress=False))

@@ -1,10 +1,12 @@
 """Token datasets on the read side: batches built from the stored ids, training fields per batch.
 
 A batch of packed rows leaves the shard as stored (uint16/uint32, gathered with one copy) and is
-widened once, straight into the tensors the training step takes: `input_ids`, `labels` (shifted,
-IGNORE_INDEX at padding), `position_ids` (restarting at each document and at the row start) and
-`document_ids` (the document's number in the dataset, -1 on padding). `tokens="rows"` gives the
-stored rows instead, padding included.
+widened once, straight into the tensors the training step takes: `input_ids` and `labels` (shifted,
+IGNORE_INDEX at padding) by default; `position_ids` (restarting at each document and at the row
+start) and `document_ids` (the document's number in the dataset, -1 on padding) for document-masked
+attention when asked for with fields=. Each int64 field costs as much memory traffic as the whole
+memmap-gather ceiling moves, hence the opt-in. `tokens="rows"` gives the stored rows instead,
+padding included.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from shardkit.stages.tokenize import DOCUMENTS, PACKED, TOKENS_FIELD
 
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 TRAIN_FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
+DEFAULT_FIELDS = ("input_ids", "labels")
 
 
 def _np_empty(shape) -> np.ndarray:
@@ -29,7 +32,7 @@ class TokenOptions:
     """What a token batch holds: the mode, the training fields, their dtype, boundary masking."""
 
     mode: str = "train"
-    outputs: tuple[str, ...] = TRAIN_FIELDS
+    outputs: tuple[str, ...] = DEFAULT_FIELDS
     dtype: str = "int64"
     mask_boundaries: bool = False
     eos_id: int = 0
@@ -63,7 +66,7 @@ def resolve(fields: dict, config, requested) -> tuple[TokenOptions | None, list[
         raise ConfigError(f"fields={list(requested)!r} names training fields, but tokens={mode!r} gives the stored "
                           "rows (field 'tokens'): drop tokens='rows' or ask for fields='tokens'")
     dtype = config.dtype if config.dtype in ("int32", "int64") else "int64"
-    options = TokenOptions(mode, tuple(f for f in TRAIN_FIELDS if f in asked) or TRAIN_FIELDS, dtype,
+    options = TokenOptions(mode, tuple(f for f in TRAIN_FIELDS if f in asked) or DEFAULT_FIELDS, dtype,
                            bool(config.mask_boundaries), int(spec["eos_id"]))
     if names is not None and asked and TOKENS_FIELD not in names:
         names.append(TOKENS_FIELD)
@@ -110,50 +113,38 @@ def train_fields(ids: np.ndarray, first_doc: np.ndarray, real_end: np.ndarray, s
             y[r, max(int(real_end[r]) - 1, 0):] = IGNORE_INDEX
         if opts.mask_boundaries and len(cc):  # the first id of a document, predicted from the last one's EOS
             y[rr, cc - 1] = IGNORE_INDEX
-    if "position_ids" in opts.outputs or "document_ids" in opts.outputs:
-        pos, doc = _segments(first_doc, real_end, rr, cc, length, opts.outputs)
-        out.update({k: _into(v, new) for k, v in (("position_ids", pos), ("document_ids", doc)) if v is not None})
+    pos = new() if "position_ids" in opts.outputs else None
+    doc = new() if "document_ids" in opts.outputs else None
+    if pos is not None or doc is not None:
+        _segments(pos, doc, first_doc, real_end, starts, length)
+        out.update({k: v for k, v in (("position_ids", pos), ("document_ids", doc)) if v is not None})
     return out
 
 
-def _into(values, new) -> np.ndarray:
-    out = new()
-    if isinstance(values, tuple):  # (per-row default, rows to overwrite, their values)
-        default, rows, sub = values
-        out[:] = default
-        if len(rows):
-            out[rows] = sub
-    return out
-
-
-def _segments(first_doc, real_end, rr, cc, length: int, outputs):
-    """position_ids and document_ids as (default, rows, values): rows without a document start or padding
-    inside the inputs keep the default (0..L-1, the row's first document); the others are cut into
-    segments, each restarting its positions and taking the next document number (-1: padding)."""
+def _segments(pos, doc, first_doc, real_end, starts: tuple, length: int) -> None:
+    """Fill position_ids / document_ids (either may be None): 0..L-1 and the row's first document, then
+    from each document start (or where padding begins) to the next, positions restart and the
+    document number moves on (-1: padding). Rows hold a few starts each: a loop over the starts
+    writes each segment once, where whole-batch index arrays would cost several passes."""
+    base = np.arange(length)
+    if pos is not None:
+        pos[:] = base
+    if doc is not None:
+        doc[:] = first_doc[:, None]
+    rr, cc = starts
     inside = cc < length  # a start at column L only moves a label
-    er, ec = rr[inside], cc[inside]
     pr = np.nonzero(real_end < length)[0]
-    rows = np.union1d(er, pr)
-    m = len(rows)
-    b_row = np.concatenate([np.arange(m), np.searchsorted(rows, er), np.searchsorted(rows, pr)])
-    b_col = np.concatenate([np.zeros(m, np.int64), ec, real_end[pr]])
-    kind = np.concatenate([np.zeros(m, np.int8), np.ones(len(er), np.int8), np.full(len(pr), 2, np.int8)])
-    order = np.lexsort((kind, b_col, b_row))
-    b_row, b_col, kind = b_row[order], b_col[order], kind[order]
-    flat = b_row * length + b_col
-    seglen = np.diff(np.append(flat, m * length))
-    pos = doc = None
-    if "position_ids" in outputs:
-        sub = np.arange(m * length) - np.repeat(flat, seglen)
-        pos = (np.arange(length), rows, sub.reshape(m, length))
-    if "document_ids" in outputs:
-        seen = np.cumsum(kind == 1)  # document starts met so far, over all rows
-        row_first = np.nonzero(kind == 0)[0]
-        before = np.repeat(seen[row_first], np.diff(np.append(row_first, len(kind))))
-        segdoc = first_doc[rows][b_row] + (seen - before)
-        segdoc[kind == 2] = -1
-        doc = (first_doc[:, None], rows, np.repeat(segdoc, seglen).reshape(m, length))
-    return pos, doc
+    b_row = np.concatenate([rr[inside], pr])
+    b_col = np.concatenate([cc[inside], real_end[pr]])
+    order = np.lexsort((b_col, b_row))
+    b_row, b_col = b_row[order].tolist(), b_col[order].tolist()
+    pad_at = dict(zip(pr.tolist(), real_end[pr].tolist()))
+    for i, (r, c) in enumerate(zip(b_row, b_col)):
+        end = b_col[i + 1] if i + 1 < len(b_row) and b_row[i + 1] == r else length
+        if pos is not None:
+            pos[r, c:end] = base[:end - c]
+        if doc is not None:
+            doc[r, c:end] = -1 if pad_at.get(r) == c else doc[r, c - 1] + 1
 
 
 class TokenBatches:
@@ -202,22 +193,24 @@ class TokenBatches:
         ids = self._ids(n)
         first_doc, real_end = np.empty(n, np.int64), np.empty(n, np.int64)
         rrs, ccs, keys = [], [], [None] * n
+        train = self.options.mode == "train"
         for s, reader, pos, rows in groups:
             if guard is None:
                 reader.fill(rows, ids, pos)
             else:
                 guard(s, lambda: reader.fill(rows, ids, pos))
-            first, end, rr, cc = documents_of(reader.offsets, rows, self.width)
-            first_doc[pos], real_end[pos] = self.doc_base[s] + first, end
-            rrs.append(pos[rr])
-            ccs.append(cc)
+            if train:
+                first, end, rr, cc = documents_of(reader.offsets, rows, self.width)
+                first_doc[pos], real_end[pos] = self.doc_base[s] + first, end
+                rrs.append(pos[rr])
+                ccs.append(cc)
             if self.keys:
                 sid = self.shard_ids[s]
                 for p, r in zip(pos.tolist(), rows.tolist()):
                     keys[p] = f"tokens-{sid:05d}-{r:07d}"
         batch = {"__key__": keys} if self.keys else {}
         dtype = np.dtype(self.options.dtype)
-        if self.options.mode == "rows":
+        if not train:
             out = alloc((n, self.width * dtype.itemsize)).view(dtype)
             np.copyto(out, ids, casting="unsafe")
             batch[TOKENS_FIELD] = torch.from_numpy(out)
