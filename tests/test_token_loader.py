@@ -23,6 +23,10 @@ from shardkit.writers import get_writer
 SEQ = 15  # rows of 16 ids: most documents span rows
 
 
+def _np_empty(shape):
+    return np.empty(shape, np.uint8)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """40 documents of 1 to 60 words in two shards' worth, one empty-ish, some non-ASCII."""
@@ -193,7 +197,9 @@ def test_grouped_worker_items_keep_batches_order_and_sizes(packed, monkeypatch, 
 
 
 def test_keys_dtype_and_field_choice(packed):
-    default = next(iter(make_loader(StreamingDataset(str(packed), shuffle=False), batch_size=2, num_workers=0)))
+    plain = StreamingDataset(str(packed), shuffle=False)
+    assert {s.format for s in plain.shards} == {"tar"}  # packed rows of a --format both build: tar, the faster
+    default = next(iter(make_loader(plain, batch_size=2, num_workers=0)))
     assert set(default) == {"input_ids", "labels"}  # no keys for packed rows, document fields when asked
     ds = StreamingDataset(str(packed), shuffle=False, dtype="int32", fields=["labels", "document_ids"], keys=True)
     b = next(iter(make_loader(ds, batch_size=2, num_workers=0)))
@@ -243,14 +249,40 @@ def test_token_fields_travel_in_reused_slots(packed):
     loader = make_loader(dataset(), batch_size=3, num_workers=2, prefetch_factor=2)
     held = [b for _ in range(3) for b in loader]  # more batches than slots, over three epochs
     transport = loader._transport
-    assert int((transport.flags != 0).sum()) > 0
+    assert int((transport.flags != 0).sum()) > 0  # the fields the loop holds sit in the workers' slots
+    assert len(transport._main) <= transport.flags.numel()  # a bounded set of slots, reused
     reference = make_loader(dataset(), batch_size=3, num_workers=0)
     again = [b for _ in range(3) for b in reference]
-    for a, b in zip(held, again):
-        assert all(torch.equal(a[k], b[k]) for k in b)
+    assert len(held) == len(again)
+    for a, b in zip(held, again):  # batches the loop still holds stay intact while slots are reused
+        assert set(a) == set(TRAIN_FIELDS) and all(torch.equal(a[k], b[k]) for k in b)
     del held, a, b
     transport.release()
     assert int(transport.flags.sum()) == 0
+
+
+def test_with_pinned_memory_rows_cross_as_stored_and_widen_once_into_pinned_memory(packed, monkeypatch):
+    """The pin_memory (CUDA) path, on CPU: a worker sends the rows as stored (uint16) with their
+    document layout; the main process cuts a group into batches and widens each straight into
+    pinned memory (recorded here), giving what num_workers=0 gives."""
+    import shardkit.reader.dataset as dataset_module
+
+    pinned = []
+    monkeypatch.setattr(dataset_module, "_pinned", lambda shape: pinned.append(shape) or _np_empty(shape))
+    reference = make_loader(StreamingDataset(str(packed), shuffle=False, fields=TRAIN_FIELDS, keys=True),
+                            batch_size=4, num_workers=0)
+    expected = [b for _, b in zip(range(3), reference)]
+    ds = StreamingDataset(str(packed), shuffle=False, fields=TRAIN_FIELDS, keys=True)
+    worker_side = {"pin": True, "alloc": staticmethod(_np_empty), "pack": staticmethod(lambda batch: batch)}
+    ds.transport = type("PinningTransport", (), worker_side)()
+    item = ds.load_batch(np.arange(12))  # what a worker sends for a group of three batches of 4
+    assert item["__ids__"].dtype == torch.uint16 and item["__ids__"].shape == (12, SEQ + 1)
+    assert set(item) == {"__key__", "__ids__", "__docs__", "__starts__"}
+    item["__batches__"] = [4, 4, 4]
+    got = list(ds.received(item))
+    assert len(got) == 3 and len(pinned) == 3 * len(TRAIN_FIELDS)
+    for a, b in zip(got, expected):
+        assert a["__key__"] == b["__key__"] and all(torch.equal(a[k], b[k]) for k in TRAIN_FIELDS)
 
 
 # Datasets built before the packed layout: one tar member (or Parquet row) per row, a doc_starts field.

@@ -1,7 +1,8 @@
 """Token datasets on the read side: batches built from the stored ids, training fields per batch.
 
 A batch of packed rows leaves the shard as stored (uint16/uint32, gathered with one copy) and is
-widened once, straight into the tensors the training step takes: `input_ids` and `labels` (shifted,
+widened once, straight into the tensors the training step takes (in the workers, or with pinned
+memory in the main process: see StreamingDataset._cross_stored): `input_ids` and `labels` (shifted,
 IGNORE_INDEX at padding) by default; `position_ids` (restarting at each document and at the row
 start) and `document_ids` (the document's number in the dataset, -1 on padding) for document-masked
 attention when asked for with fields=. Each int64 field costs as much memory traffic as the whole
@@ -21,6 +22,8 @@ from shardkit.stages.tokenize import DOCUMENTS, PACKED, TOKENS_FIELD
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 TRAIN_FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 DEFAULT_FIELDS = ("input_ids", "labels")
+# A packed batch as it crosses from a worker: the rows as stored and their document layout.
+STORED, DOCS, STARTS = "__ids__", "__docs__", "__starts__"
 
 
 def _np_empty(shape) -> np.ndarray:
@@ -166,33 +169,36 @@ class TokenBatches:
                 raise ConfigError(f"dtype='int32' cannot number {self.doc_base[-1]} documents; use dtype='int64'")
         self._scratch = None
 
-    def __getstate__(self):
-        return dict(self.__dict__, _scratch=None)
-
     def slots(self) -> int:
-        """Tensors per batch that the loader's shared slots should hold."""
+        """Tensors per batch that the loader's shared slots should hold (packed rows crossing as stored
+        take one)."""
         if self.options.mode == "rows":
             return 1 if self.packed else 0
         return len(self.options.outputs)
+
+    def scratch(self, shape) -> np.ndarray:
+        """Reused memory for rows widened in this process: gathering them costs no page faults."""
+        if self._scratch is None or self._scratch.size < int(np.prod(shape)):
+            self._scratch = np.empty(int(np.prod(shape)), np.uint8)
+        return self._scratch[:int(np.prod(shape))].reshape(shape)
+
+    def __getstate__(self):
+        return dict(self.__dict__, _scratch=None)
 
     def open(self, path: str, shard, url: str, cache):
         from shardkit.reader.token_shards import open_rows
 
         return open_rows(path, shard, self.spec, url, cache)
 
-    def _ids(self, n: int) -> np.ndarray:
-        """Stored rows of a batch: reused memory, so gathering costs no page faults."""
-        if self._scratch is None or len(self._scratch) < n:
-            self._scratch = np.empty((n, self.width), self.stored)
-        return self._scratch[:n]
-
     def packed_batch(self, groups: list, n: int, alloc=_np_empty, guard=None) -> dict:
-        """The batch of packed rows `groups` [(shard index, reader, batch positions, rows)] of size n."""
+        """The batch of packed rows `groups` [(shard index, reader, batch positions, rows)] of size n,
+        as stored: `__ids__` (n, seq_len+1) in memory from `alloc`, and for training fields the
+        document layout of each row, `__docs__` (n, 2: first document, where padding begins) and
+        `__starts__` (S, 2: row, column of each other document start). `finish` makes the fields."""
         import torch
 
-        ids = self._ids(n)
-        first_doc, real_end = np.empty(n, np.int64), np.empty(n, np.int64)
-        rrs, ccs, keys = [], [], [None] * n
+        ids = alloc((n, self.width * self.stored.itemsize)).view(self.stored.newbyteorder("="))
+        docs, starts, keys = np.empty((n, 2), np.int64), [], [None] * n
         train = self.options.mode == "train"
         for s, reader, pos, rows in groups:
             if guard is None:
@@ -201,24 +207,49 @@ class TokenBatches:
                 guard(s, lambda: reader.fill(rows, ids, pos))
             if train:
                 first, end, rr, cc = documents_of(reader.offsets, rows, self.width)
-                first_doc[pos], real_end[pos] = self.doc_base[s] + first, end
-                rrs.append(pos[rr])
-                ccs.append(cc)
+                docs[pos, 0], docs[pos, 1] = self.doc_base[s] + first, end
+                starts.append(np.stack([pos[rr], cc], axis=1))
             if self.keys:
                 sid = self.shard_ids[s]
                 for p, r in zip(pos.tolist(), rows.tolist()):
                     keys[p] = f"tokens-{sid:05d}-{r:07d}"
         batch = {"__key__": keys} if self.keys else {}
-        dtype = np.dtype(self.options.dtype)
-        if not train:
-            out = alloc((n, self.width * dtype.itemsize)).view(dtype)
-            np.copyto(out, ids, casting="unsafe")
-            batch[TOKENS_FIELD] = torch.from_numpy(out)
-            return batch
-        starts = (np.concatenate(rrs), np.concatenate(ccs)) if rrs else (np.zeros(0, np.int64),) * 2
-        fields = train_fields(ids, first_doc, real_end, starts, self.options, alloc)
-        batch.update({k: torch.from_numpy(v) for k, v in fields.items()})
+        batch[STORED] = torch.from_numpy(ids)
+        if train:
+            batch[DOCS] = torch.from_numpy(docs)
+            batch[STARTS] = torch.from_numpy(np.concatenate(starts) if starts else np.zeros((0, 2), np.int64))
         return batch
+
+    def finish(self, batch: dict, alloc=_np_empty) -> dict:
+        """Stored rows -> the training fields (or tokens="rows": the rows) in the asked dtype, each
+        widened once into memory from `alloc`."""
+        import torch
+
+        ids = batch[STORED].numpy()
+        out = {k: v for k, v in batch.items() if k not in (STORED, DOCS, STARTS)}
+        dtype = np.dtype(self.options.dtype)
+        if self.options.mode == "rows":
+            rows = alloc((len(ids), ids.shape[1] * dtype.itemsize)).view(dtype)
+            np.copyto(rows, ids, casting="unsafe")
+            out[TOKENS_FIELD] = torch.from_numpy(rows)
+            return out
+        docs, starts = batch[DOCS].numpy(), batch[STARTS].numpy()
+        fields = train_fields(ids, docs[:, 0], docs[:, 1], (starts[:, 0], starts[:, 1]), self.options, alloc)
+        out.update({k: torch.from_numpy(v) for k, v in fields.items()})
+        return out
+
+    @staticmethod
+    def cut(batch: dict, sizes: list[int]):
+        """A group of consecutive batches (stored form) -> each batch, as views of the group's memory."""
+        starts, lo = batch.get(STARTS), 0
+        for size in sizes:
+            part = {k: v[lo:lo + size] for k, v in batch.items() if k != STARTS}
+            if starts is not None:
+                inside = (starts[:, 0] >= lo) & (starts[:, 0] < lo + size)
+                part[STARTS] = starts[inside].clone()
+                part[STARTS][:, 0] -= lo
+            lo += size
+            yield part
 
     def document_batch(self, batch: dict, sample_ids: np.ndarray, alloc=_np_empty) -> dict:
         """One document per sample: the padded `tokens` column -> training fields (document_ids: the
