@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from shardkit._version import __version__
 from shardkit.errors import ManifestError
-from shardkit.fs import atomic_write, is_remote, join, read_bytes
+from shardkit.fs import atomic_write, is_remote, join, read_bytes, remote_hint
 from shardkit.contract import ShardInfo
 
 FORMAT = "shardkit"
@@ -110,9 +110,9 @@ def load_manifest(root: str) -> Manifest:
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
         ) from e
-    except OSError as e:
+    except Exception as e:  # remote backends raise their own types (botocore, aiohttp, ImportError)
         if is_remote(url):
-            raise ManifestError(f"cannot fetch {url}: {e}") from e
+            raise ManifestError(f"cannot fetch {url}: {type(e).__name__}: {e}{remote_hint(url, e)}") from e
         raise
     try:
         d = json.loads(raw)

@@ -270,7 +270,7 @@ class TokenBatches:
 
 # Stored rows, as datasets built before the row layout read them (and tokens="rows" of unpacked ones).
 
-def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=_np_empty):
+def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc):
     """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor in memory from
     `alloc`; a list with None where a sample has no row (mixed datasets)."""
     import torch

@@ -36,10 +36,6 @@ def _column_value(spec: dict, value):
 
 def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column."""
-    from shardkit.writers.tokens import is_packed, write_rows_parquet
-
-    if is_packed(fields):
-        return write_rows_parquet(samples, root, shard_id, fields)
     import pyarrow as pa
     import pyarrow.parquet as pq
 

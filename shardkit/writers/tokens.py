@@ -30,6 +30,14 @@ def is_packed(fields: dict) -> bool:
     return fields.get(TOKENS_FIELD, {}).get("layout") == PACKED
 
 
+def packed_or(write, write_rows):
+    """The writer for a format: `write_rows` for a dataset of packed token rows, else `write`."""
+    def writer(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
+        return (write_rows if is_packed(fields) else write)(samples, root, shard_id, fields)
+
+    return writer
+
+
 def _arrays(samples, fields: dict) -> tuple[np.ndarray, np.ndarray]:
     """The one shard sample the tokenize stage makes: (rows, offsets), checked against the spec."""
     samples = list(samples)
