@@ -139,6 +139,21 @@ def first_batch(out: Path, fmt: str) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+def prepare(work: Path, out: Path, rows_path: Path, args) -> dict:
+    """The dataset and the ceiling's rows file, made once per (tokens, seq_len, mean_doc)."""
+    stamp = work / "dataset.json"
+    key = {"tokens": args.tokens, "seq_len": args.seq_len, "mean_doc": args.mean_doc}
+    if not stamp.exists() or json.loads(stamp.read_text()).get("key") != key:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+        out.mkdir(parents=True)
+        data = make_dataset(out, args.tokens, args.seq_len, args.mean_doc)
+        ceiling_rows(out, rows_path)
+        stamp.write_text(json.dumps({"key": key, "data": data}))
+    return json.loads(stamp.read_text())["data"]
+
+
 VARIANTS = {  # name -> StreamingDataset options
     "tar, input_ids + labels (default)": {"format": "tar"},
     "tar, + position_ids + document_ids": {"format": "tar", "fields": ["input_ids", "labels", "position_ids",
@@ -160,17 +175,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = Path(args.workdir)
     out, rows_path = work / "dataset", work / "rows.npy"
-    stamp = work / "dataset.json"
-    key = {"tokens": args.tokens, "seq_len": args.seq_len, "mean_doc": args.mean_doc}
-    if not stamp.exists() or json.loads(stamp.read_text()).get("key") != key:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-        out.mkdir(parents=True)
-        data = make_dataset(out, args.tokens, args.seq_len, args.mean_doc)
-        ceiling_rows(out, rows_path)
-        stamp.write_text(json.dumps({"key": key, "data": data}))
-    data = json.loads(stamp.read_text())["data"]
+    data = prepare(work, out, rows_path, args)
     raw = data["tokens"] * 2
     print(f"corpus: {data['tokens']:,} ids in {data['documents']:,} documents, {data['rows']:,} rows of "
           f"{args.seq_len + 1}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
