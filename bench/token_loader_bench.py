@@ -10,7 +10,10 @@ each memory-map it, gather their half of a shuffled epoch in batches and widen t
 from the permutation to both processes' end. shardkit: StreamingDataset + make_loader(num_workers=2),
 timed from the StreamingDataset call to the epoch's last batch. Tokens/s counts the rows' ids (seq+1).
 
-Targets: the default loader (input_ids + labels) >= 0.30 of the ceiling at B=64 and >= 0.15 at B=16; first batch
+With --litdata (optional: pip install litdata), LitData's TokensLoader on the same documents joins the rounds.
+
+Targets: the default loader (input_ids + labels) >= 0.30 of the ceiling at B=64 and >= 0.15 at B=16; >= 5x
+LitData; first batch
 <= 0.2 s on a local dataset; storage <= 1.05x the raw ids.
 """
 
@@ -122,6 +125,49 @@ def shardkit_epoch(out: Path, batch_size: int, seed: int, **options) -> tuple[fl
     return seconds, rows * width, first
 
 
+def _documents(path: str):
+    """One shard's documents as uint16 tensors (LitData's optimize input), from the stored rows."""
+    import torch
+    import webdataset as wds
+
+    (sample,) = list(wds.WebDataset(path, shardshuffle=False).decode())
+    rows, offsets = sample["tokens.npy"], sample["doc_offsets.npy"].astype(np.int64)
+    stream = np.concatenate([rows[0], rows[1:, 1:].reshape(-1)])  # rows overlap by one id
+    for lo, hi in zip(offsets[:-1], offsets[1:]):
+        yield torch.from_numpy(stream[lo:hi].copy())
+
+
+def litdata_prepare(out: Path, lit: Path) -> None:
+    """The same documents optimized for LitData's TokensLoader (uint16, as the issue's comparison)."""
+    from litdata import TokensLoader, optimize
+
+    from shardkit.manifest import load_manifest
+
+    if (lit / "index.json").exists():
+        return
+    paths = [str(out / s.path) for s in load_manifest(str(out)).shards_of("tar")]
+    method = mp.get_start_method(allow_none=True)
+    optimize(fn=_documents, inputs=paths, output_dir=str(lit), chunk_size=2049 * 8192, item_loader=TokensLoader(),
+             num_workers=2)
+    mp.set_start_method(method or "fork", force=True)  # optimize() switches every later process to spawn
+
+
+def litdata_epoch(lit: Path, batch_size: int, seed: int) -> tuple[float, int, float]:
+    """LitData StreamingDataset + TokensLoader(block 2049) + StreamingDataLoader, 2 workers, shuffled;
+    the loop widens inputs and targets as litgpt's does (`.long()` of the two slices)."""
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    start = time.perf_counter()
+    ds = StreamingDataset(str(lit), item_loader=TokensLoader(block_size=2049), shuffle=True, seed=seed)
+    rows, first = 0, None
+    for batch in StreamingDataLoader(ds, batch_size=batch_size, num_workers=2):
+        inputs, targets = batch[:, :-1].long(), batch[:, 1:].long()
+        rows += len(inputs)
+        if first is None:
+            first = time.perf_counter() - start
+    return time.perf_counter() - start, rows * 2049, first
+
+
 FIRST_BATCH = """
 import sys, time, torch
 from shardkit import StreamingDataset, make_loader
@@ -171,6 +217,7 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="64,16")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--workdir", default="bench/out/token_loader")
+    ap.add_argument("--litdata", action="store_true", help="also LitData's TokensLoader (pip install litdata)")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = Path(args.workdir)
@@ -183,14 +230,19 @@ def main() -> int:
         print(f"storage {fmt}: {data['bytes'][fmt] / 1e6:,.1f} MB = {data['bytes'][fmt] / raw:.4f} x the raw uint16 "
               f"ids ({raw / 1e6:,.1f} MB)  (target <= 1.05)")
     results: dict = {}
+    if args.litdata:
+        litdata_prepare(out, work / "litdata")
+        litdata_epoch(work / "litdata", 64, 99)
     ceiling(rows_path, 64, seed=99)  # warm-up, untimed: both files in the page cache before any timing
     shardkit_epoch(out, 64, 99, format="tar")
     shardkit_epoch(out, 64, 99, format="parquet")
     for rep in range(args.reps):
         for bs in map(int, args.batch_sizes.split(",")):
-            runs = [("ceiling", None)] + list(VARIANTS.items())
+            runs = [("ceiling", None)] + list(VARIANTS.items()) + ([(LITDATA, None)] if args.litdata else [])
             for name, options in runs[rep % len(runs):] + runs[:rep % len(runs)]:  # rotate the order
-                if options is None:
+                if name == LITDATA:
+                    seconds, ids, first = litdata_epoch(work / "litdata", bs, rep)
+                elif options is None:
                     seconds, ids = ceiling(rows_path, bs, seed=rep)
                     first = None
                 else:
@@ -206,13 +258,16 @@ def main() -> int:
     return 0
 
 
+LITDATA = "litdata TokensLoader, .long() in the loop"
+
+
 def report(results: dict, args) -> None:
     targets = {64: 0.30, 16: 0.15}
     for bs in map(int, args.batch_sizes.split(",")):
         ceil = [r for r, _ in results[(bs, "ceiling")]]
         print(f"\nB={bs}: memmap-gather ceiling (uint16 rows -> int64, 2 processes): median "
               f"{statistics.median(ceil) / 1e6:,.0f}M ids/s ({min(ceil) / 1e6:,.0f}-{max(ceil) / 1e6:,.0f})")
-        for name in VARIANTS:
+        for name in list(VARIANTS) + ([LITDATA] if args.litdata else []):
             rates = [r for r, _ in results[(bs, name)]]
             ratios = [r / c for r, c in zip(rates, ceil)]  # each run against the ceiling of its own rep
             firsts = [f for _, f in results[(bs, name)]]
@@ -220,6 +275,11 @@ def report(results: dict, args) -> None:
             print(f"  {name:<44} {statistics.median(rates) / 1e6:7,.0f}M ids/s  ratio median "
                   f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}), first batch "
                   f"{statistics.median(firsts):.3f} s{target}")
+        if args.litdata:
+            default = [r for r, _ in results[(bs, "tar, input_ids + labels (default)")]]
+            lit = [r for r, _ in results[(bs, LITDATA)]]
+            print(f"  default / LitData: median {statistics.median([a / b for a, b in zip(default, lit)]):.1f}x "
+                  "(target >= 5)")
 
 
 if __name__ == "__main__":
