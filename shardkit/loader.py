@@ -111,8 +111,9 @@ def default_workers() -> int:
 def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None,
                 drop_last: bool = False) -> StreamingLoader:
-    """A ready loader: one tensor per field per batch plus '__key__' (list of str), persistent
-    workers, prefetch, pinned memory when CUDA is present, and state_dict/load_state_dict."""
+    """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
+    only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
+    state_dict/load_state_dict."""
     import torch
 
     if not isinstance(dataset, StreamingDataset):

@@ -37,8 +37,8 @@ class StreamingDataset(IterableDataset):
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
     drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, tokens, mask_boundaries, keys).
     Iterated alone it yields one decoded sample dict at a time; `make_loader` switches it to whole
-    batches built in the workers. A tokenized dataset yields input_ids, labels, position_ids and
-    document_ids (shardkit.reader.tokens).
+    batches built in the workers. A tokenized dataset yields input_ids and labels (position_ids and
+    document_ids when `fields` names them; shardkit.reader.tokens).
     `transform` maps one decoded sample dict, `batch_transform` one batch dict.
     """
 
