@@ -127,8 +127,9 @@ def _parse_size(ctx, param, value):
 @click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
               help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size).")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
-@click.option("--labels/--no-labels", default=True, show_default=True,
-              help="Label each sample by its first-level subfolder (field cls, class list in the manifest).")
+@click.option("--labels/--no-labels", default=None,
+              help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "
+                   "[default: when SRC has class subfolders: two or more, or one holding all the images].")
 @click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
 @click.option("--workers", type=int, default=None,
               help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
@@ -219,14 +220,30 @@ def build_summary(r) -> str:
         lines.append(f"  tokens          {st.get('tokens', 0)} from {st.get('documents', 0)} documents in "
                      f"{st.get('rows', 0)} rows ({st.get('pad_tokens', 0)} padding, {st.get('dropped_tokens', 0)} "
                      f"dropped); tokenizer {tok['source']} → tokenizer.json")
+    classes = r.manifest.classes if r.manifest else None
+    if classes:
+        lines.append(f"  labels          {len(classes)} classes from the subfolders (--no-labels to leave them out)")
     lines += [
         f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
         + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),
         f"  bytes           {human_bytes(total_bytes)}",
         f"  time            {r.seconds:.1f} s",
-        f"  images/s        {r.images / r.seconds:.0f}" if r.seconds > 0 else "",
+        _rate_line(r, tok),
     ]
     return "\n".join(line for line in lines if line)
+
+
+def _rate_line(r, tok: dict | None) -> str:
+    """The build's throughput in what it processed: images, else tokens, else samples."""
+    if r.seconds <= 0:
+        return ""
+    if r.images:
+        return f"  images/s        {r.images / r.seconds:,.0f}"
+    if tok:
+        st = tok.get("stats", {})
+        return (f"  documents/s     {st.get('documents', 0) / r.seconds:,.0f} "
+                f"({st.get('tokens', 0) / r.seconds:,.0f} tokens/s)")
+    return f"  samples/s       {r.samples / r.seconds:,.0f}"
 
 
 @main.command()

@@ -59,7 +59,7 @@ class BuildConfig:
     resample: str = "bicubic"
     encode: str = "jpeg"
     quality: int = 90
-    labels: bool = True
+    labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
     text_field: str = "text"
     workers: int | None = None
     scheduler: str | None = None
@@ -107,6 +107,9 @@ class BuildConfig:
             )
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+        if self.labels not in (None, True, False):
+            raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
+                              "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
@@ -144,7 +147,10 @@ def field_names(cls) -> list[str]:
 
 VARIANT_POLICIES = ("cycle", "random")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-FLOAT_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}  # torch's other names
+INT_DTYPES = ("int32", "int64")  # token ids: int64 by default (cross_entropy's targets), int32 to halve them
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64",
+                 "int": "int32"}  # torch's other names
+TOKEN_MODES = ("train", "rows")
 
 
 @dataclass(frozen=True)
@@ -155,13 +161,18 @@ class StreamConfig:
     shuffle: bool = True
     shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
     fields: tuple[str, ...] | None = None
-    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it
+    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it (tar for packed token rows)
     drop_remainder: bool = False
     cache_dir: str | None = None
     cache_limit: int | str | None = None
     on_error: str = "fail"
     variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
-    dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
+    dtype: str | None = None  # float arrays cast to this ("float32", torch.float32, ...), token ids widened
+    # to this ("int64" when None); None: floats as stored
+    tokens: str | None = None  # token datasets: "train" (input_ids, labels, position_ids, document_ids) or
+    # "rows" (the stored rows, padding included); None: "train" where the layout allows it
+    mask_boundaries: bool = False  # labels: IGNORE_INDEX also where the next document's first id is predicted
+    keys: bool | None = None  # "__key__" in each batch; None: yes, except for packed token rows
     checksums: bool = True  # check every value read against the checksum recorded at build time
     timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
     retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
@@ -176,9 +187,14 @@ class StreamConfig:
         choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
         if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
             name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
-            name = FLOAT_ALIASES.get(name, name)
-            choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
+            name = DTYPE_ALIASES.get(name, name)
+            choice("dtype", name, FLOAT_DTYPES + INT_DTYPES, "StreamingDataset(dtype=...)")
             object.__setattr__(self, "dtype", name)
+        choice("tokens", self.tokens, (None,) + TOKEN_MODES, "StreamingDataset(tokens=...)")
+        for name in ("mask_boundaries", "keys"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "keys" and value is None):
+                raise ConfigError(f"{name}={value!r}: expected True or False (StreamingDataset({name}=...))")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:

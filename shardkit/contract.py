@@ -31,17 +31,19 @@ class ShardInfo:
     bytes: int
     sha256: str
     index: dict[str, Any] | None = field(default=None)
+    documents: int | None = None  # packed token shards: documents it holds (global document ids)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["index"] is None:
-            del d["index"]
+        for optional in ("index", "documents"):
+            if d[optional] is None:
+                del d[optional]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShardInfo":
         return cls(**{k: d[k] for k in ("id", "format", "path", "samples", "bytes", "sha256")},
-                   index=d.get("index"))
+                   index=d.get("index"), documents=d.get("documents"))
 
 
 def shard_relpath(shard_id: int, fmt: str) -> str:

@@ -212,6 +212,10 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
 
 
 def _dedup_dataset(cfg: DedupConfig, manifest, workdir: str, client) -> tuple[DedupResult, object]:
+    if manifest.fields.get("tokens", {}).get("layout") == "packed":
+        raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
+                          "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
+                          "--seq-len ... --dedup")
     parts = plan_partitions(manifest.shards_of(), cfg, workdir, per_partition=1)
     signature_stage(parts, ShardReader(cfg.src, manifest), cfg, client, manifest.fields)
     result = cluster_stage([p.path for p in parts], cfg, None)

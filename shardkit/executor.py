@@ -21,7 +21,8 @@ from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
-from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
+from shardkit.stages.tokenize import (TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields,
+                                     tokenize)
 from shardkit.tasks import dask_client, progress_bar, run_tasks
 from shardkit.writers import get_writer
 
@@ -140,12 +141,7 @@ def cache_fields(fields: dict, result: ScanResult, cfg: BuildConfig, tok: Tokeni
         fields.update(variant_fields(cfg.image_field, fields.pop(cfg.image_field), cfg))
     if "array" in result.kinds and (spec := array_spec(cfg.src, result.records, cfg.half)) is not None:
         fields["array"] = spec
-    if tok is not None and fields.pop("txt", None) is not None:
-        fields.update(tok.fields(cfg.seq_len))
-        if cfg.seq_len and not result.kinds & {"image", "array"}:
-            fields.pop("json", None)  # packed rows carry no per-document fields
-            fields.pop("cls", None)
-    return fields
+    return fields if tok is None else token_fields(fields, result.kinds, tok, cfg.seq_len)
 
 
 def _corpus_key(scanned: ScanResult) -> str:
@@ -191,7 +187,7 @@ def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: st
               lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
     if TOKENS_FIELD in fields:
         stages.append(lambda s: tokenize(s, spec=fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=plan.id, stats=counters))
+                                         shard_id=plan.id, stats=counters, log=rejections))
     try:
         samples = list(compose(plan.records, *stages))
     except FailFast as e:
@@ -313,8 +309,9 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
     tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
     fields = cache_fields(fields, kept, cfg, tok)
-    if tok is not None:  # the tokenizer file's content changes the output, not only its path
-        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
+    if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
+        token_spec = json.dumps(fields.get(TOKENS_FIELD), sort_keys=True)
+        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}|{token_spec}".encode()).hexdigest()[:16]
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
@@ -341,7 +338,8 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
         removed = len(dedup_result.removed)
         build_record["dedup"] = {"config": dedup_result.summary["parameters"], "source_samples": samples + removed,
                                  "removed": removed, "report": "dedup/summary.json"}
-    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
+    classes = scanned.classes if "cls" in fields else None  # packed token rows drop the labels
+    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=classes,
                         build=build_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})

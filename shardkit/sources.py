@@ -132,6 +132,17 @@ def _unique_keys(records: list[InputRecord]) -> list[InputRecord]:
     return out
 
 
+def labels_on(setting: bool | None, subfolders: set[str], images: list[str]) -> bool:
+    """--labels/--no-labels, else whether SRC has class subfolders: two or more first-level subfolders
+    hold samples, or one holds every image (an image folder of one class). A text corpus kept in
+    one folder (corpus/docs/*.txt) gets no labels."""
+    if setting is not None:
+        return setting
+    if len(subfolders) >= 2:
+        return True
+    return len(subfolders) == 1 and bool(images) and all("/" in rel for rel in images)
+
+
 def scan(cfg: BuildConfig) -> ScanResult:
     """List the raw folder into records sorted by key; everything passed over is a Rejection."""
     root = cfg.src
@@ -152,11 +163,13 @@ def scan(cfg: BuildConfig) -> ScanResult:
             groups[(os.path.dirname(rel), stem)].append((rel, ext, st))
     top = {rel.split("/", 1)[0] for files in groups.values() for rel, _, _ in files if "/" in rel}
     top |= {rel.split("/", 1)[0] for rel, _ in jsonl if "/" in rel}
-    class_names = sorted(top) if cfg.labels else []
+    labelled = labels_on(cfg.labels, top, [rel for files in groups.values() for rel, ext, _ in files
+                                           if ext in IMAGE_EXTS])
+    class_names = sorted(top) if labelled else []
     class_index = {c: i for i, c in enumerate(class_names)}
 
     def label(rel: str):
-        return class_index.get(rel.split("/", 1)[0]) if cfg.labels and "/" in rel else None
+        return class_index.get(rel.split("/", 1)[0]) if labelled and "/" in rel else None
 
     records, kinds = [], set()
     for (_, stem), files in groups.items():
@@ -191,7 +204,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
                                        ((st.st_size, st.st_mtime_ns),), (number, offset, length)))
     records = _unique_keys(records)
     used = sorted({r.label for r in records if r.label is not None})
-    classes = [class_names[i] for i in used] if cfg.labels and used else None
+    classes = [class_names[i] for i in used] if labelled and used else None
     if classes is not None and len(used) != len(class_names):  # re-index onto classes that have samples
         remap = {old: new for new, old in enumerate(used)}
         records = [InputRecord(r.key, r.files, remap.get(r.label), r.size, r.stamp, r.line) for r in records]
