@@ -26,8 +26,8 @@ from shardkit.stages.arrays import arrays
 from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
-from shardkit.writers import get_table_writer
-from shardkit.writers.parquet import samples_table, table_samples
+from shardkit.writers import get_table_writer, get_writer
+from shardkit.writers.parquet import SOURCE_COLUMN, samples_table, table_samples
 
 STATE_DIR = ".shardkit"
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
@@ -152,9 +152,9 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
               lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
     if TOKENS_FIELD in ctx.fields and not ctx.pack:
         stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=shard_id, stats=result.stats))
+                                         shard_id=shard_id, stats=result.stats, log=log))
     try:
-        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
+        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields, ctx.pack)
     except FailFast as e:
         result.failed = e.rejection
         return result, None
@@ -162,17 +162,24 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
     return result, table
 
 
-def _table(samples, fields: dict):
+def _table(samples, fields: dict, sources: bool):
     """The samples as a table, built TABLE_BATCH samples at a time: a task holds its output's bytes in
-    Arrow buffers, and at most one batch of samples as Python objects."""
+    Arrow buffers, and at most one batch of samples as Python objects. `sources`: keep each sample's
+    source too (for the shard step's rejections, when it runs a stage)."""
     import itertools
 
     import pyarrow as pa
 
+    def table(chunk):
+        t = samples_table(chunk, fields)
+        if sources:
+            t = t.append_column(SOURCE_COLUMN, pa.array([s.meta.get("source", s.key) for s in chunk], pa.string()))
+        return t
+
     batches, it = [], iter(samples)
     while chunk := list(itertools.islice(it, TABLE_BATCH)):
-        batches += samples_table(chunk, fields).to_batches()
-    return pa.Table.from_batches(batches, schema=samples_table([], fields).schema)
+        batches += table(chunk).to_batches()
+    return pa.Table.from_batches(batches, schema=table([]).schema)
 
 
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
@@ -233,17 +240,21 @@ def flush_durable() -> int:
 
 
 def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:
-    cfg, stats = ctx.cfg, {}
+    cfg, stats, log = ctx.cfg, {}, RejectionLog(ctx.cfg.on_error)
     for part in parts:
         add_stats(stats, part.stats)
     formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
-    if ctx.pack:  # a per-shard stage: the shard's documents packed into rows keyed by the shard id
-        samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD], root=cfg.out,
-                                tail=cfg.tail, shard_id=shard.id, stats=stats))
-        table = samples_table(samples, ctx.fields)
-    infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
-        if len(table) else []
-    result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections],
+    if ctx.pack:  # a per-shard stage: the shard's documents packed into token rows (writers/tokens.py)
+        try:
+            samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD],
+                                    root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log))
+        except FailFast as e:
+            return ShardResult(shard.id, [], [r for p in parts for r in p.rejections] + log.items, failed=e.rejection)
+        infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
+    else:
+        infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
+            if len(table) else []
+    result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats)
     _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])

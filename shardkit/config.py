@@ -59,7 +59,7 @@ class BuildConfig:
     resample: str = "bicubic"
     encode: str = "jpeg"
     quality: int = 90
-    labels: bool = True
+    labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
     text_field: str = "text"  # the text of a .jsonl line (a JSON key) or of a Parquet row (a column)
     image_field: str = "image"  # the image column of Parquet sources: binary, or a struct {bytes, path}
     label_field: str | None = None  # the label column of Parquet sources (replaces folder labels)
@@ -81,10 +81,11 @@ class BuildConfig:
     dedup_threshold: float = 0.8
     dedup_verify: bool = False
     image_distance: int = 10
+    allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "progress")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -116,6 +117,9 @@ class BuildConfig:
                                                                                           self.image_field)):
             raise ConfigError(f"label_field={self.label_field!r}: expected a column other than the text and image "
                               "columns (--label-field)")
+        if self.labels not in (None, True, False):
+            raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
+                              "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
@@ -154,7 +158,10 @@ def field_names(cls) -> list[str]:
 
 VARIANT_POLICIES = ("cycle", "random")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-FLOAT_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}  # torch's other names
+INT_DTYPES = ("int32", "int64")  # token ids: int64 by default (cross_entropy's targets), int32 to halve them
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64",
+                 "int": "int32"}  # torch's other names
+TOKEN_MODES = ("train", "rows")
 
 
 @dataclass(frozen=True)
@@ -165,13 +172,21 @@ class StreamConfig:
     shuffle: bool = True
     shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
     fields: tuple[str, ...] | None = None
-    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it
+    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it (tar for packed token rows)
     drop_remainder: bool = False
     cache_dir: str | None = None
     cache_limit: int | str | None = None
     on_error: str = "fail"
     variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
-    dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
+    dtype: str | None = None  # float arrays cast to this ("float32", torch.float32, ...), token ids widened
+    # to this ("int64" when None); None: floats as stored
+    tokens: str | None = None  # token datasets: "train" (input_ids, labels, position_ids, document_ids) or
+    # "rows" (the stored rows, padding included); None: "train" where the layout allows it
+    mask_boundaries: bool = False  # labels: IGNORE_INDEX also where the next document's first id is predicted
+    keys: bool | None = None  # "__key__" in each batch; None: yes, except for packed token rows
+    checksums: bool = True  # check every value read against the checksum recorded at build time
+    timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
+    retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -180,15 +195,28 @@ class StreamConfig:
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
+        choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
         if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
             name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
-            name = FLOAT_ALIASES.get(name, name)
-            choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
+            name = DTYPE_ALIASES.get(name, name)
+            choice("dtype", name, FLOAT_DTYPES + INT_DTYPES, "StreamingDataset(dtype=...)")
             object.__setattr__(self, "dtype", name)
+        choice("tokens", self.tokens, (None,) + TOKEN_MODES, "StreamingDataset(tokens=...)")
+        for name in ("mask_boundaries", "keys"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "keys" and value is None):
+                raise ConfigError(f"{name}={value!r}: expected True or False (StreamingDataset({name}=...))")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
+        self.remote_policy()  # validates timeout and retries
+
+    def remote_policy(self):
+        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
+        from shardkit.fs import RemotePolicy
+
+        return RemotePolicy(timeout=self.timeout, retries=self.retries)
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")

@@ -9,7 +9,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from shardkit.config import DedupConfig
-from shardkit.errors import FailFast, RejectedInput, Rejection, count_by_reason
+from shardkit.errors import ConfigError, FailFast, RejectedInput, Rejection, count_by_reason
+from shardkit.fs import folder_lock
 from shardkit.stages.dedup import signatures as sigmod
 from shardkit.stages.dedup.decide import cluster_stage
 from shardkit.stages.dedup.report import DedupResult, write_report
@@ -211,6 +212,10 @@ def write_dataset(src: str, out: str, manifest, removed: frozenset, result: Dedu
 
 
 def _dedup_dataset(cfg: DedupConfig, manifest, workdir: str, client) -> tuple[DedupResult, object]:
+    if manifest.fields.get("tokens", {}).get("layout") == "packed":
+        raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
+                          "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
+                          "--seq-len ... --dedup")
     parts = plan_partitions(manifest.shards_of(), cfg, workdir, per_partition=1)
     signature_stage(parts, ShardReader(cfg.src, manifest), cfg, client, manifest.fields)
     result = cluster_stage([p.path for p in parts], cfg, None)
@@ -255,11 +260,16 @@ def dedup(cfg: DedupConfig) -> DedupResult:
     with OUT/dedup/clusters.parquet and OUT/dedup/summary.json."""
     from dataclasses import replace
 
-    from shardkit.manifest import MANIFEST_NAME, load_manifest
-
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     if cfg.src == cfg.out:
-        raise ValueError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
+    with folder_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
+        return _dedup(cfg)
+
+
+def _dedup(cfg: DedupConfig) -> DedupResult:
+    from shardkit.manifest import MANIFEST_NAME, load_manifest
+
     is_dataset = os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME))
     if not is_dataset and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")

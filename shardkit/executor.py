@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import time
@@ -18,8 +19,9 @@ from shardkit.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTas
                                   units_dir)
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
-from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
-from shardkit.fs import atomic_write
+from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
+                             count_by_reason)
+from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sources import walk as W
 from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
@@ -29,7 +31,7 @@ from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
-from shardkit.stages.tokenize import TOKENIZER_NAME, TokenizerInfo, prepare_tokenizer
+from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
 from shardkit.tasks import Then, background_client, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
@@ -52,6 +54,7 @@ class BuildResult:
     duplicates: int = 0  # removed by --dedup (see OUT/dedup/)
     manifest: Manifest | None = field(default=None, repr=False)
     dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
+    notes: list[str] = field(default_factory=list)  # what the scan read in a way worth knowing
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -89,12 +92,7 @@ def cache_fields(fields: dict, inv: Inventory, cfg: BuildConfig, tok: TokenizerI
         fields.update(variant_fields(cfg.output_image_field, fields.pop(cfg.output_image_field), cfg))
     if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half)) is not None:
         fields["array"] = spec
-    if tok is not None and fields.pop("txt", None) is not None:
-        fields.update(tok.fields(cfg.seq_len))
-        if cfg.seq_len and not inv.kinds & {"image", "array"}:
-            fields.pop("json", None)  # packed rows carry no per-document fields
-            fields.pop("cls", None)
-    return fields
+    return fields if tok is None else token_fields(fields, inv.kinds, tok, cfg.seq_len)
 
 
 def _corpus_key(inv: Inventory) -> str:
@@ -139,7 +137,7 @@ def _scan(cfg: BuildConfig, pending) -> Inventory:
     Source rejections go through the policy; OUT's manifest is retired before any write."""
     if not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
-    listing = W.walk(cfg.src)
+    listing = W.walk(cfg.src, cfg.out)
     opts = scan_options(cfg)
     counts = {rf.id: c for rf in listing.row_files if (c := counted(rf, opts)) is not None}
     todo = [rf for rf in listing.row_files if rf.id not in counts]
@@ -150,6 +148,12 @@ def _scan(cfg: BuildConfig, pending) -> Inventory:
     source_log = RejectionLog(cfg.on_error)
     for r in inv.rejections:
         source_log.reject(r.path, r.stage, r.reason)
+    if not inv.samples and not cfg.allow_empty:
+        passed = f" ({len(inv.rejections)} files passed over: {count_by_reason(inv.rejections)})"
+        raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if inv.rejections else ''}; "
+                         "add images, text, .jsonl or .parquet files, or pass --allow-empty to write an empty dataset")
+    for note in inv.notes:
+        log.info("%s", note)
     os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
     # Until this build ends, no manifest may name shards it is about to replace.
     with contextlib.suppress(FileNotFoundError):
@@ -238,12 +242,13 @@ def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
     tok = None
     if cfg.tokenizer:
         tok = prepare_tokenizer(cfg, lambda: _Corpus(inv, reader), _corpus_key(inv))
-        # The tokenizer file's content changes the output, not only its path.
-        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
     shard_fields = cache_fields(fields, inv, cfg, tok)
+    if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
+        token_spec = json.dumps(shard_fields.get(TOKENS_FIELD), sort_keys=True)
+        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}|{token_spec}".encode()).hexdigest()[:16]
     unit_fields = cache_fields(fields, inv, cfg, None) if tok is not None and cfg.seq_len else shard_fields
     return shard_fields, unit_fields, config_hash, tok
 
@@ -299,10 +304,19 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """Build OUT from SRC: scan, plan, run work units and shard steps (reusing finished shards), manifest.
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
-    otherwise `cfg.dedup` does, with the options BuildConfig carries.
+    otherwise `cfg.dedup` does, with the options BuildConfig carries. One build (or dedup) at a
+    time per OUT: a second one fails with FolderLocked naming the first.
     """
-    start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
+                          "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
+    with folder_lock(cfg.out, "shardkit build"):
+        return _build(cfg, dedup)
+
+
+def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
+    start = time.perf_counter()
     # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
     # build) only when some shard or row file turns out to need it.
     rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
@@ -324,6 +338,10 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
+    if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
+        raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
+                         f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
+                         "or pass --allow-empty to write an empty dataset")
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
     if b.dedup is not None:  # as `shardkit dedup` of a dataset records it
         removed = len(b.dedup.removed)
@@ -333,13 +351,14 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     for r in results:
         add_stats(stats, r.stats)
     extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=dict(sorted(stats.items())))}
-    manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=b.scanned.classes,
+    classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
+    manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
                         build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra=extra)
     write_manifest(cfg.out, manifest)
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
-                       b.scanned.samples - b.inv.samples, manifest, b.dedup)
+                       b.scanned.samples - b.inv.samples, manifest, b.dedup, b.scanned.notes)
 
 
 def _remove_stale_scan(b: _Plan) -> None:

@@ -7,6 +7,7 @@ bar, and cancels what is left at the first failure. Build and dedup both run thr
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -30,6 +31,47 @@ FORKSERVER_PRELOAD = ["distributed", "numpy", "pyarrow", "pyarrow.ipc", "pyarrow
                       "PIL.PngImagePlugin", "shardkit.build_tasks"]
 RETRIES = 2  # a task that raised is tried this many more times (a worker may have died under it)
 IN_FLIGHT = 2  # tasks queued or running per worker thread: one running, one ready to start
+# OS errors that another try cannot fix: a full disk or quota, no permission, a read-only file system.
+FINAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --debug` lowers it
+
+
+def is_final(error: BaseException) -> bool:
+    """Whether retrying the task that raised `error` is pointless: shardkit's own errors (bad input,
+    config or data) and FINAL_ERRNOS."""
+    from shardkit.errors import ShardkitError
+
+    return isinstance(error, ShardkitError) or (isinstance(error, OSError) and error.errno in FINAL_ERRNOS)
+
+
+class _Final:
+    """A task's final failure, returned instead of raised so that Dask does not retry it."""
+
+    def __init__(self, error: BaseException):
+        import pickle
+
+        try:  # it travels back to the client: keep it whole if it pickles, else its message
+            pickle.loads(pickle.dumps(error))
+            self.error = error
+        except Exception:
+            from shardkit.errors import ShardkitError
+
+            self.error = ShardkitError(f"{type(error).__name__}: {error}")
+
+
+class _Task:
+    """fn wrapped for Dask: failures that a retry cannot fix come back as _Final results."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, item, *shared):
+        try:
+            return self.fn(item, *shared)
+        except Exception as e:
+            if is_final(e):
+                return _Final(e)
+            raise
 
 
 @contextlib.contextmanager
@@ -56,6 +98,9 @@ def dask_client(scheduler: str | None, workers: int | None):
     # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
     # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
     # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
+    # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
+    # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
+    quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
     # Workers are forked from a fork server that has imported Dask and the build's modules once
     # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
     # small build's fixed cost). The server starts with the environment the nanny prepares
@@ -63,7 +108,7 @@ def dask_client(scheduler: str | None, workers: int | None):
     _preload_forkserver()
     with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         silence_logs=logging.WARNING) as cluster, Client(cluster) as client:
+                         silence_logs=quiet) as cluster, Client(cluster) as client:
         yield client
 
 
@@ -160,12 +205,13 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
               check: Callable | None = None, shared: tuple = (), then: Then | None = None) -> list:
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
-    client None: one after another in this process. Else on Dask, `RETRIES` retries per task;
-    `shared` values go to every worker once (not once per task). A PendingClient (a cluster still
-    starting) gets a head start: items run in this process until the cluster is up. `check(result)`
-    may raise to stop the run (e.g. a FailFast result); the first exception cancels the tasks still
-    pending. With `then`, the results are those of `then.fn`, one per group, and `check` and `bar`
-    see those.
+    client None: one after another in this process. Else on Dask, `RETRIES` retries per task for
+    failures that may pass (a worker died, a network file system hiccup), none for those that
+    cannot (is_final: a full disk, no permission, shardkit's own errors); `shared` values go to
+    every worker once (not once per task). A PendingClient (a cluster still starting) gets a head
+    start: items run in this process until the cluster is up. `check(result)` may raise to stop the
+    run (e.g. a FailFast result); the first exception cancels the tasks still pending. With `then`,
+    the results are those of `then.fn`, one per group, and `check` and `bar` see those.
     """
     if isinstance(client, PendingClient) and client.local:
         client = None
@@ -228,8 +274,8 @@ class _Run:
 
     def submit(self, f, key: str, *args):
         self.priority -= 1  # earlier submissions first, also among tasks already on a worker
-        return self.client.submit(f, *args, *self.shared, retries=RETRIES, pure=False, priority=self.priority,
-                                  key=f"{self.name}-{key}-{self.stamp}")
+        return self.client.submit(_Task(f), *args, *self.shared, retries=RETRIES, pure=False,
+                                  priority=self.priority, key=f"{self.name}-{key}-{self.stamp}")
 
     def _then_parts(self, g):
         """The group's item results (values computed here, or futures); None while one still runs here."""
@@ -251,7 +297,7 @@ class _Run:
         parts = self._then_parts(g)
         if parts is None:
             return False
-        future = self.submit(self.then.fn, f"then-{g:06d}", self.then.groups[g], parts)
+        future = self.submit(_Then(self.then.fn), f"then-{g:06d}", self.then.groups[g], parts)
         self.what[future.key] = ("then", g, future)
         self.done.add(future)
         return True
@@ -271,6 +317,8 @@ class _Run:
                 self.busy += 1
 
     def report(self, g, value, bar, check) -> None:
+        if isinstance(value, _Final):
+            raise value.error
         self.results[g] = value
         self.reported.add(g)
         if check is not None:
@@ -325,6 +373,17 @@ class _Run:
             done_here = [g for g in self.local_groups if g not in self.reported]
         for g in done_here:
             self.report(g, self.local_groups[g], bar, check)
+
+
+class _Then:
+    """A group step for Dask: an item's final failure (a _Final) is the group's result, as is."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, group, parts, *shared):
+        failed = next((p for p in parts if isinstance(p, _Final)), None)
+        return failed if failed is not None else self.fn(group, parts, *shared)
 
 
 def _wake(*_shared):

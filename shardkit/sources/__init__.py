@@ -51,6 +51,7 @@ class ScanResult:
     rejections: list[Rejection]
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
 
     @property
     def inputs(self) -> int:
@@ -96,10 +97,10 @@ def scan(cfg: BuildConfig) -> ScanResult:
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     with tempfile.TemporaryDirectory(prefix="shardkit-scan-") as tmp:
         opts = scan_options(cfg, tmp)
-        listing = walk(cfg.src)
+        listing = walk(cfg.src, cfg.out)
         counts = {rf.id: count_rows(rf, opts) for rf in listing.row_files}
         inv = make_inventory(listing, counts, cfg, opts)
-        return ScanResult(records(inv), inv.rejections, inv.classes, inv.kinds)
+        return ScanResult(records(inv), inv.rejections, inv.classes, inv.kinds, inv.notes)
 
 
 def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:

@@ -47,6 +47,7 @@ class Inventory:
     rejections: list[Rejection]
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
 
     @property
     def samples(self) -> int:
@@ -57,11 +58,12 @@ class Inventory:
         return self.samples + len(self.rejections)
 
 
-def _folder_classes(table, row_files, counts, cfg: BuildConfig):
+def _folder_classes(table, listing: W.Listing, counts, cfg: BuildConfig):
     """(class names, atom labels, row-file labels) from first-level folders, only classes in use."""
+    row_files = listing.row_files
     tops = table.column("top").to_pylist() if len(table) else []
     live = [rf for rf in row_files if counts[rf.id].rows]
-    if not cfg.labels or cfg.label_field:
+    if not W.labels_on(cfg.labels, listing.tops, listing.images, listing.top_images) or cfg.label_field:
         return None, np.full(len(tops), -1, np.int32), {rf.id: -1 for rf in row_files}
     names = sorted({t for t in tops if t is not None} | {rf.top for rf in live if rf.top is not None})
     index = {c: i for i, c in enumerate(names)}
@@ -141,7 +143,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id])) for rf in listing.row_files
              if rf.id in blow]
     table = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
-    classes, labels, row_labels = _folder_classes(table, listing.row_files, counts, cfg)
+    classes, labels, row_labels = _folder_classes(table, listing, counts, cfg)
     label_index = None
     if cfg.label_field:
         classes, label_index = _column_classes(parquet, cfg)
@@ -152,7 +154,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
     return Inventory(opts, table, labels, _estimates(table, opts), listing.row_files, counts, row_labels,
                      label_index, O.pieces_in_order(table, blocks), rejections, classes,
-                     _kinds(table, listing.row_files, counts))
+                     _kinds(table, listing.row_files, counts), listing.notes)
 
 
 def _row_kinds(rf: W.RowFile, count: RowCount) -> int:

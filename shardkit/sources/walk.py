@@ -53,6 +53,10 @@ class Listing:
     files: object  # pyarrow.Table, see SCHEMA
     row_files: list[RowFile]
     rejections: list[Rejection] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
+    tops: set[str] = field(default_factory=set)  # first-level folders holding files of samples
+    images: int = 0  # image files seen
+    top_images: int = 0  # … of them directly in SRC (not in a class folder)
 
 
 def schema():
@@ -103,8 +107,31 @@ class _Columns:
         return pa.Table.from_batches(self.batches, schema=schema())
 
 
-def _entries(root: str, rel_dir: str, real_root: str, rejections: list[Rejection], subdirs: list[str]):
+def not_input(folder: str, out: str | None) -> str | None:
+    """Why `folder` (below SRC) holds no input, or None: it is OUT, or a shardkit dataset. Reading
+    either would feed a build's output back into the next build."""
+    if out is not None and os.path.realpath(folder) == os.path.realpath(out):
+        return "the build's output folder (OUT): not read"
+    if os.path.isdir(os.path.join(folder, ".shardkit")) or (
+            os.path.isfile(os.path.join(folder, "manifest.json")) and os.path.isdir(os.path.join(folder, "shards"))):
+        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+    return None
+
+
+def labels_on(setting: bool | None, subfolders: set[str], images: int, top_images: int) -> bool:
+    """--labels/--no-labels, else whether SRC has class subfolders: two or more first-level subfolders
+    hold samples, or one holds every image (an image folder of one class). A text corpus kept in
+    one folder (corpus/docs/*.txt) gets no labels."""
+    if setting is not None:
+        return setting
+    if len(subfolders) >= 2:
+        return True
+    return len(subfolders) == 1 and images > 0 and top_images == 0
+
+
+def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs: list[str], out: str | None):
     """(relpath, stat) of the regular files of one folder, sorted; subfolders to visit go to `subdirs`."""
+    rejections = listing.rejections
     full_dir = os.path.join(root, rel_dir) if rel_dir else root
     try:
         entries = sorted(os.scandir(full_dir), key=lambda e: e.name)
@@ -119,7 +146,11 @@ def _entries(root: str, rel_dir: str, real_root: str, rejections: list[Rejection
                 rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
             elif entry.is_symlink():
                 rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
+            elif reason := not_input(entry.path, out):
+                rejections.append(Rejection(rel + "/", "source", reason))
             else:
+                if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
+                    listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
                 subdirs.append(rel)
             continue
         if entry.name.startswith("."):
@@ -157,27 +188,35 @@ def _group(stem: str, files: list, cols: _Columns, rejections: list[Rejection]) 
              kinds=kinds, stamp=stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
 
 
-def walk(root: str, skip=lambda rel: False) -> Listing:
-    """List SRC: file samples (unsorted Arrow table), row files, rejections. `skip(rel_dir)` leaves a
-    folder out (e.g. OUT inside SRC)."""
+def walk(root: str, out: str | None = None) -> Listing:
+    """List SRC: file samples (unsorted Arrow table), row files, rejections. OUT, when inside SRC, and
+    shardkit datasets below SRC are left out (counted rejections)."""
     real_root = os.path.realpath(root)
-    rejections: list[Rejection] = []
-    cols, row_files, todo = _Columns(), [], [""]
+    listing = Listing(None, [])
+    cols, todo = _Columns(), [""]
     while todo:
         rel_dir = todo.pop()
         subdirs: list[str] = []
         groups: dict[str, list] = {}
-        for rel, st in _entries(root, rel_dir, real_root, rejections, subdirs):
+        for rel, st in _entries(root, rel_dir, real_root, listing, subdirs, out):
             stem, ext = os.path.splitext(rel)
             ext = ext.lower()
             if ext not in KNOWN_EXTS:
-                rejections.append(Rejection(rel, "source", f"unsupported extension: {ext or '(none)'!r}"))
-            elif ext in ROW_EXTS:
-                row_files.append(RowFile(len(row_files), rel, "jsonl" if ext in JSONL_EXTS else "parquet",
-                                         st.st_size, st.st_mtime_ns, make_key(stem), top_folder(rel)))
-            else:
-                groups.setdefault(stem, []).append((rel, ext, st))
+                listing.rejections.append(Rejection(rel, "source", f"unsupported extension: {ext or '(none)'!r}"))
+                continue
+            if rel_dir:
+                listing.tops.add(rel.split("/", 1)[0])
+            if ext in ROW_EXTS:
+                listing.row_files.append(RowFile(len(listing.row_files), rel, "jsonl" if ext in JSONL_EXTS
+                                                 else "parquet", st.st_size, st.st_mtime_ns, make_key(stem),
+                                                 top_folder(rel)))
+                continue
+            if ext in IMAGE_EXTS:
+                listing.images += 1
+                listing.top_images += not rel_dir
+            groups.setdefault(stem, []).append((rel, ext, st))
         for stem in sorted(groups):
-            _group(stem, groups[stem], cols, rejections)
-        todo.extend(d for d in reversed(subdirs) if not skip(d))
-    return Listing(cols.table(), row_files, rejections)
+            _group(stem, groups[stem], cols, listing.rejections)
+        todo.extend(reversed(subdirs))
+    listing.files = cols.table()
+    return listing

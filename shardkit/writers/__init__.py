@@ -1,7 +1,8 @@
 """Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS.
 
 Each format has two entry points with the same bytes out: from Samples (`get_writer`) and from a
-samples table, the Arrow form build tasks hand each other (`get_table_writer`).
+samples table, the Arrow form build tasks hand each other (`get_table_writer`). A dataset of packed
+token rows has its own layout per format (writers/tokens.py), written from Samples.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 def _writers():
     from shardkit.writers.parquet import write_parquet, write_parquet_table
     from shardkit.writers.tar import write_tar, write_tar_table
+    from shardkit.writers.tokens import packed_or, write_rows_parquet, write_rows_tar
 
-    return {"tar": (write_tar, write_tar_table), "parquet": (write_parquet, write_parquet_table)}
+    return {"tar": (packed_or(write_tar, write_rows_tar), write_tar_table),
+            "parquet": (packed_or(write_parquet, write_rows_parquet), write_parquet_table)}
 
 
 def _lookup(fmt: str):
@@ -27,5 +30,6 @@ def get_writer(fmt: str):
 
 
 def get_table_writer(fmt: str):
-    """The writer of a samples table (writers.parquet.samples_table) for a shard format."""
+    """The writer of a samples table (writers.parquet.samples_table) for a shard format (not for packed
+    token rows: they are written from Samples)."""
     return _lookup(fmt)[1]

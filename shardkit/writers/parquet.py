@@ -6,9 +6,10 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import ShardInfo, fixed_nbytes, shard_relpath
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes, shard_relpath
 
-ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
+ROW_GROUP_BYTES = 4 * 2**20
+SOURCE_COLUMN = "__source__"  # a few MB: large enough for columnar reads, small enough to stream
 
 
 def arrow_type(spec: dict):
@@ -35,28 +36,33 @@ def _column_value(spec: dict, value):
 
 
 def samples_table(samples, fields: dict):
-    """`samples` (sorted by key) as an Arrow table: __key__, then one nullable column per field, sorted.
+    """`samples` (sorted by key) as an Arrow table: __key__, then per field (sorted) a nullable column
+    and its `<field>.xxh3` column, the checksum of every stored value (null where the value is).
 
     The same columns serve Parquet shards and the build's work-unit files, so a shard assembled from
-    units holds exactly the bytes a shard written in one go would."""
+    units holds exactly the bytes a shard written in one go would (and the units compute the sums)."""
     import pyarrow as pa
 
     samples = list(samples)
     columns = {"__key__": pa.array([s.key for s in samples], pa.string())}
     for name in sorted(fields):
         spec = fields[name]
-        columns[name] = pa.array([_column_value(spec, s.fields.get(name)) for s in samples], arrow_type(spec))
+        values = [_column_value(spec, s.fields.get(name)) for s in samples]
+        columns[name] = pa.array(values, arrow_type(spec))
+        columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
     return pa.table(columns)
 
 
 def table_samples(table, fields: dict) -> list:
-    """The inverse of samples_table: Samples with the same field values (absent where null)."""
+    """The inverse of samples_table: Samples with the same field values (absent where null), and
+    their sources when the table has a SOURCE_COLUMN (work units that hand samples on, not shards)."""
     from shardkit.sample import Sample
 
-    columns = {name: table.column(name).to_pylist() for name in sorted(fields)}
+    columns = {name: table.column(name).to_pylist() for name in sorted(fields)}  # the sums are left out
+    sources = table.column(SOURCE_COLUMN).to_pylist() if SOURCE_COLUMN in table.column_names else None
     out = []
     for i, key in enumerate(table.column("__key__").to_pylist()):
-        sample = Sample(key)
+        sample = Sample(key, meta={} if sources is None else {"source": sources[i]})
         for name, values in columns.items():
             if values[i] is not None:
                 sample.fields[name] = json.loads(values[i]) if fields[name]["kind"] == "json" else values[i]
@@ -65,12 +71,18 @@ def table_samples(table, fields: dict) -> list:
 
 
 def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
-    """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column."""
+    """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column.
+
+    Each field column has a `<field>.xxh3` column beside it: the checksum of every stored value
+    (null where the value is), checked by readers on the values they read, however they read
+    them. Pages carry CRCs too (the Parquet standard's), for readers that check those.
+    """
     return write_parquet_table(samples_table(samples, fields), root, shard_id, fields)
 
 
 def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: bool = True) -> ShardInfo:
-    """Write a samples_table (possibly concatenated from several) as shard `shard_id`."""
+    """Write a samples_table (possibly concatenated from several) as shard `shard_id`; durable=False
+    leaves the fsync to the caller."""
     import pyarrow.parquet as pq
 
     rel = shard_relpath(shard_id, "parquet")
@@ -82,7 +94,9 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
     compression["__key__"] = "zstd"
+    compression.update({n + CHECKSUM_SUFFIX: "none" for n in names})  # random bits: nothing to gain
     path = os.path.join(root, rel)
     with atomic_writer(path, durable=durable) as out:
-        pq.write_table(table, out, row_group_size=rows_per_group, compression=compression)
+        pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
+                       write_page_checksum=True)
     return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path))
