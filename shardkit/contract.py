@@ -15,6 +15,15 @@ FIELD_KINDS = ("image", "bytes", "array", "tokens", "int", "text", "json")
 IMAGE_FIELD = {"jpeg": "jpg", "png": "png", "webp": "webp", "raw": "raw"}
 IMAGE_FIELDS = ("raw", "jpg", "png", "webp")
 SHARD_SUFFIX = {"tar": ".tar", "parquet": ".parquet"}
+# Where each sample came from, beside its fields (never a tar member, never a manifest field): the
+# input's path relative to the raw folder, and its line (1-based, .jsonl) or row (0-based, .parquet),
+# null for whole files. Columns of the Parquet shard and of the tar index sidecar.
+SOURCE_COLUMN, SOURCE_ROW_COLUMN = "__source__", "__source_row__"
+
+
+def sample_source(meta: dict) -> tuple[str | None, int | None]:
+    """(path, line or row) of a sample from its meta, as the builders record it."""
+    return meta.get("source_path"), meta.get("source_row")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
-from shardkit.tasks import dask_client, progress_bar, run_tasks
+from shardkit.dedup_engine import dedup_records, estimate_seconds
+from shardkit.stages.dedup.report import dedup_record, write_report
+from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
 from shardkit.writers import get_writer
 
 log = logging.getLogger("shardkit.build")
@@ -118,7 +120,9 @@ def plan_shards(records: list[InputRecord], cfg: BuildConfig) -> list[ShardPlan]
 def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
     """The manifest's field specs, known before any task runs so every shard has the same schema."""
     fields = {}
-    if "image" in result.kinds:
+    if "image" in result.kinds and cfg.encode == "keep":  # each input's own bytes, under its own extension
+        fields.update({ext: {"kind": "image", "encoding": "keep"} for ext in sorted(result.image_exts)})
+    elif "image" in result.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
             spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
@@ -235,12 +239,10 @@ def _check_result(result: ShardResult) -> None:
         raise FailFast(result.failed)
 
 
-def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar) -> list[ShardResult]:
-    if not todo:
-        return []
-    with dask_client(cfg.scheduler, cfg.workers) as client:  # workers=0: in-process, for debugging
-        return run_tasks(build_shard, todo, client=client, bar=bar, name=f"build-shard-{config_hash}",
-                         check=_check_result, shared=(cfg, fields, config_hash))
+def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar,
+               client) -> list[ShardResult]:
+    return run_tasks(build_shard, todo, client=client, bar=bar, name=f"build-shard-{config_hash}",
+                     check=_check_result, shared=(cfg, fields, config_hash))
 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
@@ -252,13 +254,20 @@ def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> No
             os.remove(os.path.join(done_dir, name))
 
 
-def _dedup(records: list[InputRecord], cfg: BuildConfig, dcfg: DedupConfig):
-    """`--dedup`: drop near-duplicate records before shards are assigned; the report goes to OUT/dedup/.
-    Returns (kept records, DedupResult)."""
-    from shardkit.dedup_job import dedup_records
+def _dedup(records: list[InputRecord], cfg: BuildConfig, dcfg: DedupConfig, client):
+    """The dedup step: drop duplicate records before shards are assigned. Returns (kept, DedupResult)."""
+    keep, result = dedup_records(records, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    return [r for r, k in zip(records, keep.tolist()) if k], result
 
-    with dask_client(cfg.scheduler, cfg.workers) as client:
-        return dedup_records(records, cfg.src, cfg.out, dcfg, client)
+
+def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
+    """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
+    encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
+        f" q{cfg.quality}" if cfg.encode in ("jpeg", "webp") else "") + (
+        f", {cfg.resize_mode} {cfg.image_size}" if cfg.image_size else "")
+    result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
+                                "images": encode, "rejected_by_build": rejected}
+    write_report(os.path.join(cfg.out, "dedup"), result)
 
 
 def _scan(cfg: BuildConfig) -> ScanResult:
@@ -278,18 +287,30 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest.
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
-    otherwise `cfg.dedup` does, with the options BuildConfig carries.
+    otherwise `cfg.dedup` does, with the options BuildConfig carries. One client serves every
+    stage; it starts only if a stage has tasks to run and the work can pay for it.
     """
     from dataclasses import replace
 
     start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     scanned = _scan(cfg)
+    dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
+    # A dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
+    execution = plan_execution(cfg.scheduler, cfg.workers,
+                               None if dcfg is None else estimate_seconds(scanned.records, cfg.encode))
+    with lazy_client(cfg.scheduler, execution.workers) as client:
+        return _build(cfg, scanned, dcfg, execution, client, start)
+
+
+def _build(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, execution, client,
+           start: float) -> BuildResult:
+    from dataclasses import replace
+
     records, dedup_result = scanned.records, None
-    if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
-        dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
-                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
-        records, dedup_result = _dedup(records, cfg, dcfg)
+    if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+        records, dedup_result = _dedup(records, cfg, dcfg, client)
+        dedup_result.summary["execution"].update(execution.record())
     kept = replace(scanned, records=records)
     fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
     tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
@@ -304,7 +325,7 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     todo = [p for p in plans if p.id not in reused]
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
     with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard", enabled=cfg.progress) as bar:
-        results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar)
+        results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar, client)
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]
     rejections = sorted(scanned.rejections + [x for r in results for x in r.rejections],
@@ -314,15 +335,15 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     build_record = {"config": cfg.recorded(), "hash": config_hash}
-    if dedup_result is not None:  # as `shardkit dedup` of a dataset records it
-        removed = len(dedup_result.removed)
-        build_record["dedup"] = {"config": dedup_result.summary["parameters"], "source_samples": samples + removed,
-                                 "removed": removed, "report": "dedup/summary.json"}
+    if dedup_result is not None:
+        build_record["dedup"] = dedup_record(dedup_result.summary, samples)
     manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
                         build=build_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
     write_manifest(cfg.out, manifest)
+    if dedup_result is not None:
+        _finish_dedup(cfg, dedup_result, manifest, len(rejections) - len(scanned.rejections))
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
                        len(scanned.records) - len(records), manifest, dedup_result)

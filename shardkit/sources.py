@@ -46,6 +46,7 @@ class ScanResult:
     rejections: list[Rejection]
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)  # 'image', 'txt', 'json' seen among the records
+    image_exts: set[str] = field(default_factory=set)  # image extensions seen ('jpg', 'png', …), lowercase
 
     @property
     def inputs(self) -> int:
@@ -141,7 +142,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
     def label(rel: str):
         return class_index.get(rel.split("/", 1)[0]) if cfg.labels and "/" in rel else None
 
-    records, kinds = [], set()
+    records, kinds, image_exts = [], set(), set()
     for (_, stem), files in groups.items():
         files.sort()
         exts = [e for _, e, _ in files]
@@ -155,6 +156,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
             continue
         kinds |= {"image" if e in IMAGE_EXTS else "txt" if e in TEXT_EXTS else "array" if e in ARRAY_EXTS
                   else "json" for e in exts}
+        image_exts |= {e[1:] for e in exts if e in IMAGE_EXTS}
         # The image (or the text) leads: its path is the record's source in reports.
         files.sort(key=lambda t: (t[1] not in IMAGE_EXTS, t[1] not in TEXT_EXTS, t[0]))
         records.append(InputRecord(
@@ -179,7 +181,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         remap = {old: new for new, old in enumerate(used)}
         records = [InputRecord(r.key, r.files, remap.get(r.label), r.size, r.stamp, r.line) for r in records]
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
-    return ScanResult(records, rejections, classes, kinds)
+    return ScanResult(records, rejections, classes, kinds, image_exts)
 
 
 def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
@@ -199,7 +201,8 @@ def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
     fields = {"txt": value}
     if obj:
         fields["json"] = obj
-    return Sample(rec.key, fields, {"source": rec.source, "utf8_replaced": replaced})
+    return Sample(rec.key, fields, {"source": rec.source, "source_path": rec.files[0], "source_row": rec.line[0],
+                                    "utf8_replaced": replaced})
 
 
 def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample:
@@ -208,13 +211,14 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample
         if rec.line is not None:
             sample = _read_jsonl_line(root, rec, text_field)
         else:
-            sample = Sample(rec.key, {}, {"source": rec.source, "utf8_replaced": 0})
+            sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:
                 ext = os.path.splitext(rel)[1].lower()
                 with open(os.path.join(root, rel), "rb") as f:
                     data = f.read()
                 if ext in IMAGE_EXTS:
                     sample.fields["image"] = data
+                    sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
                 elif ext in TEXT_EXTS:
                     sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
                 elif ext in ARRAY_EXTS:

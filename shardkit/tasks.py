@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
@@ -47,6 +48,76 @@ def dask_client(scheduler: str | None, workers: int | None):
         yield client
 
 
+# Seconds an embedded cluster costs before its first task runs and after its last (start-up,
+# worker imports, close), measured at 2-2.5 s on a loaded 2-core machine: the work a cluster of n
+# workers saves, seconds x (1 - 1/n), must exceed this for the cluster to pay off.
+CLUSTER_START_SECONDS = 2.5
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where a job's tasks run, and why (recorded in reports)."""
+
+    mode: str  # "in-process", "embedded cluster" or "cluster"
+    workers: int | None  # for dask_client: 0 in-process, None one per core
+    reason: str
+
+    def record(self) -> dict:
+        n = self.workers if self.workers else (1 if self.workers == 0 else max(1, os.cpu_count() or 1))
+        return {"mode": self.mode, "workers": n, "reason": self.reason}
+
+
+def plan_execution(scheduler: str | None, workers: int | None, work_seconds: float | None) -> Execution:
+    """In-process below the size where an embedded cluster cannot pay for its start; else a cluster.
+
+    An address (`--scheduler`) and an explicit worker count are obeyed; only the default (workers
+    None) is decided from `work_seconds`, the job's estimated single-process time (None: unknown).
+    """
+    if scheduler:
+        return Execution("cluster", workers, f"--scheduler {scheduler}")
+    if workers == 0:
+        return Execution("in-process", 0, "--workers 0")
+    if workers is not None:
+        return Execution("embedded cluster", workers, f"--workers {workers}")
+    n = max(1, os.cpu_count() or 1)
+    if work_seconds is None:
+        return Execution("embedded cluster", None, f"one worker per core ({n})")
+    saved = work_seconds * (1 - 1 / n)
+    if saved <= CLUSTER_START_SECONDS:
+        return Execution("in-process", 0, f"about {work_seconds:.1f} s of work: {n} workers would save "
+                         f"{saved:.1f} s, less than the {CLUSTER_START_SECONDS} s a cluster takes to start")
+    return Execution("embedded cluster", None, f"about {work_seconds:.1f} s of work: {n} workers save ~{saved:.1f} s, "
+                     f"more than the {CLUSTER_START_SECONDS} s a cluster takes to start")
+
+
+class LazyClient:
+    """A Dask client started on first use, or never: a job whose stages all run in-process or are
+    all reused from an earlier run pays no cluster start. Pass it as `client=` to run_tasks."""
+
+    def __init__(self, scheduler: str | None, workers: int | None):
+        self.scheduler, self.workers = scheduler, workers
+        self._stack, self._client, self.started = contextlib.ExitStack(), None, False
+
+    def get(self):
+        if not self.started:
+            self._client = self._stack.enter_context(dask_client(self.scheduler, self.workers))
+            self.started = True
+        return self._client
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def lazy_client(scheduler: str | None, workers: int | None):
+    """A LazyClient, closed (with its cluster, if it started one) on exit."""
+    client = LazyClient(scheduler, workers)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
     """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False)."""
     from tqdm.auto import tqdm
@@ -58,11 +129,14 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
               check: Callable | None = None, shared: tuple = ()) -> list:
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
-    client None: one after another in this process. Else on Dask, `RETRIES` retries per task;
+    client None: one after another in this process. Else on Dask (a LazyClient starts its cluster
+    here, when there is a task to run), `RETRIES` retries per task;
     `shared` values go to every worker once (not once per task). `check(result)` may raise to stop
     the run (e.g. a FailFast result); the first exception cancels the tasks still pending.
     """
     results: list = [None] * len(items)
+    if isinstance(client, LazyClient):
+        client = client.get() if items else None
     if client is None:
         for i, item in enumerate(items):
             results[i] = fn(item, *shared)

@@ -20,6 +20,17 @@ def encode_value(spec: dict, value: Any) -> bytes:
     raise ValueError(f"unknown field kind {kind!r}; expected image, bytes, array, tokens, int, text or json")
 
 
+def source_columns(samples) -> dict:
+    """The `__source__` / `__source_row__` columns (contract.SOURCE_COLUMN): each sample's input
+    path and its line or row, null where a sample has none (e.g. packed token rows)."""
+    import pyarrow as pa
+
+    from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN, sample_source
+
+    paths, rows = zip(*(sample_source(s.meta) for s in samples)) if samples else ((), ())
+    return {SOURCE_COLUMN: pa.array(paths, pa.string()), SOURCE_ROW_COLUMN: pa.array(rows, pa.int64())}
+
+
 def _writers():
     from shardkit.writers.parquet import write_parquet
     from shardkit.writers.tar import write_tar

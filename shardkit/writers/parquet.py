@@ -6,7 +6,8 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import ShardInfo, fixed_nbytes, shard_relpath
+from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, fixed_nbytes, shard_relpath
+from shardkit.writers import source_columns
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
@@ -47,13 +48,14 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
         spec = fields[name]
         values = [_column_value(spec, s.fields.get(name)) for s in samples]
         columns[name] = pa.array(values, arrow_type(spec))
+    columns.update(source_columns(samples))
     table = pa.table(columns)
     row_bytes = max(1, table.nbytes // max(1, len(samples)))
     rows_per_group = max(1, min(len(samples), ROW_GROUP_BYTES // row_bytes))
     # Encoded media is already compressed: zstd there costs CPU on every read for nothing.
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
-    compression["__key__"] = "zstd"
+    compression.update({"__key__": "zstd", SOURCE_COLUMN: "zstd", SOURCE_ROW_COLUMN: "zstd"})
     path = os.path.join(root, rel)
     with atomic_writer(path) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression)

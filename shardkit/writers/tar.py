@@ -8,7 +8,7 @@ import tarfile
 
 from shardkit.fs import atomic_writer, sha256_file
 from shardkit.contract import ShardInfo, shard_relpath
-from shardkit.writers import encode_value
+from shardkit.writers import encode_value, source_columns
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
@@ -42,13 +42,15 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo.
 
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
-    sample lacks the field) lets readers slice members out of the shard without parsing headers.
+    sample lacks the field, then each sample's source) lets readers slice members out of the
+    shard without parsing headers.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rel = shard_relpath(shard_id, "tar")
     names = sorted(fields)
+    samples = list(samples)
     keys: list[str] = []
     offsets = {n: [] for n in names}
     sizes = {n: [] for n in names}
@@ -74,6 +76,7 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     for name in names:
         columns[f"{name}.offset"] = pa.array(offsets[name], pa.int64())
         columns[f"{name}.size"] = pa.array(sizes[name], pa.int64())
+    columns.update(source_columns(samples))
     index_rel = rel + ".idx.parquet"
     with atomic_writer(os.path.join(root, index_rel)) as out:
         pq.write_table(pa.table(columns), out, compression="zstd")

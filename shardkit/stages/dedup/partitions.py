@@ -1,0 +1,128 @@
+"""The corpus as a set of partition files: global ids → (partition, row), gathered by memory map.
+
+A task opens the files it needs and reads only the rows or the bucket range it asks for; nothing
+here loads a whole partition, let alone the corpus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardkit.stages.dedup.signatures import BAND_ENTRY, EXACT_ENTRY, IMAGE_ENTRY
+from shardkit.stages.dedup.store import ArrayFile, unpack_strings
+
+ENTRY_DTYPES = {"exact": EXACT_ENTRY, "text": BAND_ENTRY, "image": IMAGE_ENTRY}
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    """One signature partition: its file, its band file (for the current LSH parameters), its first id."""
+
+    path: str
+    bands_path: str
+    base: int
+    rows: int
+
+
+class PartitionSet:
+    """Read access to every partition by global id (picklable: files open lazily in each process)."""
+
+    def __init__(self, refs: list[PartitionRef]):
+        self.refs = list(refs)
+        self.bases = np.array([r.base for r in self.refs] + [self.total], np.int64)
+        self._open: dict[tuple[int, str], ArrayFile] = {}
+
+    @property
+    def total(self) -> int:
+        return (self.refs[-1].base + self.refs[-1].rows) if self.refs else 0
+
+    def __getstate__(self):
+        return {"refs": self.refs}
+
+    def __setstate__(self, state):
+        self.__init__(state["refs"])
+
+    def file(self, i: int, which: str = "sig") -> ArrayFile:
+        key = (i, which)
+        if key not in self._open:
+            ref = self.refs[i]
+            self._open[key] = ArrayFile(ref.path if which == "sig" else ref.bands_path)
+        return self._open[key]
+
+    def _groups(self, ids: np.ndarray):
+        """(partition, positions in ids, local rows) for the partitions the ids fall in."""
+        part = np.searchsorted(self.bases, ids, side="right") - 1
+        order = np.argsort(part, kind="stable")
+        starts = np.flatnonzero(np.concatenate([[True], part[order][1:] != part[order][:-1]])) if len(ids) else []
+        for s, e in zip(list(starts), list(starts[1:]) + [len(ids)]):
+            sel = order[s:e]
+            p = int(part[sel[0]])
+            yield p, sel, ids[sel] - self.refs[p].base
+
+    def column(self, name: str, ids) -> np.ndarray:
+        """Values of a per-row array (kind, digests, image_hashes, source_rows, …) at global ids."""
+        ids = np.asarray(ids, np.int64)
+        out = None
+        for p, sel, rows in self._groups(ids):
+            arr = self.file(p)[name]
+            if out is None:
+                out = np.empty((len(ids),) + arr.shape[1:], arr.dtype)
+            out[sel] = arr[rows]
+        return out if out is not None else np.empty(0)
+
+    def signatures(self, ids) -> np.ndarray:
+        """MinHash signatures of compared text documents at global ids."""
+        ids = np.asarray(ids, np.int64)
+        out = None
+        for p, sel, rows in self._groups(ids):
+            f = self.file(p)
+            sig = f["signatures"]
+            if out is None:
+                out = np.empty((len(ids), sig.shape[1]), sig.dtype)
+            out[sel] = sig[np.asarray(f["sig_row"][rows], np.int64)]
+        return out if out is not None else np.empty((0, 0), np.uint32)
+
+    def sets(self, ids) -> list[np.ndarray]:
+        """Shingle-hash sets (stored with --verify) of compared text documents at global ids."""
+        ids = np.asarray(ids, np.int64)
+        out: list = [None] * len(ids)
+        for p, sel, rows in self._groups(ids):
+            f = self.file(p)
+            sig_rows = np.asarray(f["sig_row"][rows], np.int64)
+            offsets, values = f["set_offsets"], f["set_values"]
+            for k, r in zip(sel.tolist(), sig_rows.tolist()):
+                out[k] = np.asarray(values[offsets[r]:offsets[r + 1]])
+        return out
+
+    def strings(self, name: str, ids) -> list[str]:
+        """Keys or sources at global ids."""
+        ids = np.asarray(ids, np.int64)
+        out: list = [None] * len(ids)
+        for p, sel, rows in self._groups(ids):
+            f = self.file(p)
+            for k, v in zip(sel.tolist(), unpack_strings(f[f"{name}.data"], f[f"{name}.offsets"], rows)):
+                out[k] = v
+        return out
+
+    def entries(self, which: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Entries of every partition whose mixed hash lies in [lo, hi): (entries, their global ids).
+
+        `which` is 'exact' (in the signature file) or 'text' / 'image' (in the band file).
+        """
+        parts, ids = [], []
+        for i, ref in enumerate(self.refs):
+            arr = self.file(i, "sig" if which == "exact" else "bands")[which]
+            if not len(arr):
+                continue
+            h = arr["h"]
+            a = int(np.searchsorted(h, np.uint64(lo))) if lo else 0
+            b = int(np.searchsorted(h, np.uint64(hi))) if hi < 2**64 else len(arr)
+            if b > a:
+                chunk = np.array(arr[a:b])
+                parts.append(chunk)
+                ids.append(chunk["row"].astype(np.int64) + ref.base)
+        if not parts:
+            return np.empty(0, ENTRY_DTYPES[which]), np.empty(0, np.int64)
+        return np.concatenate(parts), np.concatenate(ids)
