@@ -191,7 +191,10 @@ def optimal_lsh_params(threshold: float, num_perm: int, weights: tuple[float, fl
     return _optimal_param(threshold, num_perm, *weights)
 
 
-def min_shingles(threshold: float, cap: int = 32) -> int:
+MAX_MIN_SHINGLES = 32  # the most distinct shingles ever required (thresholds above ~0.97)
+
+
+def min_shingles(threshold: float, cap: int = MAX_MIN_SHINGLES) -> int:
     """Fewest distinct shingles a document needs to be compared by similarity.
 
     Two different sets of s shingles reach Jaccard t only if s >= t / (1 - t) (one set inside

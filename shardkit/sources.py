@@ -188,7 +188,11 @@ def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
     _, offset, length = rec.line
     with open(os.path.join(root, rec.files[0]), "rb") as f:
         f.seek(offset)
-        text, replaced = decode_text(f.read(length))
+        return _jsonl_sample(rec, f.read(length), text_field)
+
+
+def _jsonl_sample(rec: InputRecord, data: bytes, text_field: str) -> Sample:
+    text, replaced = decode_text(data)
     try:
         obj = json.loads(text)
     except ValueError as e:
@@ -201,33 +205,73 @@ def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:
     fields = {"txt": value}
     if obj:
         fields["json"] = obj
+    if rec.label is not None:
+        fields["cls"] = rec.label
     return Sample(rec.key, fields, {"source": rec.source, "source_path": rec.files[0], "source_row": rec.line[0],
                                     "utf8_replaced": replaced})
+
+
+def _jsonl_run(records: list[InputRecord], i: int) -> int:
+    """End of the run of records from the same .jsonl file that starts at i."""
+    j = i
+    while j < len(records) and records[j].line is not None and records[j].files[0] == records[i].files[0]:
+        j += 1
+    return j
+
+
+def read_records(root: str, records: list[InputRecord], text_field: str = "text"):
+    """(record, Sample or RejectedInput) for each record, in order. The lines of one .jsonl file
+    that follow each other are read with one open and one read, not one per line."""
+    i = 0
+    while i < len(records):
+        if records[i].line is None:
+            try:
+                yield records[i], read_record(root, records[i], text_field)
+            except RejectedInput as e:
+                yield records[i], e
+            i += 1
+            continue
+        j = _jsonl_run(records, i)
+        lo, hi = records[i].line[1], max(r.line[1] + r.line[2] for r in records[i:j])
+        try:
+            with open(os.path.join(root, records[i].files[0]), "rb") as f:
+                f.seek(lo)
+                span = f.read(hi - lo)
+        except OSError as e:
+            span, error = None, RejectedInput(f"unreadable: {e.strerror or e}")
+        for rec in records[i:j]:
+            if span is None:
+                yield rec, error
+                continue
+            try:
+                yield rec, _jsonl_sample(rec, span[rec.line[1] - lo:rec.line[1] - lo + rec.line[2]], text_field)
+            except RejectedInput as e:
+                yield rec, e
+        i = j
 
 
 def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample:
     """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls."""
     try:
         if rec.line is not None:
-            sample = _read_jsonl_line(root, rec, text_field)
-        else:
-            sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
-            for rel in rec.files:
-                ext = os.path.splitext(rel)[1].lower()
-                with open(os.path.join(root, rel), "rb") as f:
-                    data = f.read()
-                if ext in IMAGE_EXTS:
-                    sample.fields["image"] = data
-                    sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
-                elif ext in TEXT_EXTS:
-                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
-                elif ext in ARRAY_EXTS:
-                    sample.fields["array"] = data  # .npy bytes; the array stage parses them
-                else:
-                    try:
-                        sample.fields["json"] = json.loads(data)
-                    except ValueError as e:
-                        raise RejectedInput(f"invalid JSON sidecar {rel!r}: {e}") from None
+            return _read_jsonl_line(root, rec, text_field)
+        sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
+        for rel in rec.files:
+            ext = os.path.splitext(rel)[1].lower()
+            with open(os.path.join(root, rel), "rb") as f:
+                data = f.read()
+            if ext in IMAGE_EXTS:
+                sample.fields["image"] = data
+                sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
+            elif ext in TEXT_EXTS:
+                sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
+            elif ext in ARRAY_EXTS:
+                sample.fields["array"] = data  # .npy bytes; the array stage parses them
+            else:
+                try:
+                    sample.fields["json"] = json.loads(data)
+                except ValueError as e:
+                    raise RejectedInput(f"invalid JSON sidecar {rel!r}: {e}") from None
     except OSError as e:
         raise RejectedInput(f"unreadable: {e.strerror or e}") from None
     if rec.label is not None:

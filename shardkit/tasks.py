@@ -107,6 +107,11 @@ class LazyClient:
     def close(self) -> None:
         self._stack.close()
 
+    def unless_few(self, tasks: int, few: int = 4):
+        """This client, or None (run in this process) for a handful of short tasks while no cluster
+        is up yet: e.g. a rerun that reuses every signature file starts no cluster for its buckets."""
+        return self if self.started or tasks > few else None
+
 
 @contextlib.contextmanager
 def lazy_client(scheduler: str | None, workers: int | None):

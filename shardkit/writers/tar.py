@@ -14,7 +14,7 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
 
 
-def _header(name: str, size: int) -> bytes:
+def _tarfile_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
     # Fixed metadata: two builds of the same input must give byte-identical shards.
@@ -24,6 +24,23 @@ def _header(name: str, size: int) -> bytes:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "strict")
+
+
+# Every header differs from this one only in its name, size and checksum fields: filling them in
+# costs ~3 us where tarfile's TarInfo.tobuf costs ~50 (a third of a small text sample's build time).
+_TEMPLATE = _tarfile_header("", 0)
+_BASE_SUM = sum(_TEMPLATE[:124]) + sum(_TEMPLATE[136:148]) + 8 * 32 + sum(_TEMPLATE[156:])
+
+
+def _header(name: str, size: int) -> bytes:
+    """The GNU tar header tarfile writes for a regular member with shardkit's fixed metadata."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100 or size >= 8**11:  # a long-name block or a base-256 size: tarfile's own code
+        return _tarfile_header(name, size)
+    size_field = b"%011o\0" % size
+    checksum = _BASE_SUM + sum(raw) + sum(size_field)
+    return b"".join((raw, bytes(100 - len(raw)), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
+                     b"%06o\0 " % checksum, _TEMPLATE[156:]))
 
 
 class _HashingFile:

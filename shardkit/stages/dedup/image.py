@@ -80,11 +80,15 @@ def _bits_to_int(bits: np.ndarray) -> int:
     return int.from_bytes(np.packbits(bits.astype(np.uint8).ravel()).tobytes(), "big")
 
 
+def _grey_float(img):
+    return (img if img.mode == "L" else img.convert("L")).convert("F")
+
+
 def dhash(img) -> int:
     """64-bit difference hash: is each pixel of a 9x8 grey thumbnail brighter than its right neighbour."""
     from PIL import Image
 
-    small = np.asarray(img.convert("L").resize((9, 8), Image.Resampling.LANCZOS), dtype=np.int16)
+    small = np.asarray(_grey_float(img).resize((9, 8), Image.Resampling.LANCZOS), dtype=np.float64)
     return _bits_to_int(small[:, 1:] > small[:, :-1])
 
 
@@ -102,7 +106,9 @@ def phash(img) -> int:
     """64-bit perceptual hash: signs of the 8x8 lowest DCT frequencies of a 32x32 grey thumbnail vs their median."""
     from PIL import Image
 
-    small = np.asarray(img.convert("L").resize((32, 32), Image.Resampling.LANCZOS), dtype=np.float64)
+    # Resized in float ("F"): a thumbnail rounded to 8 bits moves coefficients near the median
+    # across it, 1-2 bits of distance for a re-encoded or cropped copy.
+    small = np.asarray(_grey_float(img).resize((32, 32), Image.Resampling.LANCZOS), dtype=np.float64)
     low = (_DCT32 @ small @ _DCT32.T)[:8, :8]
     return _bits_to_int(low > np.median(low.ravel()[1:]))  # DC left out of the median: it is the mean
 

@@ -1,4 +1,4 @@
-"""The corpus as a set of partition files: global ids → (partition, row), gathered by memory map.
+"""The corpus as a set of partition files: global ids → (partition, row), gathered by positioned reads.
 
 A task opens the files it needs and reads only the rows or the bucket range it asks for; nothing
 here loads a whole partition, let alone the corpus.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.stages.dedup.signatures import BAND_ENTRY, EXACT_ENTRY, IMAGE_ENTRY
-from shardkit.stages.dedup.store import ArrayFile, unpack_strings
+from shardkit.stages.dedup.store import ArrayFile, read_strings
 
 ENTRY_DTYPES = {"exact": EXACT_ENTRY, "text": BAND_ENTRY, "image": IMAGE_ENTRY}
 
@@ -66,34 +66,34 @@ class PartitionSet:
         ids = np.asarray(ids, np.int64)
         out = None
         for p, sel, rows in self._groups(ids):
-            arr = self.file(p)[name]
+            got = self.file(p).take(name, rows)
             if out is None:
-                out = np.empty((len(ids),) + arr.shape[1:], arr.dtype)
-            out[sel] = arr[rows]
+                out = np.empty((len(ids),) + got.shape[1:], got.dtype)
+            out[sel] = got
         return out if out is not None else np.empty(0)
 
     def signatures(self, ids) -> np.ndarray:
-        """MinHash signatures of compared text documents at global ids."""
+        """MinHash signatures of text documents (with at least one shingle) at global ids."""
         ids = np.asarray(ids, np.int64)
         out = None
         for p, sel, rows in self._groups(ids):
             f = self.file(p)
-            sig = f["signatures"]
+            got = f.take("signatures", f.take("sig_row", rows))
             if out is None:
-                out = np.empty((len(ids), sig.shape[1]), sig.dtype)
-            out[sel] = sig[np.asarray(f["sig_row"][rows], np.int64)]
+                out = np.empty((len(ids), got.shape[1]), got.dtype)
+            out[sel] = got
         return out if out is not None else np.empty((0, 0), np.uint32)
 
     def sets(self, ids) -> list[np.ndarray]:
-        """Shingle-hash sets (stored with --verify) of compared text documents at global ids."""
+        """Shingle-hash sets (stored with --verify) of text documents at global ids."""
         ids = np.asarray(ids, np.int64)
         out: list = [None] * len(ids)
         for p, sel, rows in self._groups(ids):
             f = self.file(p)
-            sig_rows = np.asarray(f["sig_row"][rows], np.int64)
-            offsets, values = f["set_offsets"], f["set_values"]
-            for k, r in zip(sel.tolist(), sig_rows.tolist()):
-                out[k] = np.asarray(values[offsets[r]:offsets[r + 1]])
+            sig_rows = f.take("sig_row", rows).astype(np.int64)
+            lo, hi = f.take("set_offsets", sig_rows).tolist(), f.take("set_offsets", sig_rows + 1).tolist()
+            for k, a, b in zip(sel.tolist(), lo, hi):
+                out[k] = f.slice("set_values", a, b)
         return out
 
     def strings(self, name: str, ids) -> list[str]:
@@ -101,28 +101,29 @@ class PartitionSet:
         ids = np.asarray(ids, np.int64)
         out: list = [None] * len(ids)
         for p, sel, rows in self._groups(ids):
-            f = self.file(p)
-            for k, v in zip(sel.tolist(), unpack_strings(f[f"{name}.data"], f[f"{name}.offsets"], rows)):
+            for k, v in zip(sel.tolist(), read_strings(self.file(p), name, rows)):
                 out[k] = v
         return out
 
     def entries(self, which: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Entries of every partition whose mixed hash lies in [lo, hi): (entries, their global ids).
 
-        `which` is 'exact' (in the signature file) or 'text' / 'image' (in the band file).
+        `which` is 'exact' (in the signature file) or 'text' / 'image' (in the band file); each
+        partition costs a binary search and one read per column of its slice.
         """
+        dtype = ENTRY_DTYPES[which]
         parts, ids = [], []
         for i, ref in enumerate(self.refs):
-            arr = self.file(i, "sig" if which == "exact" else "bands")[which]
-            if not len(arr):
-                continue
-            h = arr["h"]
-            a = int(np.searchsorted(h, np.uint64(lo))) if lo else 0
-            b = int(np.searchsorted(h, np.uint64(hi))) if hi < 2**64 else len(arr)
+            f = self.file(i, "sig" if which == "exact" else "bands")
+            n = f.rows(f"{which}.h")
+            a = f.searchsorted(f"{which}.h", lo) if lo else 0
+            b = f.searchsorted(f"{which}.h", hi) if hi < 2**64 else n
             if b > a:
-                chunk = np.array(arr[a:b])
+                chunk = np.empty(b - a, dtype)
+                for name in dtype.names:
+                    chunk[name] = f.slice(f"{which}.{name}", a, b)
                 parts.append(chunk)
                 ids.append(chunk["row"].astype(np.int64) + ref.base)
         if not parts:
-            return np.empty(0, ENTRY_DTYPES[which]), np.empty(0, np.int64)
+            return np.empty(0, dtype), np.empty(0, np.int64)
         return np.concatenate(parts), np.concatenate(ids)

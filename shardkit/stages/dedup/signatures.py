@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit.config import MAX_MIN_SHINGLES
 from shardkit.contract import IMAGE_FIELDS as DATASET_IMAGE_FIELDS
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
@@ -52,13 +53,19 @@ class Unreadable:
     source_row: int | None = None
 
 
-def modality_of(sample, modality: str, specs: dict | None = None) -> tuple[str, str | None]:
+def image_fields(modality: str, specs: dict | None) -> tuple[str, ...]:
+    """The fields looked at for an image, in order (none when only text is compared)."""
+    if modality not in ("auto", "image"):
+        return ()
+    extra = sorted(n for n, s in (specs or {}).items() if s.get("kind") == "image" and n not in IMAGE_FIELDS)
+    return IMAGE_FIELDS + tuple(extra)
+
+
+def modality_of(sample, modality: str, images: tuple[str, ...]) -> tuple[str, str | None]:
     """('image'|'text'|'none', field): a sample with an image is compared as an image under 'auto'."""
-    if modality in ("auto", "image"):
-        extra = sorted(n for n, s in (specs or {}).items() if s.get("kind") == "image" and n not in IMAGE_FIELDS)
-        for name in IMAGE_FIELDS + tuple(extra):
-            if name in sample.fields:
-                return "image", name
+    for name in images:
+        if name in sample.fields:
+            return "image", name
     if modality in ("auto", "text") and "txt" in sample.fields:
         return "text", "txt"
     return "none", None
@@ -97,14 +104,14 @@ class _Rows:
 
 
 def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
-    rows = _Rows()
+    rows, images = _Rows(), image_fields(params.modality, specs)
     for s in samples:
         if isinstance(s, Unreadable):
             rows.rejections.append(Rejection(s.source if s.source_row is None else f"{s.source}:{s.source_row}",
                                              "read", s.reason))
             rows.add(s.key, (s.source, -1 if s.source_row is None else s.source_row), "rejected")
             continue
-        kind, name = modality_of(s, params.modality, specs)
+        kind, name = modality_of(s, params.modality, images)
         if kind == "image":
             try:
                 digest, phash = image_mod.image_signature(s.fields[name], (specs or {}).get(name), params.image_hash)
@@ -130,7 +137,7 @@ def _text_arrays(rows: _Rows, params: SignatureParams, n: int) -> tuple[dict, di
     """Signatures of every text with a shingle (whether it has enough distinct shingles to be
     compared by similarity is decided with the LSH parameters, in `band_entries`)."""
     hashes, offsets = shingle_hashes(rows.text_tokens, params.ngram)
-    counts = distinct_counts(hashes, offsets)
+    counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
     text_rows = np.asarray(rows.text_rows, np.int64)
     nonempty = np.flatnonzero(counts > 0)
     sig = MinHasher(params.num_perm, params.seed).signatures(hashes, offsets)[nonempty]

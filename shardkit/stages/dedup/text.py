@@ -150,12 +150,30 @@ def shingle_hashes(docs: list[list[bytes]], ngram: int) -> tuple[np.ndarray, np.
     return (fmix64(out) & np.uint64(0xFFFFFFFF)).astype(np.uint32), offsets
 
 
-def distinct_counts(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Distinct shingle hashes per document (repeated shingles count once), one sort for the batch."""
+def distinct_counts(hashes: np.ndarray, offsets: np.ndarray, cap: int = 32) -> np.ndarray:
+    """Distinct shingle hashes per document (repeated shingles count once), counted up to `cap`.
+
+    Each document's count comes from `cap` + 1 of its hashes spread over it: when those hold
+    `cap` distinct values the document has at least that many and is done. Only documents with
+    fewer (short, or repetitive like 'ha ha ha …') are counted exactly, by one sort of theirs.
+    """
     n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    out = np.zeros(n, np.int64)
     if not len(hashes):
-        return np.zeros(n, np.int64)
-    doc = np.repeat(np.arange(n, dtype=np.uint64), np.diff(offsets))
-    keyed = np.sort((doc << np.uint64(32)) | hashes.astype(np.uint64))
-    first = np.concatenate([[True], keyed[1:] != keyed[:-1]])
-    return np.bincount((keyed[first] >> np.uint64(32)).astype(np.int64), minlength=n)
+        return out
+    k = cap + 1
+    docs = np.flatnonzero(lengths > 0)
+    pos = offsets[docs][:, None] + (np.arange(k)[None, :] * lengths[docs][:, None]) // k
+    sample = np.sort(hashes[pos], axis=1)
+    seen = 1 + np.count_nonzero(sample[:, 1:] != sample[:, :-1], axis=1)
+    out[docs] = np.minimum(seen, cap)
+    exact = docs[(seen < cap) & (lengths[docs] > k)]  # the sample may have missed some: count them all
+    if len(exact):
+        idx = np.concatenate([np.arange(offsets[d], offsets[d + 1]) for d in exact.tolist()])
+        doc = np.repeat(np.arange(len(exact), dtype=np.uint64), lengths[exact])
+        keyed = np.sort((doc << np.uint64(32)) | hashes[idx].astype(np.uint64))
+        first = np.concatenate([[True], keyed[1:] != keyed[:-1]])
+        counts = np.bincount((keyed[first] >> np.uint64(32)).astype(np.int64), minlength=len(exact))
+        out[exact] = np.minimum(counts, cap)
+    return out
