@@ -22,7 +22,7 @@ from shardkit.config import DedupConfig
 from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN
 from shardkit.errors import FailFast, RejectedInput, Rejection
 from shardkit.stages.dedup import signatures as sigmod
-from shardkit.stages.dedup.decide import BucketParams, bucket_ranges, bucket_task, decide, merge_links
+from shardkit.stages.dedup.decide import BucketParams, bucket_count, bucket_task, decide, merge_links
 from shardkit.stages.dedup.partitions import PartitionRef, PartitionSet
 from shardkit.stages.dedup.report import DedupResult, cluster_table, in_key_order, summarise
 from shardkit.stages.dedup.store import ArrayFile, save_arrays
@@ -157,8 +157,9 @@ def _read(items, reader) -> list:
 
 def signature_task(part: Partition, reader, params: sigmod.SignatureParams, specs: dict | None,
                    on_error: str, band: tuple) -> dict:
-    """Stage 1 task: the partition's signature file (kept when an earlier run wrote it) and its band
-    entries for `band` = (bands, rows, image distance, min shingles); returns the partition's meta."""
+    """Stage 1 task: the partition's signature file (kept when an earlier run wrote it) and its
+    entries for the bucket stage, `band` = ((bands, rows, image distance, min shingles), bucket
+    tasks); returns the partition's meta."""
     if not os.path.exists(part.path):
         arrays, meta = sigmod.compute(_read(part.items, reader), params, specs)
         if on_error == "fail" and meta["rejections"]:
@@ -180,9 +181,10 @@ def _remove_stale(folder: str, wanted: set[str]) -> None:
 
 
 def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=None,
-                    specs: dict | None = None) -> tuple[PartitionSet, list[dict]]:
-    """Stage 1 on every partition (reusing files from an earlier run); stale files are removed."""
-    band = (*cfg.lsh_params(), cfg.image_distance, cfg.min_shingles())
+                    specs: dict | None = None, tasks: int = 1) -> tuple[PartitionSet, list[dict]]:
+    """Stage 1 on every partition (reusing files from an earlier run), its entries filed for `tasks`
+    bucket tasks; stale files are removed."""
+    band = ((*cfg.lsh_params(), cfg.image_distance, cfg.min_shingles()), tasks)
     if parts:
         sig_dir = os.path.dirname(parts[0].path)
         os.makedirs(sig_dir, exist_ok=True)
@@ -202,28 +204,22 @@ def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=Non
     return PartitionSet(refs), metas
 
 
-def _entries(metas: list[dict], cfg: DedupConfig) -> int:
-    bands = cfg.lsh_params()[0]
-    total = 0
-    for m in metas:
-        st = m["stats"]
-        compared = st["texts"] - st["empty"] - st["too_few_shingles"]
-        total += st["texts"] - st["empty"] + st["images"] + compared * bands + st["images"] * (cfg.image_distance + 1)
-    return total
-
-
-def bucket_stage(parts: PartitionSet, metas: list[dict], cfg: DedupConfig, client=None,
-                 tasks: int | None = None) -> tuple[np.ndarray, dict]:
+def bucket_stage(parts: PartitionSet, cfg: DedupConfig, client=None, tasks: int = 1) -> tuple[np.ndarray, dict]:
     """Stage 2: one task per range of the mixed-hash space; their links merged once."""
-    ranges = bucket_ranges(_entries(metas, cfg), tasks)
     params = BucketParams(cfg.threshold, cfg.verify, cfg.image_distance)
     if isinstance(client, LazyClient):
-        client = client.unless_few(len(ranges))
-    with progress_bar(len(ranges), desc="dedup buckets", unit="range", enabled=cfg.progress) as bar:
-        results = run_tasks(bucket_task, ranges, client=client, bar=bar, name="dedup-bucket", shared=(parts, params))
+        client = client.unless_few(tasks)
+    with progress_bar(tasks, desc="dedup buckets", unit="range", enabled=cfg.progress) as bar:
+        results = run_tasks(bucket_task, list(range(tasks)), client=client, bar=bar, name="dedup-bucket",
+                            shared=(parts, params))
     links, stats = merge_links(results)
-    stats["bucket_tasks"] = len(ranges)
+    stats["bucket_tasks"] = tasks
     return links, stats
+
+
+def _rows(items: list) -> int:
+    """Inputs the items hold: a dataset shard holds its samples, anything else is one."""
+    return sum(getattr(item, "samples", 1) for item in items)
 
 
 def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *, reader=None,
@@ -241,10 +237,11 @@ def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *,
         clock.append(time.perf_counter())
         return round(clock[-1] - clock[-2], 3)
     items = list(items)
+    tasks = bucket_tasks or bucket_count(_rows(items), cfg.lsh_params()[0])
     parts = plan_partitions(items, cfg, workdir, per_partition)
-    pset, metas = signature_stage(parts, reader or SampleReader(), cfg, client, specs)
+    pset, metas = signature_stage(parts, reader or SampleReader(), cfg, client, specs, tasks)
     seconds = {"signatures": lap()}
-    links, link_stats = bucket_stage(pset, metas, cfg, client, bucket_tasks)
+    links, link_stats = bucket_stage(pset, cfg, client, tasks)
     seconds["buckets"] = lap()
     nodes, labels = decide(links)
     table = cluster_table(pset, nodes, labels, verify=cfg.verify, key_order=in_key_order(metas))

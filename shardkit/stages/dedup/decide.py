@@ -40,11 +40,11 @@ class BucketResult:
     stats: dict = field(default_factory=dict)
 
 
-def bucket_ranges(total_entries: int, tasks: int | None = None) -> list[tuple[int, int]]:
-    """Equal ranges of the 64-bit mixed-hash space, enough that each holds ~ENTRIES_PER_TASK entries."""
-    q = tasks or max(1, -(-total_entries // ENTRIES_PER_TASK))
-    bounds = [(i * 2**64) // q for i in range(q)] + [2**64]
-    return list(zip(bounds[:-1], bounds[1:]))
+def bucket_count(rows: int, bands: int) -> int:
+    """How many bucket tasks for a corpus of `rows` inputs: ~ENTRIES_PER_TASK entries each (an
+    input gives one exact entry and at most `bands` band entries). Decided before the signature
+    stage, which files every partition's entries by bucket range."""
+    return max(1, -(-rows * (1 + bands) // ENTRIES_PER_TASK))
 
 
 def check_text_pairs(parts: PartitionSet, pairs: np.ndarray, threshold: float, verify: bool) -> np.ndarray:
@@ -60,19 +60,18 @@ def check_text_pairs(parts: PartitionSet, pairs: np.ndarray, threshold: float, v
     return scores
 
 
-def bucket_task(rng: tuple[int, int], parts: PartitionSet, params: BucketParams) -> BucketResult:
-    """Links among the entries whose mixed hash lies in `rng`, read from every partition."""
-    parts = PartitionSet(parts.refs)  # this task's own file maps, released when it returns
-    lo, hi = rng
-    exact, exact_ids = parts.entries("exact", lo, hi)
+def bucket_task(task: int, parts: PartitionSet, params: BucketParams) -> BucketResult:
+    """Links among the entries of bucket range `task`, read from every partition."""
+    parts = PartitionSet(parts.refs)  # this task's own open files, released when it returns
+    exact, exact_ids = parts.entries("exact", task)
     links = [exact_links(exact["h"], exact["x"], exact_ids)]
     n_entries = len(exact)
     del exact, exact_ids
-    image, image_ids = parts.entries("image", lo, hi)
+    image, image_ids = parts.entries("image", task)
     links.append(image_links(image["h"], image["x"], image_ids, params.image_distance))
     n_entries += len(image)
     del image, image_ids
-    text, text_ids = parts.entries("text", lo, hi)
+    text, text_ids = parts.entries("text", task)
     candidates = band_candidates(text["h"], text_ids, params.max_pairs)
     n_entries += len(text)
     del text, text_ids

@@ -105,19 +105,17 @@ class PartitionSet:
                 out[k] = v
         return out
 
-    def entries(self, which: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Entries of every partition whose mixed hash lies in [lo, hi): (entries, their global ids).
+    def entries(self, which: str, task: int) -> tuple[np.ndarray, np.ndarray]:
+        """Entries of every partition in bucket range `task`: (entries, their global ids).
 
-        `which` is 'exact' (in the signature file) or 'text' / 'image' (in the band file); each
-        partition costs a binary search and one read per column of its slice.
+        `which` is 'exact', 'text' or 'image'; each partition costs a read of the range's two
+        bounds and one read per column of its slice (band files hold the bounds of every range).
         """
         dtype = ENTRY_DTYPES[which]
         parts, ids = [], []
         for i, ref in enumerate(self.refs):
-            f = self.file(i, "sig" if which == "exact" else "bands")
-            n = f.rows(f"{which}.h")
-            a = f.searchsorted(f"{which}.h", lo) if lo else 0
-            b = f.searchsorted(f"{which}.h", hi) if hi < 2**64 else n
+            f = self.file(i, "bands")
+            a, b = f.slice(f"{which}.bounds", task, task + 2).tolist()
             if b > a:
                 chunk = np.empty(b - a, dtype)
                 for name in dtype.names:

@@ -157,21 +157,16 @@ def _text_arrays(rows: _Rows, params: SignatureParams, n: int) -> tuple[dict, di
 
 
 def compute(samples, params: SignatureParams, specs: dict | None = None) -> tuple[dict, dict]:
-    """Arrays for one partition (keys, sources, kinds, digests, signatures, image hashes, exact
-    entries) and its meta (counts, rejections, key order)."""
+    """Arrays for one partition (keys, sources, kinds, digests, signatures, image hashes, distinct
+    shingle counts) and its meta (counts, rejections, key order)."""
     rows = _read_rows(samples, params, specs)
     n = len(rows.keys)
     kind = np.asarray(rows.kind, np.uint8)
     arrays, stats = _text_arrays(rows, params, n)
     digests = np.frombuffer(b"".join(rows.digests), "<u8").reshape(n, 2) if n else np.empty((0, 2), "<u8")
-    exact_rows = np.flatnonzero(((kind == MODALITY_CODES["text"]) & (arrays["distinct_shingles"] > 0))
-                                | (kind == MODALITY_CODES["image"]))
-    exact = np.empty(len(exact_rows), EXACT_ENTRY)
-    exact["h"], exact["x"], exact["row"] = digests[exact_rows, 0], digests[exact_rows, 1], exact_rows
-    exact.sort(order=["h", "x", "row"])
     keys, sources = pack_strings(rows.keys), pack_strings(rows.sources)
     arrays.update({"kind": kind, "digests": digests, "image_hashes": np.asarray(rows.image_hashes, np.uint64),
-                   "source_rows": np.asarray(rows.source_rows, np.int64), "exact": exact,
+                   "source_rows": np.asarray(rows.source_rows, np.int64),
                    "keys.data": keys["data"], "keys.offsets": keys["offsets"],
                    "sources.data": sources["data"], "sources.offsets": sources["offsets"]})
     stats.update(images=int(np.sum(kind == MODALITY_CODES["image"])), none=int(np.sum(kind == MODALITY_CODES["none"])),
@@ -188,17 +183,37 @@ def save(path: str, arrays: dict, meta: dict) -> None:
     save_arrays(path, arrays, meta)
 
 
-def _sorted_entries(entries: np.ndarray) -> np.ndarray:
-    return entries[np.lexsort((entries["row"], entries["h"]))]
+def range_starts(tasks: int) -> np.ndarray:
+    """Where each of `tasks` equal ranges of the 64-bit mixed-hash space begins (the first at 0)."""
+    return np.array([(i * 2**64) // tasks for i in range(tasks)], np.uint64)
 
 
-def band_entries(part, bands: int, rows: int, image_distance: int, min_shingles: int) -> tuple[dict, dict]:
-    """Band entries of one partition (an ArrayFile): text (mixed band key, row) and image (mixed
-    band bits, hash, row), each sorted by the mixed hash that decides its bucket task.
+def _sorted(entries: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries sorted by (mixed hash, row), and the position where each bucket range starts in them
+    (plus the end): a bucket task reads its two bounds and one slice, whatever the file's size."""
+    entries = entries[np.lexsort((entries["row"], entries["h"]))]
+    bounds = np.searchsorted(entries["h"], range_starts(tasks), side="left").astype(np.int64)
+    return entries, np.append(bounds, len(entries))
 
-    Texts with fewer than `min_shingles` distinct shingles get none: they are compared for exact
-    equality only (their digest entries), counted as `too_few_shingles`.
+
+def _exact_entries(part) -> np.ndarray:
+    kind, distinct = np.asarray(part["kind"]), np.asarray(part["distinct_shingles"])
+    rows = np.flatnonzero(((kind == MODALITY_CODES["text"]) & (distinct > 0)) | (kind == MODALITY_CODES["image"]))
+    digests = np.asarray(part["digests"])
+    exact = np.empty(len(rows), EXACT_ENTRY)
+    exact["h"], exact["x"], exact["row"] = digests[rows, 0], digests[rows, 1], rows
+    return exact
+
+
+def band_entries(part, lsh: tuple[int, int, int, int], tasks: int) -> tuple[dict, dict]:
+    """The entries one partition gives the bucket stage (from its ArrayFile): exact digests (two
+    halves, row), text bands (mixed band key, row), image bands (mixed band bits, hash, row), each
+    sorted by the mixed hash that picks its bucket task, with the bounds of the `tasks` ranges.
+
+    `lsh` = (bands, rows, image distance, min shingles). Texts with fewer than `min_shingles`
+    distinct shingles get no band entries: compared for exact equality only (`too_few_shingles`).
     """
+    bands, rows, image_distance, min_shingles = lsh
     distinct = np.asarray(part["distinct_shingles"])
     compared = np.flatnonzero(distinct >= min_shingles).astype(np.uint32)
     text = np.empty(len(compared) * bands, BAND_ENTRY)
@@ -217,5 +232,7 @@ def band_entries(part, bands: int, rows: int, image_distance: int, min_shingles:
             sl = slice(j * len(image_rows), (j + 1) * len(image_rows))
             image["h"][sl] = fmix64(bits ^ np.uint64((j + 1) * _IMAGE_SALT % 2**64))
             image["x"][sl], image["row"][sl] = hashes, image_rows
-    few = int(np.sum((distinct > 0) & (distinct < min_shingles)))
-    return {"text": _sorted_entries(text), "image": _sorted_entries(image)}, {"too_few_shingles": few}
+    out = {}
+    for name, entries in (("exact", _exact_entries(part)), ("text", text), ("image", image)):
+        out[name], out[f"{name}.bounds"] = _sorted(entries, tasks)
+    return out, {"too_few_shingles": int(np.sum((distinct > 0) & (distinct < min_shingles)))}
