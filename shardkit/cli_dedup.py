@@ -36,7 +36,9 @@ from shardkit.errors import ON_ERROR_CHOICES
                    "far below unrelated images (about 32 bits apart, rarely under 14). Search cost grows "
                    "with it: distance+1 bands of 64/(distance+1) bits.")
 @click.option("--partition-size", type=int, default=5000, show_default=True,
-              help="Raw-folder samples per signature task (a built dataset uses one task per shard).")
+              help="Samples per signature task (a built dataset's shards are grouped whole, at least one "
+                   "per task). Every bucket task reads a slice of each partition: at 100M+ samples use "
+                   "100000 or more.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
               help="Shard format when SRC is a raw folder (its images are stored byte for byte, under their "
                    "own extension); a built dataset keeps its formats.")

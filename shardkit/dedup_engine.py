@@ -58,14 +58,14 @@ class RecordReader:
     def __init__(self, src: str, text_field: str):
         self.src, self.text_field = src, text_field
 
-    def read_many(self, records) -> list:
-        """A partition's samples, an Unreadable row where a record cannot be read (one open per
-        .jsonl file of the partition, not one per line)."""
+    def read_many(self, records):
+        """A partition's samples, one by one, an Unreadable row where a record cannot be read (one
+        open per .jsonl file of the partition, not one per line)."""
         from shardkit.sources import read_records
 
-        return [sigmod.Unreadable(rec.key, rec.files[0], got.reason, rec.line[0] if rec.line else None)
-                if isinstance(got, RejectedInput) else got
-                for rec, got in read_records(self.src, list(records), self.text_field)]
+        for rec, got in read_records(self.src, list(records), self.text_field):
+            yield (sigmod.Unreadable(rec.key, rec.files[0], got.reason, rec.line[0] if rec.line else None)
+                   if isinstance(got, RejectedInput) else got)
 
 
 def shard_sources(root: str, shard) -> tuple[list, list] | None:
@@ -141,18 +141,18 @@ def _band_path(sig_path: str, band: tuple) -> str:
     return os.path.join(folder, os.path.basename(sig_path)[:-4] + f"-{tag}.bin")
 
 
-def _read(items, reader) -> list:
-    """The samples of a partition's items, an Unreadable row for each item the reader rejects."""
+def _read(items, reader):
+    """The samples of a partition's items, item by item (a shard's samples are let go once signed),
+    an Unreadable row for each item the reader rejects."""
     if hasattr(reader, "read_many"):
-        return reader.read_many(items)
-    out = []
+        yield from reader.read_many(items)
+        return
     for item in items:
         try:
-            out.extend(reader(item))
+            yield from reader(item)
         except RejectedInput as e:
             where = getattr(reader, "where", lambda it: (getattr(it, "path", str(it)), None))(item)
-            out.append(sigmod.Unreadable(reader.key(item), where[0], e.reason, where[1]))
-    return out
+            yield sigmod.Unreadable(reader.key(item), where[0], e.reason, where[1])
 
 
 def signature_task(part: Partition, reader, params: sigmod.SignatureParams, specs: dict | None,

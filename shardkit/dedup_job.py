@@ -101,9 +101,14 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
     execution = plan_execution(cfg.scheduler, cfg.workers,
                                sum(s.bytes for s in manifest.shards_of()) / DATASET_BYTES_PER_SECOND)
+    shards = manifest.shards_of()
+    # Whole shards per signature task, about --partition-size samples each (fewer, larger
+    # partitions when a corpus has many small shards: every bucket task reads from each one).
+    per_partition = max(1, cfg.partition_size * len(shards) // max(1, manifest.samples))
     with lazy_client(cfg.scheduler, execution.workers) as client:
-        result = find_duplicates(manifest.shards_of(), cfg, client, os.path.join(cfg.out, ".shardkit", "dedup"),
-                                 reader=ShardReader(cfg.src, manifest), specs=manifest.fields, per_partition=1)
+        result = find_duplicates(shards, cfg, client, os.path.join(cfg.out, ".shardkit", "dedup"),
+                                 reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
+                                 per_partition=per_partition)
         out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress)
     result.summary["execution"].update(execution.record())
     result.summary["output"] = {"samples": out.samples, "shards": len(out.shards_of()),

@@ -86,13 +86,22 @@ def _source_of(sample) -> tuple[str, int]:
     return path, -1 if row is None else int(row)
 
 
-class _Rows:
-    """Column builders for one partition, one row per input."""
+# Texts tokenised, shingled and signed together: their word lists (the bulkiest thing a signature
+# task holds, ~40 bytes per word) are dropped once signed, so a task's memory follows this, not its
+# partition size.
+TEXT_BATCH = 4096
 
-    def __init__(self):
+
+class _Rows:
+    """Column builders for one partition, one row per input; texts are signed in batches."""
+
+    def __init__(self, params: SignatureParams):
         self.keys, self.sources, self.source_rows, self.kind, self.digests = [], [], [], [], []
-        self.image_hashes, self.text_rows, self.text_tokens, self.symbolic = [], [], [], []
+        self.image_hashes, self.text_rows, self.symbolic = [], [], []
         self.rejections, self.utf8_replaced = [], 0
+        self.params, self.hasher = params, MinHasher(params.num_perm, params.seed)
+        self.pending: list = []  # token lists of texts not signed yet
+        self.counts, self.signatures, self.sets = [], [], []
 
     def add(self, key: str, source: tuple[str, int], kind: str, digest: bytes = b"\0" * 16, phash: int = 0):
         self.keys.append(key)
@@ -102,9 +111,27 @@ class _Rows:
         self.digests.append(digest)
         self.image_hashes.append(phash)
 
+    def add_text(self, toks: list[bytes], symbolic: bool) -> None:
+        self.text_rows.append(len(self.keys))
+        self.symbolic.append(symbolic)
+        self.pending.append(toks)
+        if len(self.pending) >= TEXT_BATCH:
+            self.sign()
+
+    def sign(self) -> None:
+        """Shingle and sign the pending texts; keep their distinct counts, signatures (and sets)."""
+        hashes, offsets = shingle_hashes(self.pending, self.params.ngram)
+        counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
+        nonempty = np.flatnonzero(counts > 0)
+        self.counts.append(counts)
+        self.signatures.append(self.hasher.signatures(hashes, offsets)[nonempty])
+        if self.params.keep_sets:
+            self.sets += [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in nonempty.tolist()]
+        self.pending = []
+
 
 def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
-    rows, images = _Rows(), image_fields(params.modality, specs)
+    rows, images = _Rows(params), image_fields(params.modality, specs)
     for s in samples:
         if isinstance(s, Unreadable):
             rows.rejections.append(Rejection(s.source if s.source_row is None else f"{s.source}:{s.source_row}",
@@ -124,32 +151,28 @@ def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
             text, bad = decode_text(s.fields[name])
             rows.utf8_replaced += bad + s.meta.get("utf8_replaced", 0)
             toks, symbolic = tokens(text)
-            rows.text_rows.append(len(rows.keys))
-            rows.text_tokens.append(toks)
-            rows.symbolic.append(symbolic)
+            rows.add_text(toks, symbolic)
             rows.add(s.key, _source_of(s), "text", content_hash(toks, symbolic))
         else:
             rows.add(s.key, _source_of(s), "none")
+    rows.sign()
     return rows
 
 
-def _text_arrays(rows: _Rows, params: SignatureParams, n: int) -> tuple[dict, dict]:
-    """Signatures of every text with a shingle (whether it has enough distinct shingles to be
-    compared by similarity is decided with the LSH parameters, in `band_entries`)."""
-    hashes, offsets = shingle_hashes(rows.text_tokens, params.ngram)
-    counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
+def _text_arrays(rows: _Rows, n: int) -> tuple[dict, dict]:
+    """Every text's distinct shingle count, and the signature of each with a shingle (whether it
+    has enough to be compared by similarity is decided with the LSH parameters, in `band_entries`)."""
+    counts = np.concatenate(rows.counts)
     text_rows = np.asarray(rows.text_rows, np.int64)
     nonempty = np.flatnonzero(counts > 0)
-    sig = MinHasher(params.num_perm, params.seed).signatures(hashes, offsets)[nonempty]
     distinct = np.zeros(n, np.int32)
     distinct[text_rows] = counts
     sig_row = np.full(n, -1, np.int32)
     sig_row[text_rows[nonempty]] = np.arange(len(nonempty), dtype=np.int32)
-    arrays = {"distinct_shingles": distinct, "sig_row": sig_row, "signatures": sig}
-    if params.keep_sets:
-        sets = [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in nonempty.tolist()]
-        arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in sets])]).astype(np.int64)
-        arrays["set_values"] = np.concatenate(sets) if sets else np.empty(0, np.uint32)
+    arrays = {"distinct_shingles": distinct, "sig_row": sig_row, "signatures": np.concatenate(rows.signatures)}
+    if rows.params.keep_sets:
+        arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in rows.sets])]).astype(np.int64)
+        arrays["set_values"] = np.concatenate(rows.sets) if rows.sets else np.empty(0, np.uint32)
     symbolic = np.asarray(rows.symbolic, bool)
     stats = {"texts": len(text_rows), "empty": int(np.sum(counts == 0)), "symbolic": int(np.sum(symbolic & (counts > 0))),
              "utf8_replaced": rows.utf8_replaced}
@@ -162,7 +185,7 @@ def compute(samples, params: SignatureParams, specs: dict | None = None) -> tupl
     rows = _read_rows(samples, params, specs)
     n = len(rows.keys)
     kind = np.asarray(rows.kind, np.uint8)
-    arrays, stats = _text_arrays(rows, params, n)
+    arrays, stats = _text_arrays(rows, n)
     digests = np.frombuffer(b"".join(rows.digests), "<u8").reshape(n, 2) if n else np.empty((0, 2), "<u8")
     keys, sources = pack_strings(rows.keys), pack_strings(rows.sources)
     arrays.update({"kind": kind, "digests": digests, "image_hashes": np.asarray(rows.image_hashes, np.uint64),
