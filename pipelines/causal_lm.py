@@ -5,7 +5,7 @@ trained like the image recipe (AMP, accumulation, meter, spot-safe checkpoints, 
 
 With --tokenizer bpe:N (or a tokenizer.json) the build tokenizes and packs rows of block+1 ids
 (the held-out split reuses the training split's tokenizer). Without it, tokens are UTF-8 bytes
-made in the loader workers by a batch_transform. Either way the loop gets one int64 tensor.
+made in the loader workers by a batch_transform. Either way the loop gets int64 inputs and targets.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared recipe plumbing
-from image_classification import Recipe, fit, open_session, parse, prepare  # noqa: E402
+from shardkit.recipes import Recipe, fit, open_session, parse, prepare
 
 BYTE_PAD = 256  # one id past the bytes: never an input (split_rows maps it to 0), ignored as a target
 BYTE_VOCAB = 256
@@ -79,7 +78,8 @@ def tiny_lm(r: LMRecipe, vocab: int):
 
 
 class LMLoss:
-    """Next-token cross-entropy; padding positions do not count (shardkit's split_rows)."""
+    """Next-token cross-entropy; padding positions do not count (a tokenized build's labels already say
+    so; byte rows go through shardkit's split_rows)."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
@@ -89,7 +89,10 @@ class LMLoss:
 
         from shardkit.reader.tokens import IGNORE_INDEX, split_rows
 
-        inputs, targets = split_rows(batch["tokens"], self.pad_id)
+        if "input_ids" in batch:
+            inputs, targets = batch["input_ids"], batch["labels"]
+        else:
+            inputs, targets = split_rows(batch["tokens"], self.pad_id)
         logits = model(inputs).float()
         if not (targets != IGNORE_INDEX).any():
             return logits.sum() * 0.0  # an all-padding batch: no signal, but no NaN either

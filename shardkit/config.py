@@ -14,6 +14,7 @@ from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
+RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
 ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -56,9 +57,11 @@ class BuildConfig:
     max_samples_per_shard: int = 10_000
     image_size: int | None = None
     resize_mode: str = "shorter"
+    crop_size: int | None = None  # keep the centre crop_size×crop_size after resizing (256 → 224)
+    resample: str = "bicubic"
     encode: str = "jpeg"
     quality: int = 90
-    labels: bool = True
+    labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
     text_field: str = "text"
     workers: int | None = None
     scheduler: str | None = None
@@ -77,14 +80,16 @@ class BuildConfig:
     dedup_threshold: float = 0.8
     dedup_verify: bool = False
     image_distance: int = 10
+    allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
         choice("resize_mode", self.resize_mode, RESIZE_MODES, "--resize-mode")
+        choice("resample", self.resample, RESAMPLE_FILTERS, "--resample")
         choice("encode", self.encode, ENCODINGS, "--encode")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
         positive("shard_size", self.shard_size, "--shard-size")
@@ -99,13 +104,17 @@ class BuildConfig:
         if self.encode == "keep" and (self.image_size is not None or self.augment):
             raise ConfigError("--encode keep stores each input image's own bytes: it cannot resize or augment; "
                               "drop --image-size/--augment, or choose --encode jpeg|png|webp|raw")
-        if self.encode == "raw" and (self.image_size is None or self.resize_mode not in ("center-crop", "pad")):
+        check_crop(self)
+        if self.encode == "raw" and self.stored_size is None:
             raise ConfigError(
                 "--encode raw stores uint8 HxWx3 arrays of one fixed shape: give --image-size N with "
-                "--resize-mode center-crop or pad"
+                "--resize-mode center-crop or pad, or --crop-size C"
             )
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+        if self.labels not in (None, True, False):
+            raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
+                              "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
@@ -120,6 +129,13 @@ class BuildConfig:
     def image_field(self) -> str:
         """The image field of an encoding build (a `keep` build names each image by its extension)."""
         return IMAGE_FIELD.get(self.encode, "image")
+
+    @property
+    def stored_size(self) -> int | None:
+        """The side of the square every stored image has, or None when sizes vary."""
+        if self.crop_size is not None:
+            return self.crop_size
+        return self.image_size if self.resize_mode in ("center-crop", "pad") else None
 
     def recorded(self) -> dict:
         """The output-affecting part of the config, as written into the manifest."""
@@ -137,7 +153,10 @@ def field_names(cls) -> list[str]:
 
 VARIANT_POLICIES = ("cycle", "random")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-FLOAT_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}  # torch's other names
+INT_DTYPES = ("int32", "int64")  # token ids: int64 by default (cross_entropy's targets), int32 to halve them
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64",
+                 "int": "int32"}  # torch's other names
+TOKEN_MODES = ("train", "rows")
 
 
 @dataclass(frozen=True)
@@ -148,13 +167,21 @@ class StreamConfig:
     shuffle: bool = True
     shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
     fields: tuple[str, ...] | None = None
-    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it
+    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it (tar for packed token rows)
     drop_remainder: bool = False
     cache_dir: str | None = None
     cache_limit: int | str | None = None
     on_error: str = "fail"
     variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
-    dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
+    dtype: str | None = None  # float arrays cast to this ("float32", torch.float32, ...), token ids widened
+    # to this ("int64" when None); None: floats as stored
+    tokens: str | None = None  # token datasets: "train" (input_ids, labels, position_ids, document_ids) or
+    # "rows" (the stored rows, padding included); None: "train" where the layout allows it
+    mask_boundaries: bool = False  # labels: IGNORE_INDEX also where the next document's first id is predicted
+    keys: bool | None = None  # "__key__" in each batch; None: yes, except for packed token rows
+    checksums: bool = True  # check every value read against the checksum recorded at build time
+    timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
+    retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -163,15 +190,28 @@ class StreamConfig:
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
+        choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
         if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
             name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
-            name = FLOAT_ALIASES.get(name, name)
-            choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
+            name = DTYPE_ALIASES.get(name, name)
+            choice("dtype", name, FLOAT_DTYPES + INT_DTYPES, "StreamingDataset(dtype=...)")
             object.__setattr__(self, "dtype", name)
+        choice("tokens", self.tokens, (None,) + TOKEN_MODES, "StreamingDataset(tokens=...)")
+        for name in ("mask_boundaries", "keys"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "keys" and value is None):
+                raise ConfigError(f"{name}={value!r}: expected True or False (StreamingDataset({name}=...))")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
+        self.remote_policy()  # validates timeout and retries
+
+    def remote_policy(self):
+        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
+        from shardkit.fs import RemotePolicy
+
+        return RemotePolicy(timeout=self.timeout, retries=self.retries)
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")
@@ -286,6 +326,19 @@ class DedupConfig:
 
 TAIL_CHOICES = ("pad", "drop")
 AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
+
+
+def check_crop(cfg: BuildConfig) -> None:
+    """--crop-size C: after --image-size N (shorter side → N) keep the centre C×C, C <= N."""
+    if cfg.crop_size is None:
+        return
+    positive("crop_size", cfg.crop_size, "--crop-size")
+    if cfg.image_size is None or cfg.resize_mode not in ("shorter", "center-crop"):
+        raise ConfigError(f"--crop-size {cfg.crop_size} crops the centre of the resized image: give --image-size N "
+                          "with --resize-mode shorter (or center-crop), e.g. --image-size 256 --crop-size 224")
+    if cfg.crop_size > cfg.image_size:
+        raise ConfigError(f"--crop-size {cfg.crop_size} is larger than --image-size {cfg.image_size}, the shorter "
+                          f"side after resizing: give a crop size of at most {cfg.image_size}")
 
 
 def check_cache_options(cfg: BuildConfig) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from shardkit.config import DedupConfig
 from shardkit.dedup_engine import ShardReader, find_duplicates, shard_sources
-from shardkit.errors import Rejection, count_by_reason
+from shardkit.errors import ConfigError, Rejection, count_by_reason
+from shardkit.fs import folder_lock
 from shardkit.stages.dedup.report import DedupResult, dedup_record, write_report
 from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
 
@@ -96,6 +97,10 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     from shardkit.manifest import MANIFEST_NAME, load_manifest
 
     manifest = load_manifest(cfg.src)
+    if manifest.fields.get("tokens", {}).get("layout") == "packed":
+        raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
+                          "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
+                          "--seq-len ... --dedup")
     os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
     with contextlib.suppress(FileNotFoundError):  # until this run ends, no manifest may name shards it replaces
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
@@ -125,9 +130,10 @@ def dedup(cfg: DedupConfig) -> DedupResult:
 
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     if cfg.src == cfg.out:
-        raise ValueError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
-    if os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME)):
-        return dedup_dataset(cfg)
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
     if not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
-    return build(cfg.build_config(), dedup=cfg).dedup
+    with folder_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
+        if os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME)):
+            return dedup_dataset(cfg)
+        return build(cfg.build_config(), dedup=cfg).dedup

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
-from shardkit.errors import FailFast, Rejection, RejectedInput, RejectionLog, count_by_reason
-from shardkit.fs import atomic_write
+from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
+                             count_by_reason)
+from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
 from shardkit.stages.image import images
-from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, tokenize
+from shardkit.stages.tokenize import (TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields,
+                                     tokenize)
 from shardkit.dedup_engine import dedup_records, estimate_seconds
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
@@ -85,6 +87,7 @@ class BuildResult:
     duplicates: int = 0  # removed by --dedup (see OUT/dedup/)
     manifest: Manifest | None = field(default=None, repr=False)
     dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
+    notes: list[str] = field(default_factory=list)  # what the scan read in a way worth knowing
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -95,7 +98,7 @@ def estimate_bytes(rec: InputRecord, cfg: BuildConfig, has_image: bool) -> int:
     """Output size guess used to cut shards before anything is encoded (shards are a target size)."""
     if not has_image or cfg.image_size is None or cfg.resize_mode == "none":
         return rec.size
-    px = cfg.image_size ** 2 * (4 / 3 if cfg.resize_mode == "shorter" else 1)
+    px = cfg.stored_size ** 2 if cfg.stored_size else cfg.image_size ** 2 * 4 / 3
     per_px = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}[cfg.encode]
     return int(px * per_px) + (rec.size if len(rec.files) > 1 else 0) // 8
 
@@ -125,7 +128,7 @@ def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
     elif "image" in result.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
-            spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
+            spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
         fields[cfg.image_field] = spec
     if "txt" in result.kinds:
         fields["txt"] = {"kind": "text"}
@@ -142,12 +145,7 @@ def cache_fields(fields: dict, result: ScanResult, cfg: BuildConfig, tok: Tokeni
         fields.update(variant_fields(cfg.image_field, fields.pop(cfg.image_field), cfg))
     if "array" in result.kinds and (spec := array_spec(cfg.src, result.records, cfg.half)) is not None:
         fields["array"] = spec
-    if tok is not None and fields.pop("txt", None) is not None:
-        fields.update(tok.fields(cfg.seq_len))
-        if cfg.seq_len and not result.kinds & {"image", "array"}:
-            fields.pop("json", None)  # packed rows carry no per-document fields
-            fields.pop("cls", None)
-    return fields
+    return fields if tok is None else token_fields(fields, result.kinds, tok, cfg.seq_len)
 
 
 def _corpus_key(scanned: ScanResult) -> str:
@@ -193,7 +191,7 @@ def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: st
               lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
     if TOKENS_FIELD in fields:
         stages.append(lambda s: tokenize(s, spec=fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=plan.id, stats=counters))
+                                         shard_id=plan.id, stats=counters, log=rejections))
     try:
         samples = list(compose(plan.records, *stages))
     except FailFast as e:
@@ -276,6 +274,12 @@ def _scan(cfg: BuildConfig) -> ScanResult:
     source_log = RejectionLog(cfg.on_error)
     for r in scanned.rejections:
         source_log.reject(r.path, r.stage, r.reason)
+    if not scanned.records and not cfg.allow_empty:
+        passed = f" ({len(scanned.rejections)} files passed over: {count_by_reason(scanned.rejections)})"
+        raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if scanned.rejections else ''}; "
+                         "add images, text or .jsonl files, or pass --allow-empty to write an empty dataset")
+    for note in scanned.notes:
+        log.info("%s", note)
     os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
     # Until this build ends, no manifest may name shards it is about to replace.
     with contextlib.suppress(FileNotFoundError):
@@ -288,23 +292,32 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
     otherwise `cfg.dedup` does, with the options BuildConfig carries. One client serves every
-    stage; it starts only if a stage has tasks to run and the work can pay for it.
+    stage; it starts only if a stage has tasks to run and the work can pay for it. One build (or
+    dedup) at a time per OUT: a second one fails with FolderLocked naming the first.
     """
     from dataclasses import replace
 
-    start = time.perf_counter()
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
+        raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
+                          "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
+    with folder_lock(cfg.out, "shardkit build"):
+        return _build(cfg, dedup)
+
+
+def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
+    start = time.perf_counter()
     scanned = _scan(cfg)
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
     # A dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
     execution = plan_execution(cfg.scheduler, cfg.workers,
                                None if dcfg is None else estimate_seconds(scanned.records, cfg.encode))
     with lazy_client(cfg.scheduler, execution.workers) as client:
-        return _build(cfg, scanned, dcfg, execution, client, start)
+        return _run(cfg, scanned, dcfg, execution, client, start)
 
 
-def _build(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, execution, client,
-           start: float) -> BuildResult:
+def _run(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, execution, client,
+         start: float) -> BuildResult:
     from dataclasses import replace
 
     records, dedup_result = scanned.records, None
@@ -315,8 +328,9 @@ def _build(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, exec
     fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
     tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
     fields = cache_fields(fields, kept, cfg, tok)
-    if tok is not None:  # the tokenizer file's content changes the output, not only its path
-        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}".encode()).hexdigest()[:16]
+    if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
+        token_spec = json.dumps(fields.get(TOKENS_FIELD), sort_keys=True)
+        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}|{token_spec}".encode()).hexdigest()[:16]
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
@@ -334,10 +348,15 @@ def _build(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, exec
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
+    if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
+        raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
+                         f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
+                         "or pass --allow-empty to write an empty dataset")
     build_record = {"config": cfg.recorded(), "hash": config_hash}
     if dedup_result is not None:
         build_record["dedup"] = dedup_record(dedup_result.summary, samples)
-    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=scanned.classes,
+    classes = scanned.classes if "cls" in fields else None  # packed token rows drop the labels
+    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=classes,
                         build=build_record,
                         errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
@@ -346,4 +365,4 @@ def _build(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, exec
         _finish_dedup(cfg, dedup_result, manifest, len(rejections) - len(scanned.rejections))
     return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       len(scanned.records) - len(records), manifest, dedup_result)
+                       len(scanned.records) - len(records), manifest, dedup_result, scanned.notes)

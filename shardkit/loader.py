@@ -14,7 +14,6 @@ from shardkit.errors import ConfigError
 from shardkit.identity import worker_info
 from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import batch_sizes, num_batches
-from shardkit.contract import fixed_nbytes
 
 STATE_VERSION = 1
 
@@ -36,9 +35,7 @@ class StreamingLoader(DataLoader):
             # Per field that fills a slot (images, fixed-shape rows: raw images, token rows,
             # arrays): every batch DataLoader can have in flight, plus a few the training loop
             # still holds; beyond that a worker falls back to DataLoader's own (slower) path.
-            specs = [dataset.manifest.fields[f] for f in dataset.fields]
-            slotted = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
-            slots = (prefetch_factor * num_workers + 4) * max(1, slotted)
+            slots = (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
             self._transport = SlotTransport(num_workers, slots, pin=pin_memory)
         dataset.transport = self._transport
         # batch_size=None: the dataset already yields batches; in_order keeps the round-robin
@@ -71,15 +68,18 @@ class StreamingLoader(DataLoader):
         self._transport.reclaim()
         return self._count(batches, sizes, ds.epoch)
 
-    def _count(self, batches, sizes: list[int], epoch: int):
-        ds = self.dataset
-        for j, batch in enumerate(batches):
-            if j >= len(sizes) or ds.epoch != epoch:
-                raise RuntimeError(f"loader got batch {j} of epoch {epoch}, expected {len(sizes)} batches of "
-                                   f"epoch {ds.epoch}: set_epoch() was called during an epoch")
-            # Count the planned size (not len(batch)): a skipped shard must not shift resume.
-            ds.advance(sizes[j])
-            yield self._transport.unpack(batch) if self._transport is not None else batch
+    def _count(self, items, sizes: list[int], epoch: int):
+        ds, j = self.dataset, 0
+        for item in items:
+            # A worker item is one batch, or a group of consecutive batches (packed token rows).
+            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+                if j >= len(sizes) or ds.epoch != epoch:
+                    raise RuntimeError(f"loader got batch {j} of epoch {epoch}, expected {len(sizes)} batches of "
+                                       f"epoch {ds.epoch}: set_epoch() was called during an epoch")
+                # Count the planned size (not len(batch)): a skipped shard must not shift resume.
+                ds.advance(sizes[j])
+                j += 1
+                yield batch
 
     def state_dict(self) -> dict:
         """Small and elastic: the position does not depend on num_workers or batch_size."""
@@ -111,8 +111,9 @@ def default_workers() -> int:
 def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None,
                 drop_last: bool = False) -> StreamingLoader:
-    """A ready loader: one tensor per field per batch plus '__key__' (list of str), persistent
-    workers, prefetch, pinned memory when CUDA is present, and state_dict/load_state_dict."""
+    """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
+    only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
+    state_dict/load_state_dict."""
     import torch
 
     if not isinstance(dataset, StreamingDataset):

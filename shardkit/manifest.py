@@ -7,8 +7,8 @@ import posixpath
 from dataclasses import dataclass, field
 
 from shardkit._version import __version__
-from shardkit.errors import ManifestError
-from shardkit.fs import atomic_write, is_remote, join, read_bytes
+from shardkit.errors import ConfigError, ManifestError
+from shardkit.fs import RemoteError, atomic_write, join, read_bytes
 from shardkit.contract import ShardInfo
 
 FORMAT = "shardkit"
@@ -48,6 +48,9 @@ class Manifest:
     def shards_of(self, fmt: str | None = None) -> list[ShardInfo]:
         """Shards of one format (default: parquet when present, else tar), ordered by id."""
         fmt = fmt or ("parquet" if "parquet" in self.formats else "tar")
+        if not self.shards:
+            raise ManifestError("this dataset is empty (0 samples, no shards): nothing to read; build it from a "
+                                "folder with inputs")
         if fmt not in self.formats:
             raise ManifestError(f"this dataset has no {fmt!r} shards; it has {self.formats}")
         return sorted((s for s in self.shards if s.format == fmt), key=lambda s: s.id)
@@ -87,6 +90,7 @@ class Manifest:
                 if s.index:
                     safe_relpath(s.index["path"])
             known = {"format", "version", "created_by", "samples", "fields", "shards", "classes", "build", "errors"}
+            check_counts(d["samples"], shards, where)
             return cls(samples=int(d["samples"]), fields=dict(d["fields"]), shards=shards,
                        classes=d.get("classes"), build=d.get("build", {}),
                        errors=d.get("errors", {"count": 0, "by_reason": {}}),
@@ -96,24 +100,47 @@ class Manifest:
             raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); rebuild the dataset") from e
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_counts(samples, shards: list[ShardInfo], where: str = "manifest") -> None:
+    """Counts a reader can trust: every shard's samples and bytes a non-negative integer, and the
+    shards of each format adding up to the dataset's samples (readers size epochs from these)."""
+    if not _count(samples):
+        raise ManifestError(f"{where}: samples={samples!r}; expected an integer >= 0: the manifest is damaged, "
+                            "rebuild the dataset")
+    for s in shards:
+        for name in ("samples", "bytes"):
+            if not _count(getattr(s, name)):
+                raise ManifestError(f"{where}: shard {s.path} has {name}={getattr(s, name)!r}; expected an integer "
+                                    ">= 0: the manifest is damaged, rebuild the dataset")
+    for fmt in sorted({s.format for s in shards}):
+        total = sum(s.samples for s in shards if s.format == fmt)
+        if total != samples:
+            raise ManifestError(f"{where}: its {fmt} shards hold {total} samples in all but it says samples={samples}: "
+                                "the manifest is damaged, rebuild the dataset (`shardkit verify` checks each shard)")
+
+
 def manifest_url(root: str) -> str:
     return join(root, MANIFEST_NAME)
 
 
-def load_manifest(root: str) -> Manifest:
-    """Read and validate ROOT/manifest.json (a local folder or an fsspec URL)."""
+def load_manifest(root: str, policy=None) -> Manifest:
+    """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
+    timeouts and retries: a shardkit.fs.RemotePolicy)."""
     url = manifest_url(root)
     try:
-        raw = read_bytes(url)
-    except FileNotFoundError as e:
+        raw = read_bytes(url, policy)
+    except ConfigError as e:  # a remote backend that is not installed: the message names the extra
+        raise ManifestError(str(e)) from e
+    except (FileNotFoundError, RemoteError) as e:
+        if isinstance(e, RemoteError) and not e.not_found:
+            raise ManifestError(f"cannot fetch {url}: {e.detail}") from e
         raise ManifestError(
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
         ) from e
-    except OSError as e:
-        if is_remote(url):
-            raise ManifestError(f"cannot fetch {url}: {e}") from e
-        raise
     try:
         d = json.loads(raw)
     except ValueError as e:

@@ -46,6 +46,7 @@ class ScanResult:
     rejections: list[Rejection]
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)  # 'image', 'txt', 'json' seen among the records
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
     image_exts: set[str] = field(default_factory=set)  # image extensions seen ('jpg', 'png', …), lowercase
 
     @property
@@ -53,7 +54,18 @@ class ScanResult:
         return len(self.records) + len(self.rejections)
 
 
-def _walk(root: str, rejections: list[Rejection]):
+def _not_input(folder: str, out: str | None) -> str | None:
+    """Why `folder` (below SRC) holds no input, or None: it is OUT, or a shardkit dataset. Reading
+    either would feed a build's output back into the next build."""
+    if out is not None and os.path.realpath(folder) == os.path.realpath(out):
+        return "the build's output folder (OUT): not read"
+    if os.path.isdir(os.path.join(folder, ".shardkit")) or (
+            os.path.isfile(os.path.join(folder, "manifest.json")) and os.path.isdir(os.path.join(folder, "shards"))):
+        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+    return None
+
+
+def _walk(root: str, rejections: list[Rejection], out: str | None = None, notes: list[str] | None = None):
     """Yield (relpath, stat) of regular files below root, sorted; record what is passed over."""
     real_root = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -66,7 +78,11 @@ def _walk(root: str, rejections: list[Rejection]):
                 rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
             elif os.path.islink(os.path.join(dirpath, d)):
                 rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
+            elif reason := _not_input(os.path.join(dirpath, d), out):
+                rejections.append(Rejection(rel + "/", "source", reason))
             else:
+                if notes is not None and os.path.splitext(d)[1].lower() in KNOWN_EXTS:
+                    notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
                 keep.append(d)
         dirnames[:] = keep
         for name in sorted(filenames):
@@ -117,15 +133,27 @@ def _unique_keys(records: list[InputRecord]) -> list[InputRecord]:
     return out
 
 
+def labels_on(setting: bool | None, subfolders: set[str], images: list[str]) -> bool:
+    """--labels/--no-labels, else whether SRC has class subfolders: two or more first-level subfolders
+    hold samples, or one holds every image (an image folder of one class). A text corpus kept in
+    one folder (corpus/docs/*.txt) gets no labels."""
+    if setting is not None:
+        return setting
+    if len(subfolders) >= 2:
+        return True
+    return len(subfolders) == 1 and bool(images) and all("/" in rel for rel in images)
+
+
 def scan(cfg: BuildConfig) -> ScanResult:
     """List the raw folder into records sorted by key; everything passed over is a Rejection."""
     root = cfg.src
     if not os.path.isdir(root):
         raise FileNotFoundError(f"source folder {root!r} does not exist or is not a folder")
     rejections: list[Rejection] = []
+    notes: list[str] = []
     groups: dict[tuple[str, str], list[tuple[str, str, os.stat_result]]] = defaultdict(list)
     jsonl: list[tuple[str, os.stat_result]] = []
-    for rel, st in _walk(root, rejections):
+    for rel, st in _walk(root, rejections, cfg.out, notes):
         stem, ext = os.path.splitext(rel)
         ext = ext.lower()
         if ext not in KNOWN_EXTS:
@@ -136,11 +164,13 @@ def scan(cfg: BuildConfig) -> ScanResult:
             groups[(os.path.dirname(rel), stem)].append((rel, ext, st))
     top = {rel.split("/", 1)[0] for files in groups.values() for rel, _, _ in files if "/" in rel}
     top |= {rel.split("/", 1)[0] for rel, _ in jsonl if "/" in rel}
-    class_names = sorted(top) if cfg.labels else []
+    labelled = labels_on(cfg.labels, top, [rel for files in groups.values() for rel, ext, _ in files
+                                           if ext in IMAGE_EXTS])
+    class_names = sorted(top) if labelled else []
     class_index = {c: i for i, c in enumerate(class_names)}
 
     def label(rel: str):
-        return class_index.get(rel.split("/", 1)[0]) if cfg.labels and "/" in rel else None
+        return class_index.get(rel.split("/", 1)[0]) if labelled and "/" in rel else None
 
     records, kinds, image_exts = [], set(), set()
     for (_, stem), files in groups.items():
@@ -176,12 +206,12 @@ def scan(cfg: BuildConfig) -> ScanResult:
                                        ((st.st_size, st.st_mtime_ns),), (number, offset, length)))
     records = _unique_keys(records)
     used = sorted({r.label for r in records if r.label is not None})
-    classes = [class_names[i] for i in used] if cfg.labels and used else None
+    classes = [class_names[i] for i in used] if labelled and used else None
     if classes is not None and len(used) != len(class_names):  # re-index onto classes that have samples
         remap = {old: new for new, old in enumerate(used)}
         records = [InputRecord(r.key, r.files, remap.get(r.label), r.size, r.stamp, r.line) for r in records]
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
-    return ScanResult(records, rejections, classes, kinds, image_exts)
+    return ScanResult(records, rejections, classes, kinds, notes, image_exts)
 
 
 def _read_jsonl_line(root: str, rec: InputRecord, text_field: str) -> Sample:

@@ -37,10 +37,26 @@ def test_files_sharing_a_stem_are_one_sample_with_a_label(tmp_path):
 def test_no_labels_and_top_level_files(tmp_path):
     _touch(tmp_path, "a/1.txt", "one")
     _touch(tmp_path, "top.txt", "two")
-    labelled = scan(BuildConfig(src=str(tmp_path), out="o"))
+    labelled = scan(BuildConfig(src=str(tmp_path), out="o", labels=True))
     assert {r.key: r.label for r in labelled.records} == {"a/1": 0, "top": None}
     plain = scan(BuildConfig(src=str(tmp_path), out="o", labels=False))
     assert plain.classes is None and all(r.label is None for r in plain.records)
+
+
+def test_labels_by_default_only_where_the_folder_has_class_subfolders(tmp_path):
+    _touch(tmp_path / "corpus", "docs/1.txt", "one")  # a text corpus in one folder: no labels
+    _touch(tmp_path / "corpus", "docs/2.txt", "two")
+    corpus = scan(BuildConfig(src=str(tmp_path / "corpus"), out="o"))
+    assert corpus.classes is None and all(r.label is None for r in corpus.records)
+    _touch(tmp_path / "corpus", "more/3.txt", "three")  # two subfolders: classes
+    assert scan(BuildConfig(src=str(tmp_path / "corpus"), out="o")).classes == ["docs", "more"]
+    _touch(tmp_path / "one", "cats/1.jpg")  # an image folder of one class keeps its label
+    _touch(tmp_path / "one", "readme.txt", "about")
+    images = scan(BuildConfig(src=str(tmp_path / "one"), out="o"))
+    assert images.classes == ["cats"] and {r.key: r.label for r in images.records} == {"cats/1": 0, "readme": None}
+    _touch(tmp_path / "one", "stray.jpg")  # ... but not when images also sit at the top
+    assert scan(BuildConfig(src=str(tmp_path / "one"), out="o")).classes is None
+    assert scan(BuildConfig(src=str(tmp_path / "one"), out="o", labels=True)).classes == ["cats"]
 
 
 def test_keys_are_sanitised_unique_and_dot_free(tmp_path):

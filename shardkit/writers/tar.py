@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tarfile
+from typing import Any
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import ShardInfo, shard_relpath
-from shardkit.writers import encode_value, source_columns
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, shard_relpath, source_columns
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
+
+
+def encode_value(spec: dict, value: Any) -> bytes:
+    """A field value as the bytes of its tar member (WebDataset conventions)."""
+    kind = spec["kind"]
+    if kind in ("image", "bytes", "array", "tokens"):
+        return bytes(value)
+    if kind == "int":
+        return str(int(value)).encode("ascii")
+    if kind == "text":
+        return value.encode("utf-8")
+    if kind == "json":
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    raise ValueError(f"unknown field kind {kind!r}; expected image, bytes, array, tokens, int, text or json")
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -38,9 +53,9 @@ def _header(name: str, size: int) -> bytes:
     if len(raw) > 100 or size >= 8**11:  # a long-name block or a base-256 size: tarfile's own code
         return _tarfile_header(name, size)
     size_field = b"%011o\0" % size
-    checksum = _BASE_SUM + sum(raw) + sum(size_field)
+    total = _BASE_SUM + sum(raw) + sum(size_field)
     return b"".join((raw, bytes(100 - len(raw)), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
-                     b"%06o\0 " % checksum, _TEMPLATE[156:]))
+                     b"%06o\0 " % total, _TEMPLATE[156:]))
 
 
 class _HashingFile:
@@ -59,8 +74,8 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as `{key}.{field}` members; return the ShardInfo.
 
     The index sidecar (Parquet: __key__, then `<field>.offset` / `<field>.size`, -1 when a
-    sample lacks the field, then each sample's source) lets readers slice members out of the
-    shard without parsing headers.
+    sample lacks the field, `<field>.xxh3`, each member's checksum, then each sample's source)
+    lets readers slice members out of the shard without parsing headers, and check what they sliced.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -71,6 +86,7 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     keys: list[str] = []
     offsets = {n: [] for n in names}
     sizes = {n: [] for n in names}
+    sums = {n: [] for n in names}
     with atomic_writer(os.path.join(root, rel)) as raw:
         f = _HashingFile(raw)
         for sample in samples:
@@ -79,11 +95,13 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
                 if name not in sample.fields:
                     offsets[name].append(-1)
                     sizes[name].append(-1)
+                    sums[name].append(0)
                     continue
                 data = encode_value(fields[name], sample.fields[name])
                 f.write(_header(f"{sample.key}.{name}", len(data)))
                 offsets[name].append(f.n)
                 sizes[name].append(len(data))
+                sums[name].append(checksum(data))
                 f.write(data)
                 f.write(b"\0" * (-len(data) % BLOCK))
         f.write(b"\0" * (2 * BLOCK))
@@ -93,6 +111,7 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     for name in names:
         columns[f"{name}.offset"] = pa.array(offsets[name], pa.int64())
         columns[f"{name}.size"] = pa.array(sizes[name], pa.int64())
+        columns[name + CHECKSUM_SUFFIX] = pa.array(sums[name], pa.uint64())
     columns.update(source_columns(samples))
     index_rel = rel + ".idx.parquet"
     with atomic_writer(os.path.join(root, index_rel)) as out:
