@@ -58,7 +58,8 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     \b
     Text: NFKC + lowercase + punctuation folded, word n-gram shingles, MinHash (datasketch-compatible
     signatures: datasketch.LeanMinHash(seed=, hashvalues=, scheme="affine32")), LSH banding.
-    Images: exact by decoded pixels, near by a 64-bit perceptual hash within --image-distance bits.
+    Images: exact by identical bytes, near by a 64-bit perceptual hash (from a reduced decode: JPEG at 1/8
+    scale) within --image-distance bits.
     Exact duplicates (same normalised text, same image bytes) are linked too; clusters are connected
     components; the smallest key is kept. Texts with too few distinct shingles to compare (a few
     words, ASCII art) are compared for exact equality only. Kept data is never changed: a raw
