@@ -16,7 +16,7 @@ from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, Rejec
                              count_by_reason)
 from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
-from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, scan
+from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, read_records, scan
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import array_spec, arrays
 from shardkit.stages.augment import augmented_images, variant_fields
@@ -179,14 +179,17 @@ def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: st
     rejections = RejectionLog(cfg.on_error)
     stats = {"images": 0, "utf8_replaced": 0}
 
-    def read(rec: InputRecord):
-        sample = read_record(cfg.src, rec, cfg.text_field)
+    def read(pair: tuple):
+        _, sample = pair  # read_records: (record, Sample or the RejectedInput it met)
+        if isinstance(sample, RejectedInput):
+            raise sample
         stats["images"] += "image" in sample.fields
         stats["utf8_replaced"] += sample.meta.get("utf8_replaced", 0)
         return sample
 
     counters: dict = {}
-    stages = [lambda recs: map_samples(recs, read, stage="read", log=rejections, where=lambda r: r.source),
+    stages = [lambda recs: map_samples(read_records(cfg.src, list(recs), cfg.text_field), read, stage="read",
+                                       log=rejections, where=lambda pair: pair[0].source),
               lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=rejections),
               lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
     if TOKENS_FIELD in fields:
@@ -262,7 +265,8 @@ def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -
     """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
     encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
         f" q{cfg.quality}" if cfg.encode in ("jpeg", "webp") else "") + (
-        f", {cfg.resize_mode} {cfg.image_size}" if cfg.image_size else "")
+        f", {cfg.resize_mode} {cfg.image_size}" if cfg.image_size else "") + (
+        f", crop {cfg.crop_size}" if cfg.crop_size else "")
     result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
                                 "images": encode, "rejected_by_build": rejected}
     write_report(os.path.join(cfg.out, "dedup"), result)
