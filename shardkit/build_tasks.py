@@ -27,7 +27,7 @@ from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
 from shardkit.writers import get_table_writer, get_writer
-from shardkit.writers.parquet import SOURCE_COLUMN, samples_table, table_samples
+from shardkit.writers.parquet import samples_table, table_samples
 
 STATE_DIR = ".shardkit"
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
@@ -154,7 +154,7 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
         stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
                                          shard_id=shard_id, stats=result.stats, log=log))
     try:
-        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields, ctx.pack)
+        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
     except FailFast as e:
         result.failed = e.rejection
         return result, None
@@ -162,24 +162,17 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
     return result, table
 
 
-def _table(samples, fields: dict, sources: bool):
+def _table(samples, fields: dict):
     """The samples as a table, built TABLE_BATCH samples at a time: a task holds its output's bytes in
-    Arrow buffers, and at most one batch of samples as Python objects. `sources`: keep each sample's
-    source too (for the shard step's rejections, when it runs a stage)."""
+    Arrow buffers, and at most one batch of samples as Python objects."""
     import itertools
 
     import pyarrow as pa
 
-    def table(chunk):
-        t = samples_table(chunk, fields)
-        if sources:
-            t = t.append_column(SOURCE_COLUMN, pa.array([s.meta.get("source", s.key) for s in chunk], pa.string()))
-        return t
-
     batches, it = [], iter(samples)
     while chunk := list(itertools.islice(it, TABLE_BATCH)):
-        batches += table(chunk).to_batches()
-    return pa.Table.from_batches(batches, schema=table([]).schema)
+        batches += samples_table(chunk, fields).to_batches()
+    return pa.Table.from_batches(batches, schema=samples_table([], fields).schema)
 
 
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:

@@ -125,7 +125,8 @@ def _parse_size(ctx, param, value):
 @click.option("--resample", type=click.Choice(RESAMPLE_FILTERS), default="bicubic", show_default=True,
               help="Resampling filter of the resize (PIL's).")
 @click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
-              help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size).")
+              help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size); "
+                   "keep = each input's own bytes, field named by its extension (no resize).")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
 @click.option("--labels/--no-labels", default=None,
               help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "

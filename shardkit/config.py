@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 
@@ -13,7 +15,7 @@ from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
-ENCODINGS = ("jpeg", "png", "webp", "raw")
+ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -103,6 +105,9 @@ class BuildConfig:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":
             raise ConfigError(f"--resize-mode {self.resize_mode} needs --image-size N")
+        if self.encode == "keep" and (self.image_size is not None or self.augment):
+            raise ConfigError("--encode keep stores each input image's own bytes: it cannot resize or augment; "
+                              "drop --image-size/--augment, or choose --encode jpeg|png|webp|raw")
         check_crop(self)
         if self.encode == "raw" and self.stored_size is None:
             raise ConfigError(
@@ -132,8 +137,9 @@ class BuildConfig:
 
     @property
     def output_image_field(self) -> str:
-        """The stored image field: its name is the encoding's extension (WebDataset convention)."""
-        return IMAGE_FIELD[self.encode]
+        """The stored image field of an encoding build: the encoding's extension (WebDataset convention);
+        a `keep` build names each image by its own extension."""
+        return IMAGE_FIELD.get(self.encode, "image")
 
     @property
     def stored_size(self) -> int | None:
@@ -220,6 +226,34 @@ class StreamConfig:
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")
+# Weights (false positive, false negative) handed to datasketch's LSH parameter search. Candidates
+# are checked against the threshold afterwards (signature estimate, or exact Jaccard with --verify),
+# so an LSH false positive costs one cheap comparison while a false negative is a duplicate lost
+# for good: weight misses 9:1. At t=0.8, 128 perms this gives 14 x 9 (found: 87% at J=0.8,
+# 97.5% at 0.85) where the symmetric (0.5, 0.5) gives 9 x 13 (40% at 0.8, 69% at 0.85).
+LSH_WEIGHTS = (0.1, 0.9)
+
+
+@functools.lru_cache(maxsize=64)
+def optimal_lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
+    """(bands, rows) minimising datasketch's weighted false positive + false negative area."""
+    from datasketch.lsh import _optimal_param
+
+    return _optimal_param(threshold, num_perm, *weights)
+
+
+MAX_MIN_SHINGLES = 32  # the most distinct shingles ever required (thresholds above ~0.97)
+
+
+def min_shingles(threshold: float, cap: int = MAX_MIN_SHINGLES) -> int:
+    """Fewest distinct shingles a document needs to be compared by similarity.
+
+    Two different sets of s shingles reach Jaccard t only if s >= t / (1 - t) (one set inside
+    the other, one shingle apart). Below that only identical sets match, and identical sets of
+    different texts come from repetition alone ('ha ha ha …', ASCII art folded to a few words):
+    such documents are compared for exact equality instead.
+    """
+    return cap if threshold >= 1.0 else min(cap, max(1, math.ceil(threshold / (1.0 - threshold) - 1e-9)))
 IMAGE_HASHES = ("dhash", "phash")
 
 
@@ -275,10 +309,30 @@ class DedupConfig:
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
 
+    def lsh_params(self) -> tuple[int, int]:
+        """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
+        weighted toward recall (shardkit.stages.dedup.lsh.optimal_params)."""
+        return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
+
+    def min_shingles(self) -> int:
+        """Distinct shingles a text needs to be compared by similarity (fewer: exact equality only)."""
+        return min_shingles(self.threshold)
+
     def recorded(self) -> dict:
-        """The result-affecting part of the config, as written into summary.json."""
+        """The result-affecting part of the config, as written into summary.json: the values in
+        effect (bands and rows chosen for the threshold included), never a null placeholder."""
         d = asdict(self)
+        d["bands"], d["rows"] = self.lsh_params()
+        d["min_shingles"] = self.min_shingles()
         return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
+
+    def build_config(self) -> BuildConfig:
+        """The build `shardkit dedup RAW OUT` runs: the input's bytes kept as they are (no resize,
+        no re-encode), this config's shard format, text field and execution settings."""
+        return BuildConfig(self.src, self.out, format=self.format, encode="keep", text_field=self.text_field,
+                           workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
+                           progress=self.progress, dedup=True, dedup_threshold=self.threshold,
+                           dedup_verify=self.verify, image_distance=self.image_distance)
 
 
 TAIL_CHOICES = ("pad", "drop")

@@ -19,6 +19,24 @@ SHARD_SUFFIX = {"tar": ".tar", "parquet": ".parquet"}
 # Parquet shards. xxh3-64 hashes ~30 GB/s on one core, 7-12x zlib.crc32 (bench/checksum_bench.py).
 CHECKSUM_SUFFIX = ".xxh3"
 
+# Where each sample came from, beside its fields (never a tar member, never a manifest field): the
+# input's path relative to the raw folder, and its line (1-based, .jsonl) or row (0-based, .parquet),
+# null for whole files. Columns of the Parquet shard and of the tar index sidecar.
+SOURCE_COLUMN, SOURCE_ROW_COLUMN = "__source__", "__source_row__"
+
+
+def sample_source(meta: dict) -> tuple[str | None, int | None]:
+    """(path, line or row) of a sample from its meta, as the builders record it."""
+    return meta.get("source_path"), meta.get("source_row")
+
+
+def source_columns(samples) -> dict:
+    """The SOURCE_COLUMN / SOURCE_ROW_COLUMN arrays of a shard's samples, null where one has none."""
+    import pyarrow as pa
+
+    paths, rows = zip(*(sample_source(s.meta) for s in samples)) if samples else ((), ())
+    return {SOURCE_COLUMN: pa.array(paths, pa.string()), SOURCE_ROW_COLUMN: pa.array(rows, pa.int64())}
+
 
 @dataclass(frozen=True)
 class ShardInfo:

@@ -31,8 +31,11 @@ from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
+from shardkit.dedup_engine import dedup_records, estimate_seconds
+from shardkit.sources import records
+from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.tasks import Then, background_client, progress_bar, run_tasks
+from shardkit.tasks import Execution, Then, background_client, plan_execution, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
 _Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
@@ -64,7 +67,9 @@ class BuildResult:
 def field_specs(inv: Inventory, cfg: BuildConfig) -> dict:
     """The manifest's field specs, known before any task runs so every shard has the same schema."""
     fields = {}
-    if "image" in inv.kinds:
+    if "image" in inv.kinds and cfg.encode == "keep":  # each input's own bytes, under its own extension
+        fields.update({ext: {"kind": "image", "encoding": "keep"} for ext in sorted(inv.image_exts)})
+    elif "image" in inv.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
             spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
@@ -168,13 +173,29 @@ def _reader(inv: Inventory) -> SourceReader:
 
 
 def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
-    """`--dedup`: drop near-duplicates before shards are assigned; the report goes to OUT/dedup/.
-    Returns (the inventory without them, DedupResult)."""
-    from shardkit.dedup_job import dedup_records
-    from shardkit.sources import records
+    """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
+    them, DedupResult). It reads samples one record at a time (sources.records: O(samples) here)."""
+    recs = records(inv)
+    keep, result = dedup_records(recs, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    return without(inv, {r.key for r, k in zip(recs, keep.tolist()) if not k}), result
 
-    _, result = dedup_records(records(inv), cfg.src, cfg.out, dcfg, client)
-    return without(inv, set(result.removed_keys)), result
+
+def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
+    """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
+    encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
+        f" q{cfg.quality}" if cfg.encode in ("jpeg", "webp") else "") + (
+        f", {cfg.resize_mode} {cfg.image_size}" if cfg.image_size else "") + (
+        f", crop {cfg.crop_size}" if cfg.crop_size else "")
+    result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
+                                "images": encode, "rejected_by_build": rejected}
+    write_report(os.path.join(cfg.out, "dedup"), result)
+
+
+def _execution(cfg: BuildConfig, pending, planned: Execution) -> Execution:
+    """Where the tasks ran (the plan, unless a cluster had already started for counting rows)."""
+    if planned.mode == "in-process" and not pending.local:
+        return Execution("embedded cluster", cfg.workers, "started earlier, to count .jsonl/.parquet rows")
+    return planned
 
 
 def _workers(cfg: BuildConfig, pending) -> int:
@@ -270,13 +291,16 @@ class _Plan:
     reused: dict[int, ShardResult]
 
 
-def _prepare(cfg: BuildConfig, dedup: DedupConfig | None, pending) -> _Plan:
+def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending) -> _Plan:
     scanned = inv = _scan(cfg, pending)
     dedup_result = None
-    if cfg.dedup or dedup is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
-        dcfg = replace(dedup or cfg.dedup_config(), src=cfg.src, out=cfg.out, workers=cfg.workers,
-                       scheduler=cfg.scheduler, on_error=cfg.on_error, progress=cfg.progress)
-        inv, dedup_result = _dedup(inv, cfg, dcfg, pending.get())
+    if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+        # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
+        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_seconds(records(inv), cfg.encode))
+        if execution.mode == "in-process":
+            pending.prefer_local()
+        inv, dedup_result = _dedup(inv, cfg, dcfg, pending)
+        dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
@@ -317,11 +341,13 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
 
 def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     start = time.perf_counter()
+    dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
     # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
-    # build) only when some shard or row file turns out to need it.
+    # build) only when some shard or row file turns out to need it, and a dedup build once its
+    # dedup step knows whether the work can pay for one (tasks.plan_execution).
     rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
-    with background_client(cfg.scheduler, cfg.workers, start=not rerun) as pending:
-        b = _prepare(cfg, dedup, pending)
+    with background_client(cfg.scheduler, cfg.workers, start=not rerun and dcfg is None) as pending:
+        b = _prepare(cfg, dcfg, pending)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)
 
@@ -343,10 +369,8 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                          f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
                          "or pass --allow-empty to write an empty dataset")
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
-    if b.dedup is not None:  # as `shardkit dedup` of a dataset records it
-        removed = len(b.dedup.removed)
-        build_record["dedup"] = {"config": b.dedup.summary["parameters"], "source_samples": samples + removed,
-                                 "removed": removed, "report": "dedup/summary.json"}
+    if b.dedup is not None:
+        build_record["dedup"] = dedup_record(b.dedup.summary, samples)
     stats = {}
     for r in results:
         add_stats(stats, r.stats)
@@ -356,6 +380,8 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                         build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra=extra)
     write_manifest(cfg.out, manifest)
+    if b.dedup is not None:
+        _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
                        b.scanned.samples - b.inv.samples, manifest, b.dedup, b.scanned.notes)

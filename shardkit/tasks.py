@@ -112,6 +112,48 @@ def dask_client(scheduler: str | None, workers: int | None):
         yield client
 
 
+# Seconds an embedded cluster costs before its first task runs and after its last (start-up,
+# worker imports, close), measured at 2-2.5 s on a loaded 2-core machine: the work a cluster of n
+# workers saves, seconds x (1 - 1/n), must exceed this for the cluster to pay off.
+CLUSTER_START_SECONDS = 2.5
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where a job's tasks run, and why (recorded in reports)."""
+
+    mode: str  # "in-process", "embedded cluster" or "cluster"
+    workers: int | None  # for dask_client: 0 in-process, None one per core
+    reason: str
+
+    def record(self) -> dict:
+        n = self.workers if self.workers else (1 if self.workers == 0 else max(1, os.cpu_count() or 1))
+        return {"mode": self.mode, "workers": n, "reason": self.reason}
+
+
+def plan_execution(scheduler: str | None, workers: int | None, work_seconds: float | None) -> Execution:
+    """In-process below the size where an embedded cluster cannot pay for its start; else a cluster.
+
+    An address (`--scheduler`) and an explicit worker count are obeyed; only the default (workers
+    None) is decided from `work_seconds`, the job's estimated single-process time (None: unknown).
+    """
+    if scheduler:
+        return Execution("cluster", workers, f"--scheduler {scheduler}")
+    if workers == 0:
+        return Execution("in-process", 0, "--workers 0")
+    if workers is not None:
+        return Execution("embedded cluster", workers, f"--workers {workers}")
+    n = max(1, os.cpu_count() or 1)
+    if work_seconds is None:
+        return Execution("embedded cluster", None, f"one worker per core ({n})")
+    saved = work_seconds * (1 - 1 / n)
+    if saved <= CLUSTER_START_SECONDS:
+        return Execution("in-process", 0, f"about {work_seconds:.1f} s of work: {n} workers would save "
+                         f"{saved:.1f} s, less than the {CLUSTER_START_SECONDS} s a cluster takes to start")
+    return Execution("embedded cluster", None, f"about {work_seconds:.1f} s of work: {n} workers save ~{saved:.1f} s, "
+                     f"more than the {CLUSTER_START_SECONDS} s a cluster takes to start")
+
+
 def _preload_forkserver() -> None:
     import multiprocessing
     from multiprocessing import forkserver
@@ -157,7 +199,25 @@ class PendingClient:
         """True when the work runs in this process (workers=0): there is no cluster to wait for."""
         return self._local
 
+    def prefer_local(self) -> None:
+        """Run in this process from now on, unless the cluster was already asked for."""
+        with self._lock:
+            if not (self._thread.is_alive() or self._ready.is_set()):
+                self._local = True
+
+    @property
+    def started(self) -> bool:
+        """Whether the cluster was asked for (it may still be starting)."""
+        return self._thread.is_alive() or self._ready.is_set()
+
+    def unless_few(self, tasks: int, few: int = 4):
+        """This client, or None (run in this process) for a handful of short tasks while no cluster
+        is up yet: e.g. a rerun that reuses every signature file starts no cluster for its buckets."""
+        return self if self.started or tasks > few else None
+
     def get(self):
+        if self._local:
+            return None
         self.start()
         self._ready.wait()
         if "client" not in self._box:
@@ -184,6 +244,14 @@ def background_client(scheduler: str | None, workers: int | None, start: bool = 
         pending.close()
 
 
+LazyClient = PendingClient  # the name the dedup engine knows it by: a client started on first use
+
+
+def lazy_client(scheduler: str | None, workers: int | None):
+    """A PendingClient started on first use (or never), closed with its cluster on exit."""
+    return background_client(scheduler, workers, start=False)
+
+
 def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
     """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False)."""
     from tqdm.auto import tqdm
@@ -208,12 +276,13 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
     client None: one after another in this process. Else on Dask, `RETRIES` retries per task for
     failures that may pass (a worker died, a network file system hiccup), none for those that
     cannot (is_final: a full disk, no permission, shardkit's own errors); `shared` values go to
-    every worker once (not once per task). A PendingClient (a cluster still starting) gets a head
-    start: items run in this process until the cluster is up. `check(result)` may raise to stop the
-    run (e.g. a FailFast result); the first exception cancels the tasks still pending. With `then`,
-    the results are those of `then.fn`, one per group, and `check` and `bar` see those.
+    every worker once (not once per task). A PendingClient (a cluster started in the background, or
+    on first use: LazyClient) starts its cluster when there is a task to run and gets a head start:
+    items run in this process until the cluster is up. `check(result)` may raise to stop the run
+    (e.g. a FailFast result); the first exception cancels the tasks still pending. With `then`, the
+    results are those of `then.fn`, one per group, and `check` and `bar` see those.
     """
-    if isinstance(client, PendingClient) and client.local:
+    if isinstance(client, PendingClient) and (client.local or not items):
         client = None
     if client is None:
         return _run_here(fn, items, bar, check, shared, then)

@@ -143,3 +143,24 @@ def test_generated_folder_appears_only_when_complete(tmp_path):
     generated(root, make, "test data")  # reused, not regenerated
     assert len(calls) == 1 and (root / "a.txt").read_text() == "one"
     assert not (tmp_path / "raw.partial").exists()
+
+
+def test_reading_records_in_runs_gives_what_reading_each_gives(tmp_path):
+    from shardkit.errors import RejectedInput
+    from shardkit.sources import read_records
+
+    _touch(tmp_path, "a.jsonl", '{"text": "one"}\n\n{not json\n{"text": "three", "id": 3}\n{"body": 1}\n')
+    _touch(tmp_path, "a/b.txt", "a text file between the lines")
+    _touch(tmp_path, "cls1/c.jsonl", '{"text": "labelled"}\n')
+    records = scan(BuildConfig(src=str(tmp_path), out="o")).records
+    one_by_one = []
+    for rec in records:
+        try:
+            one_by_one.append(read_record(str(tmp_path), rec))
+        except RejectedInput as e:
+            one_by_one.append(e.reason)
+    in_runs = [got.reason if isinstance(got, RejectedInput) else got
+               for _, got in read_records(str(tmp_path), records)]
+    assert in_runs == one_by_one and len(in_runs) == 6
+    assert in_runs[-1].fields["cls"] == 1 and in_runs[-1].meta["source_row"] == 1
+    assert [s.meta.get("source_path") for s in in_runs if not isinstance(s, str)][:2] == ["a.jsonl", "a.jsonl"]

@@ -52,6 +52,7 @@ class ScanResult:
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
+    image_exts: set[str] = field(default_factory=set)  # image extensions seen ('jpg', 'png', …), lowercase
 
     @property
     def inputs(self) -> int:
@@ -100,7 +101,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         listing = walk(cfg.src, cfg.out)
         counts = {rf.id: count_rows(rf, opts) for rf in listing.row_files}
         inv = make_inventory(listing, counts, cfg, opts)
-        return ScanResult(records(inv), inv.rejections, inv.classes, inv.kinds, inv.notes)
+        return ScanResult(records(inv), inv.rejections, inv.classes, inv.kinds, inv.notes, inv.image_exts)
 
 
 def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
@@ -112,7 +113,7 @@ def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
     if os.path.splitext(rel)[1].lower() in JSONL_EXTS:
         with open(os.path.join(root, rel), "rb") as f:
             f.seek(offset)
-            return parse_jsonl_line(f.read(length), rec.key, rec.source, text_field)
+            return parse_jsonl_line(f.read(length), rec.key, rec.source, text_field, number)
     from shardkit.sources.parquet import RowConverter, row_group_of
     from shardkit.sources.index import ScanOptions
 
@@ -122,19 +123,61 @@ def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
     return RowConverter(opts, info, None, rel)(row, rec.key, rec.source)
 
 
+def read_records(root: str, records: list[InputRecord], text_field: str = "text"):
+    """(record, Sample or RejectedInput) for each record, in order. Consecutive rows of one .jsonl
+    file are read with one open and one read (the build reads pieces in runs: sources.read)."""
+    from shardkit.sources.rows import parse_jsonl_line
+
+    i = 0
+    while i < len(records):
+        rec = records[i]
+        j = i + 1
+        if rec.line is not None and os.path.splitext(rec.files[0])[1].lower() in JSONL_EXTS:
+            while j < len(records) and records[j].line is not None and records[j].files[0] == rec.files[0]:
+                j += 1
+        if j == i + 1:
+            try:
+                yield rec, read_record(root, rec, text_field)
+            except RejectedInput as e:
+                yield rec, e
+            i = j
+            continue
+        run = records[i:j]
+        lo, hi = run[0].line[1], max(r.line[1] + r.line[2] for r in run)
+        try:
+            with open(os.path.join(root, rec.files[0]), "rb") as f:
+                f.seek(lo)
+                span = f.read(hi - lo)
+        except OSError as e:
+            span, error = None, RejectedInput(f"unreadable: {e.strerror or e}")
+        for r in run:
+            try:
+                if span is None:
+                    raise error
+                sample = parse_jsonl_line(span[r.line[1] - lo:r.line[1] - lo + r.line[2]], r.key, r.source,
+                                          text_field, r.line[0])
+                if r.label is not None:
+                    sample.fields["cls"] = r.label
+                yield r, sample
+            except RejectedInput as e:
+                yield r, e
+        i = j
+
+
 def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample:
     """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls."""
     try:
         if rec.line is not None:
             sample = _read_row(root, rec, text_field)
         else:
-            sample = Sample(rec.key, {}, {"source": rec.source, "utf8_replaced": 0})
+            sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:
                 ext = os.path.splitext(rel)[1].lower()
                 with open(os.path.join(root, rel), "rb") as f:
                     data = f.read()
                 if ext in IMAGE_EXTS:
                     sample.fields["image"] = data
+                    sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
                 elif ext in TEXT_EXTS:
                     sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
                 elif ext in ARRAY_EXTS:

@@ -24,6 +24,7 @@ class ScanOptions:
     image_field: str = "image"
     label_field: str | None = None
     image_estimate: int | None = None  # estimated output bytes of one image when images are resized
+    image_exts: bool = False  # find the formats of Parquet images (`--encode keep` names fields by them)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def image_estimate(cfg: BuildConfig) -> int | None:
 
 def scan_options(cfg: BuildConfig, state_dir: str | None = None) -> ScanOptions:
     return ScanOptions(cfg.src, state_dir or os.path.join(cfg.out, STATE_SCAN), cfg.text_field,
-                       cfg.image_field, cfg.label_field, image_estimate(cfg))
+                       cfg.image_field, cfg.label_field, image_estimate(cfg), cfg.encode == "keep")
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Inventory:
     classes: list[str] | None
     kinds: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
+    image_exts: set[str] = field(default_factory=set)  # image formats seen ('jpg', 'png', …), lowercase
 
     @property
     def samples(self) -> int:
@@ -154,7 +155,8 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
     return Inventory(opts, table, labels, _estimates(table, opts), listing.row_files, counts, row_labels,
                      label_index, O.pieces_in_order(table, blocks), rejections, classes,
-                     _kinds(table, listing.row_files, counts), listing.notes)
+                     _kinds(table, listing.row_files, counts), listing.notes,
+                     listing.image_exts | {e for info in parquet for e in info.get("image_exts", [])})
 
 
 def _row_kinds(rf: W.RowFile, count: RowCount) -> int:

@@ -82,6 +82,11 @@ def describe(pf, opts) -> dict:
         info["label"] = _label_info(pf, opts.label_field, schema.field(opts.label_field).type)
     used = {opts.text_field, opts.image_field, opts.label_field}
     info["meta"] = [n for n in names if n not in used]
+    if opts.image_exts and info["image"] in ("binary", "struct"):  # reads the image column, no decode
+        values = pf.read(columns=[opts.image_field]).column(0).to_pylist()
+        if info["image"] == "struct":
+            values = [None if v is None else v.get("bytes") for v in values]
+        info["image_exts"] = sorted({image_ext(v) for v in values if v})
     return info
 
 
@@ -116,6 +121,17 @@ def parquet_index(path: str, opts) -> tuple[np.ndarray, int, dict]:
     index["length"] = 0
     index["cum"] = np.cumsum(np.concatenate([e for e, _ in estimates])) if estimates else []
     return index, md.num_rows - 1, info
+
+
+IMAGE_MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"BM", "bmp"),
+               (b"II*\x00", "tif"), (b"MM\x00*", "tif"))
+
+
+def image_ext(data: bytes) -> str:
+    """The extension of image bytes by their magic number (Parquet images come without a file name)."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return next((ext for magic, ext in IMAGE_MAGIC if data.startswith(magic)), "img")
 
 
 def jsonable(value):
@@ -205,7 +221,11 @@ class RowConverter:
             fields["cls"] = self._label(row[opts.label_field])
         if info["meta"]:
             fields["json"] = {name: jsonable(row[name]) for name in info["meta"]}
-        return Sample(key, fields, {"source": source, "utf8_replaced": 0})
+        meta = {"source": source, "source_path": self.rel, "source_row": int(source.rsplit(":", 1)[1]),
+                "utf8_replaced": 0}
+        if "image" in fields:
+            meta["image_ext"] = image_ext(fields["image"])  # what `--encode keep` names the field
+        return Sample(key, fields, meta)
 
 
 @functools.lru_cache(maxsize=4)

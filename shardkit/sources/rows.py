@@ -26,7 +26,7 @@ _WHITESPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.strip() removes: a lin
 def _index_name(rf, opts: ScanOptions) -> str:
     """The index file's name: changes with the file's stats and with what the estimates depend on."""
     text = (f"{INDEX_VERSION}|{rf.stamp()}|{rf.kind}|{opts.image_estimate}|{opts.text_field}|{opts.image_field}|"
-            f"{opts.label_field}")
+            f"{opts.label_field}|{opts.image_exts}")
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
@@ -106,7 +106,7 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     return count
 
 
-def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str) -> Sample:
+def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str, number: int | None = None) -> Sample:
     """One jsonl line → a Sample (txt, and json for the other keys); a bad line is a RejectedInput."""
     text, replaced = decode_text(data)
     try:
@@ -121,7 +121,8 @@ def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str) -> Sam
     fields = {"txt": value}
     if obj:
         fields["json"] = obj
-    return Sample(key, fields, {"source": source, "utf8_replaced": replaced})
+    path = source.rsplit(":", 1)[0]
+    return Sample(key, fields, {"source": source, "source_path": path, "source_row": number, "utf8_replaced": replaced})
 
 
 def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, keys=None):
@@ -141,5 +142,5 @@ def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, ke
         key = keys[i] if keys is not None else row_key(rf.stem_key, number, width)
         line = data[offset - lo:offset - lo + length]
         source = f"{rf.rel}:{number}"
-        yield RowRef(source, lambda line=line, key=key, source=source:
-                     parse_jsonl_line(line, key, source, opts.text_field))
+        yield RowRef(source, lambda line=line, key=key, source=source, number=number:
+                     parse_jsonl_line(line, key, source, opts.text_field, number))

@@ -57,6 +57,7 @@ class Listing:
     tops: set[str] = field(default_factory=set)  # first-level folders holding files of samples
     images: int = 0  # image files seen
     top_images: int = 0  # … of them directly in SRC (not in a class folder)
+    image_exts: set[str] = field(default_factory=set)  # extensions of the file samples' images ('jpg', …)
 
 
 def schema():
@@ -168,15 +169,17 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
     return files
 
 
-def _group(stem: str, files: list, cols: _Columns, rejections: list[Rejection]) -> None:
+def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
     """One stem's files → one file sample (image first, then text, then the rest), or rejections."""
     exts = [e for _, e, _ in files]
     n_img, n_txt, n_arr = (sum(e in s for e in exts) for s in (IMAGE_EXTS, TEXT_EXTS, ARRAY_EXTS))
     if n_img > 1 or n_txt > 1 or n_arr > 1:
         what = "images" if n_img > 1 else "text files" if n_txt > 1 else "arrays"
         for rel, _, _ in files:
-            rejections.append(Rejection(rel, "source", f"ambiguous sample: several {what} share the stem {stem!r}"))
+            listing.rejections.append(Rejection(rel, "source",
+                                                f"ambiguous sample: several {what} share the stem {stem!r}"))
         return
+    listing.image_exts |= {e[1:] for e in exts if e in IMAGE_EXTS}
     # The image (or the text) leads: its path is the sample's source in reports.
     files.sort(key=lambda t: (t[1] not in IMAGE_EXTS, t[1] not in TEXT_EXTS, t[0]))
     key, rels = make_key(stem), [r for r, _, _ in files]
@@ -216,7 +219,7 @@ def walk(root: str, out: str | None = None) -> Listing:
                 listing.top_images += not rel_dir
             groups.setdefault(stem, []).append((rel, ext, st))
         for stem in sorted(groups):
-            _group(stem, groups[stem], cols, listing.rejections)
+            _group(stem, groups[stem], cols, listing)
         todo.extend(reversed(subdirs))
     listing.files = cols.table()
     return listing

@@ -6,10 +6,10 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes, shard_relpath
+from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum,
+                               fixed_nbytes, shard_relpath, source_columns)
 
-ROW_GROUP_BYTES = 4 * 2**20
-SOURCE_COLUMN = "__source__"  # a few MB: large enough for columnar reads, small enough to stream
+ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
 
 def arrow_type(spec: dict):
@@ -37,7 +37,8 @@ def _column_value(spec: dict, value):
 
 def samples_table(samples, fields: dict):
     """`samples` (sorted by key) as an Arrow table: __key__, then per field (sorted) a nullable column
-    and its `<field>.xxh3` column, the checksum of every stored value (null where the value is).
+    and its `<field>.xxh3` column, the checksum of every stored value (null where the value is),
+    then each sample's source (contract.source_columns).
 
     The same columns serve Parquet shards and the build's work-unit files, so a shard assembled from
     units holds exactly the bytes a shard written in one go would (and the units compute the sums)."""
@@ -50,19 +51,22 @@ def samples_table(samples, fields: dict):
         values = [_column_value(spec, s.fields.get(name)) for s in samples]
         columns[name] = pa.array(values, arrow_type(spec))
         columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
+    columns.update(source_columns(samples))
     return pa.table(columns)
 
 
 def table_samples(table, fields: dict) -> list:
-    """The inverse of samples_table: Samples with the same field values (absent where null), and
-    their sources when the table has a SOURCE_COLUMN (work units that hand samples on, not shards)."""
+    """The inverse of samples_table: Samples with the same field values (absent where null) and
+    sources (meta source_path, source_row, and source as errors.jsonl names it)."""
     from shardkit.sample import Sample
 
     columns = {name: table.column(name).to_pylist() for name in sorted(fields)}  # the sums are left out
-    sources = table.column(SOURCE_COLUMN).to_pylist() if SOURCE_COLUMN in table.column_names else None
+    paths, rows = table.column(SOURCE_COLUMN).to_pylist(), table.column(SOURCE_ROW_COLUMN).to_pylist()
     out = []
     for i, key in enumerate(table.column("__key__").to_pylist()):
-        sample = Sample(key, meta={} if sources is None else {"source": sources[i]})
+        where = paths[i] if rows[i] is None else f"{paths[i]}:{rows[i]}"
+        sample = Sample(key, meta={"source": key if paths[i] is None else where, "source_path": paths[i],
+                                   "source_row": rows[i]})
         for name, values in columns.items():
             if values[i] is not None:
                 sample.fields[name] = json.loads(values[i]) if fields[name]["kind"] == "json" else values[i]
@@ -93,7 +97,7 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
     # Encoded media is already compressed: zstd there costs CPU on every read for nothing.
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
-    compression["__key__"] = "zstd"
+    compression.update({"__key__": "zstd", SOURCE_COLUMN: "zstd", SOURCE_ROW_COLUMN: "zstd"})
     compression.update({n + CHECKSUM_SUFFIX: "none" for n in names})  # random bits: nothing to gain
     path = os.path.join(root, rel)
     with atomic_writer(path, durable=durable) as out:
