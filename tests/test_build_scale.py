@@ -343,3 +343,14 @@ def test_a_rerun_with_nothing_to_do_starts_no_cluster(raw_folder, tmp_path, monk
     (raw_folder / "corpus.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")
     third = _build(raw_folder, out, workers=1, max_samples_per_shard=8)
     assert started == [1] and 0 < third.reused_shards < len({s.id for s in third.shards})
+
+
+def test_parquet_images_kept_as_they_are_under_their_format(tmp_path):
+    raw = tmp_path / "raw"
+    hf_image_parquet(raw / "imgs.parquet", n=6, bad=False)
+    out = tmp_path / "out"
+    result = _build(raw, out, encode="keep", text_field="caption", format="parquet")
+    m = result.manifest
+    assert m.fields["jpg"] == {"kind": "image", "encoding": "keep"} and result.samples == 6
+    rows = pq.read_table(out / m.shards[0].path).to_pylist()
+    assert rows[2]["jpg"] == _jpeg(2) and rows[2]["__source__"] == "imgs.parquet" and rows[2]["__source_row__"] == 2
