@@ -94,7 +94,7 @@ def test_cache_limit_evicts_least_recently_used(served, tmp_path):
     held = sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file() and
                not f.name.endswith(".lock"))
     assert held <= biggest + 1 and len(list((tmp_path / "cache").rglob("*.idx.parquet"))) == 1
-    assert ds._cache.fetched == 8  # each file once: the order was sequential, so no refetch
+    assert ds.reader._cache.fetched == 8  # each file once: the order was sequential, so no refetch
 
 
 def test_read_shard_samples_remote(served):

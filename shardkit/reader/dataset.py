@@ -3,36 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections import OrderedDict
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset
 
 from shardkit.config import StreamConfig
-from shardkit.errors import ConfigError, ShardError
-from shardkit.fs import join
-from shardkit.manifest import load_manifest
-from shardkit.reader import decode, variants
-from shardkit.reader.cache import ShardCache
+from shardkit.errors import ConfigError
 from shardkit.identity import rank_world, worker_identity, worker_info
-from shardkit.reader.partition import (Plan, locate, padding, rank_sequence, rank_size, shard_offsets,
-                                       worker_batches)
-from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, open_shard
-from shardkit.contract import fixed_nbytes
-
-log = logging.getLogger(__name__)
-MAX_OPEN_SHARDS = 64  # per worker; a shuffle block spans a few shards, so this rarely evicts
+from shardkit.manifest import load_manifest
+from shardkit.reader import decode
+from shardkit.reader.batches import BatchReader
+from shardkit.reader.order import shard_offsets
+from shardkit.reader.partition import EpochPlan, Plan, rank_size
+from shardkit.reader.position import Position
 
 
 class StreamingDataset(IterableDataset):
     """Streams a dataset built by `shardkit build`: exactly-once over ranks x workers, shuffled.
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
-    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields one decoded
-    sample dict at a time; `make_loader` switches it to whole batches built in the workers.
-    `transform` maps one decoded sample dict, `batch_transform` one batch dict.
+    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields
+    one decoded sample dict at a time; `batches()` yields whole batches (what `make_loader`'s
+    workers run). `transform` maps one decoded sample dict, `batch_transform` one batch dict.
+    Progress through the epoch lives in `position`; reading and decoding in `reader`.
     """
 
     def __init__(self, src: str, config: StreamConfig | None = None, *, transform=None,
@@ -46,22 +39,12 @@ class StreamingDataset(IterableDataset):
         self.manifest = load_manifest(self.src)
         self.shards = self.manifest.shards_of(self.config.format)
         self.fields = self._resolve_fields()
-        self.counts = [s.samples for s in self.shards]
-        self.offsets = shard_offsets(self.counts)
+        self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)
+        self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards,
+                                  shard_offsets(self.counts), self.config)
         self.rank, self.world_size = rank_world()
-        self.batch_size, self.drop_last = None, False
-        self.epoch_pinned = False  # set_epoch() since the last loader iter(): no automatic advance
-        # make_loader installs one: batch memory from reusable shared slots (alloc), and a wire
-        # form for sending batches to the main process (pack).
-        self.transport = None
-        self._iter_epoch = 0
-        # Shared with DataLoader workers (also persistent ones): [epoch, consumed at the start of
-        # the current iteration, bad flag per shard]. The main process keeps the live position.
-        self._shared = torch.zeros(2 + len(self.shards), dtype=torch.int64).share_memory_()
-        self._epoch, self._consumed = 0, 0
-        self._readers: OrderedDict = OrderedDict()
-        self._cache = None
-        rank_sequence(self.counts, self.plan, 0, self.rank, self.world_size)  # validates early
+        self.position = Position()
+        self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
 
     def _resolve_fields(self) -> list[str]:
         known = self.manifest.fields
@@ -75,209 +58,78 @@ class StreamingDataset(IterableDataset):
 
     @property
     def plan(self) -> Plan:
+        """The epoch layout these options give (one sample per batch)."""
         c = self.config
-        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer,
-                    drop_remainder=c.drop_remainder, batch_size=self.batch_size or 1, drop_last=self.drop_last)
+        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
+
+    def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False) -> EpochPlan:
+        """This rank's plan of `epoch` (after resume `layers`), O(shards) to compute."""
+        plan = dataclasses.replace(self.plan, batch_size=batch_size, drop_last=drop_last)
+        return EpochPlan.of(self.counts, plan, epoch, self.rank, self.world_size, layers)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
-        return rank_size(int(self.offsets[-1]), self.world_size, self.config.drop_remainder)
+        return rank_size(int(self.counts.sum()), self.world_size, self.config.drop_remainder)
 
     @property
     def padding(self) -> int:
-        """Samples repeated (or, with drop_remainder, dropped) over all ranks per epoch."""
-        return padding(int(self.offsets[-1]), self.world_size, self.config.drop_remainder)
+        """Samples repeated (or, with drop_remainder, dropped) over all ranks by the current
+        epoch's split (after a resume at another world size: by the rest of this epoch)."""
+        p = self.position
+        return self.epoch_plan(p.epoch, p.layers).padding
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.position.epoch
 
     @property
     def consumed(self) -> int:
         """Samples of this epoch already yielded to the training loop (kept up by make_loader)."""
-        return self._consumed
+        return self.position.consumed
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` (a new order); the same epoch again keeps a restored position.
 
         Without set_epoch, make_loader moves to the next epoch when one has run out.
         """
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch({epoch!r}): expected an integer >= 0")
-        self.epoch_pinned = True
-        if epoch != self._epoch:
-            self.set_position(epoch, 0)
+        self.position.set_epoch(epoch)
 
-    def set_position(self, epoch: int, consumed: int) -> None:
-        """Jump to `consumed` samples into `epoch` (what load_state_dict uses)."""
-        if not 0 <= consumed <= len(self):
-            raise ConfigError(f"consumed={consumed}: expected 0..{len(self)} for this rank's epoch")
-        self._epoch, self._consumed = epoch, consumed
-        self.publish()
-
-    def advance(self, samples: int) -> None:
-        """Count samples handed to the training loop; workers keep the start they were given."""
-        self._consumed += samples
-
-    def publish(self) -> None:
-        """Hand the position to workers: iterations started from now on begin there.
-
-        Workers read it once, when their iteration starts; counting progress goes to a
-        separate, unshared counter, so a late-starting worker never sees a moved start.
-        """
-        self._shared[0], self._shared[1] = self._epoch, self._consumed
-
-    def set_batching(self, batch_size: int | None, drop_last: bool = False) -> None:
-        """Yield whole batches of `batch_size` (built in the workers); None yields single samples."""
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-            raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer or None")
-        self.batch_size, self.drop_last = batch_size, bool(drop_last)
+    def restart(self, epoch: int = 0) -> None:
+        """Go to the first sample of `epoch`, whatever was consumed (e.g. a validation pass)."""
+        self.position.jump(epoch)
 
     @property
     def skipped_shards(self) -> list[str]:
         """Paths of shards skipped as unreadable under on_error='skip' (seen by any worker)."""
-        bad = self._shared[2:].nonzero().flatten().tolist()
-        return [self.shards[i].path for i in bad]
+        return self.reader.skipped
 
-    def __iter__(self):
-        epoch, consumed = int(self._shared[0]), int(self._shared[1])
-        self._iter_epoch = epoch  # in a worker, self.epoch is the main process's at fork time
-        if self.transport is not None:
-            self.transport.start_iteration()
+    def batches(self, batch_size: int, drop_last: bool = False, alloc=None):
+        """This worker's batches from the published position: {'__key__': [str], field: tensor
+        or list}; batch memory comes from `alloc` (make_loader passes its shared slots)."""
         if worker_info() is not None:
             decode.tune_worker_malloc()
+        epoch, consumed, layers = self.position.published()
         worker, num_workers = worker_identity()
-        sequence = rank_sequence(self.counts, self.plan, epoch, self.rank, self.world_size)
-        for ids in worker_batches(sequence, self.plan, consumed, worker, num_workers):
-            if self.batch_size is None:
-                yield from self._samples(ids)
-            else:
-                yield self.load_batch(ids)
+        plan = self.epoch_plan(epoch, layers, batch_size, drop_last)
+        for ids in plan.batches(consumed, worker, num_workers):
+            yield self.load(ids, epoch, alloc)
 
-    def _samples(self, ids):
-        batch = self._batch(ids)
-        for i in range(len(batch["__key__"])):
-            sample = decode.unbatch(batch, i)
-            yield self.transform(sample) if self.transform else sample
-
-    def load_batch(self, ids: np.ndarray) -> dict:
-        """The batch of global sample ids `ids`: {'__key__': [str], field: tensor or list}."""
-        batch = self._batch(ids)
+    def load(self, ids: np.ndarray, epoch: int, alloc=None) -> dict:
+        """The batch of global sample ids `ids` as shown in `epoch`, transforms applied."""
+        if alloc is None or self.transform is not None:  # a transform rebuilds the batch
+            alloc = decode.np_empty
+        batch = self.reader.read(ids, epoch, alloc)
         if self.transform is not None:
             samples = [self.transform(decode.unbatch(batch, i)) for i in range(len(batch["__key__"]))]
             batch = decode.collate(samples)
-        batch = self.batch_transform(batch) if self.batch_transform else batch
-        return self.transport.pack(batch) if self.transport is not None else batch
+        return self.batch_transform(batch) if self.batch_transform else batch
 
-    def _alloc(self):
-        if self.transport is None or self.transform is not None:  # a transform rebuilds the batch
-            return decode.np_empty
-        return self.transport.alloc
-
-    def _batch(self, ids: np.ndarray) -> dict:
-        """Read and decode; under on_error='skip' a failing shard's samples are left out."""
-        while True:
-            shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
-            try:
-                return self._build(shard_idx, rows)
-            except ShardError as e:
-                bad = getattr(e, "shard_index", None)
-                if self.config.on_error != "skip" or bad is None:
-                    raise
-                log.warning("skipping shard %s: %s", self.shards[bad].path, e)
-                self._shared[2 + bad] = 1
-                self._readers.pop(bad, None)
-                ids = np.asarray(ids)[shard_idx != bad]
-
-    def _build(self, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
-        n = len(rows)
-        groups = []  # (reader, positions, rows) per shard, in first-seen order
-        for s in dict.fromkeys(shard_idx.tolist()):
-            if self._shared[2 + s]:
-                raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
-            pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, self._reader(s), pos, rows[pos]))
-        keys: list = [None] * n
-        for s, reader, pos, r in groups:
-            rk = reader.keys
-            for p, row in zip(pos.tolist(), r.tolist()):
-                keys[p] = rk[row]
-        batch = {"__key__": keys}
-        for name in self.fields:
-            batch[name] = self._column(name, groups, n)
-        return batch
-
-    def _column(self, name: str, groups, n: int):
-        spec = self.manifest.fields[name]
-        if spec.get("variants"):  # offline augmentation: each sample reads this epoch's variant only
-            groups = variants.wrap_groups(groups, self.manifest.fields, name, self._iter_epoch,
-                                          self.config.variant, self.config.seed)
-        if fixed_nbytes(spec):
-            # Rows widened into a new tensor (token ids to int64, a dtype cast) are read into
-            # plain memory; the tensor handed on takes the shared slot.
-            direct = decode.stored_as_is(spec, self.config.dtype)
-            flat = decode.fixed_batch(n, spec, self._alloc() if direct else decode.np_empty)
-            present = np.zeros(n, bool)
-            for s, reader, pos, r in groups:
-                if reader.has(name):
-                    present[pos] = _guard(s, lambda: reader.fill(name, r, flat, pos))
-            return decode.arrays(flat, present, spec, self._alloc(), self.config.dtype)
-        values: list = [None] * n
-        for s, reader, pos, r in groups:
-            if reader.has(name):
-                for p, v in zip(pos.tolist(), _guard(s, lambda: reader.values(name, r))):
-                    values[p] = v
-        try:
-            return decode.column(spec, values, self._alloc())
-        except decode.DecodeFailed as e:
-            s = next(s for s, _, pos, _ in groups if e.index in pos)
-            raise _tagged(ShardError(f"shard {join(self.src, self.shards[s].path)}: cannot decode field "
-                                     f"{name!r} of an image in it ({e}); rebuild the dataset"), s) from e
-
-    def _reader(self, s: int):
-        if s in self._readers:
-            self._readers.move_to_end(s)
-            return self._readers[s]
-        if self._cache is None:
-            # Created lazily, in the worker that reads: caches are per process.
-            self._cache = ShardCache(self.src, self.config.cache_dir, self.config.cache_limit)
-            self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
-        shard = self.shards[s]
-        url = join(self.src, shard.path)
-
-        def load():
-            path, index_path = self._cache.shard_paths(shard)
-            return open_shard(path, shard, self.manifest.fields, url, index_path=index_path,
-                              cache=self._row_groups)
-
-        try:
-            try:
-                reader = load()
-            except FileNotFoundError:
-                reader = load()  # another worker evicted the cached copy between fetch and open
-        except ShardError as e:
-            raise _tagged(e, s)
-        except OSError as e:
-            raise _tagged(ShardError(f"cannot open shard {url}: {e}; is the dataset complete?"), s) from e
-        self._readers[s] = reader
-        if len(self._readers) > MAX_OPEN_SHARDS:
-            self._readers.popitem(last=False)
-        return reader
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_readers"], state["_cache"] = OrderedDict(), None  # open files stay in their process
-        state.pop("_row_groups", None)
-        return state
-
-
-def _tagged(error: ShardError, shard_index: int) -> ShardError:
-    error.shard_index = shard_index
-    return error
-
-
-def _guard(s: int, read):
-    try:
-        return read()
-    except ShardError as e:
-        raise _tagged(e, s)
+    def __iter__(self):
+        """One decoded sample at a time (a plain DataLoader batches them itself)."""
+        epoch, consumed, layers = self.position.published()
+        worker, num_workers = worker_identity()
+        for ids in self.epoch_plan(epoch, layers).batches(consumed, worker, num_workers):
+            batch = self.reader.read(ids, epoch)
+            for i in range(len(batch["__key__"])):
+                sample = decode.unbatch(batch, i)
+                yield self.transform(sample) if self.transform else sample
