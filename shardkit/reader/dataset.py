@@ -39,7 +39,7 @@ class StreamingDataset(IterableDataset):
         self.manifest = load_manifest(self.src)
         self.shards = self.manifest.shards_of(self.config.format)
         self.fields = self._resolve_fields()
-        self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)
+        self.counts = self.shards.samples.astype(np.int64)  # columns: no object per shard
         self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards,
                                   shard_offsets(self.counts), self.config)
         self.rank, self.world_size = rank_world()
