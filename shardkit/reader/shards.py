@@ -10,11 +10,12 @@ from collections import OrderedDict
 
 import numpy as np
 
+from shardkit.contract import ShardInfo, fixed_nbytes
 from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
+from shardkit.reader import parquet_pages
 from shardkit.sample import Sample
-from shardkit.contract import ShardInfo
 
 BLOCK = 512
 ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups
@@ -136,20 +137,26 @@ class TarShard:
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
-        nbytes = out.shape[1]
-        offs, sizes = self.offsets[field][rows], self.sizes[field][rows]
-        present = offs >= 0
-        if np.any(sizes[present] != nbytes):
-            raise ShardError(f"shard {self.url}: field {field!r} has a member that is not {nbytes} bytes; "
-                             "rebuild the dataset")
-        buf = self.buf
-        for o, p in zip(offs[present].tolist(), np.asarray(positions)[present].tolist()):
-            out[p] = buf[o:o + nbytes]
-        return present
+        return gather(self.buf, self.offsets[field][rows], self.sizes[field][rows], out, positions,
+                      f"shard {self.url}: field {field!r}")
+
+
+def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray, positions, where: str):
+    """Copy the fixed-size values at byte offsets `offs` of a mapped file into out[positions]
+    (-1: absent); returns the presence mask. One slice copy per value, no decode."""
+    nbytes = out.shape[1]
+    present = offs >= 0
+    if np.any(sizes[present] != nbytes):
+        raise ShardError(f"{where} has a value that is not {nbytes} bytes; rebuild the dataset")
+    for o, p in zip(offs[present].tolist(), np.asarray(positions)[present].tolist()):
+        out[p] = buf[o:o + nbytes]
+    return present
 
 
 class ParquetShard:
-    """One Parquet shard; row groups are read on demand (only the needed columns) into an LRU."""
+    """One Parquet shard. Uncompressed PLAIN media and fixed-size columns (what shardkit writes)
+    are sliced out of the memory-mapped file by value offsets, as tar members are; any other
+    column is read a row group at a time (only the needed column) into an LRU."""
 
     def __init__(self, path: str, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU):
         import pyarrow.parquet as pq
@@ -161,17 +168,43 @@ class ParquetShard:
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
+            with open(path, "rb") as f:
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ShardError:
             raise
         except Exception as e:
             raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
+        self.buf = np.frombuffer(self.mm, np.uint8)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if self.starts[-1] != shard.samples:
             raise ShardError(f"shard {url} holds {self.starts[-1]} rows, the manifest says {shard.samples}; "
                              "rebuild the dataset")
+        self._direct: dict = {}  # field -> (offsets, sizes) of every row's value, or None
+        self._int_columns: dict = {}
 
     def has(self, field: str) -> bool:
         return field in self.columns
+
+    def direct(self, field: str):
+        """(offsets, sizes) of each row's value in the file (-1 where null), or None when the
+        column is not stored uncompressed and PLAIN; computed once per field from page headers."""
+        if field not in self._direct:
+            self._direct[field] = self._value_offsets(field)
+        return self._direct[field]
+
+    def _value_offsets(self, field: str):
+        spec = self.specs[field]
+        if spec["kind"] in ("int", "text", "json"):
+            return None
+        meta = self.pf.metadata
+        j = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == field), None)
+        if j is None:
+            return None
+        chunks = [parquet_pages.chunk_offsets(self.mm, meta.row_group(g).column(j), meta.schema.column(j),
+                                              fixed_nbytes(spec)) for g in range(meta.num_row_groups)]
+        if not chunks or any(c is None for c in chunks):
+            return None
+        return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
 
     def _group(self, i: int, field: str):
         def load():
@@ -190,8 +223,28 @@ class ParquetShard:
             sel = np.nonzero(groups == g)[0]
             yield int(g), sel, rows[sel] - self.starts[g]
 
+    def _ints(self, field: str):
+        """A whole int column (values, validity) as numpy, read once: 8 bytes a row, while a
+        row group per sample under shuffle costs a decode each."""
+        if field not in self._int_columns:
+            try:
+                col = self.pf.read(columns=[field]).column(0).combine_chunks()
+            except Exception as e:
+                raise ShardError(f"shard {self.url}: cannot read column {field!r} ({type(e).__name__}: {e}); "
+                                 "rebuild the dataset") from e
+            valid = col.is_valid().to_numpy(zero_copy_only=False)
+            self._int_columns[field] = (col.fill_null(0).to_numpy(), valid)
+        return self._int_columns[field]
+
     def values(self, field: str, rows) -> list:
         """Stored values of `field` at `rows` (binary as bytes, json parsed); None where null."""
+        direct = self.direct(field)
+        if direct is not None:
+            offs, sizes = direct[0][rows], direct[1][rows]
+            return [None if o < 0 else self.mm[o:o + n] for o, n in zip(offs.tolist(), sizes.tolist())]
+        if self.specs[field]["kind"] == "int":
+            ints, valid = self._ints(field)
+            return [v if ok else None for v, ok in zip(ints[rows].tolist(), valid[rows].tolist())]
         out: list = [None] * len(rows)
         json_field = self.specs[field]["kind"] == "json"
         for g, sel, local in self._by_group(rows):
@@ -202,7 +255,12 @@ class ParquetShard:
         return out
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
-        """Gather fixed-size binary values into out[positions] straight from Arrow buffers."""
+        """Gather fixed-size binary values into out[positions]: by offset from the mapped file, else
+        from Arrow buffers of the row groups."""
+        direct = self.direct(field)
+        if direct is not None:
+            return gather(self.buf, direct[0][rows], direct[1][rows], out, positions,
+                          f"shard {self.url}: field {field!r}")
         nbytes = out.shape[1]
         positions = np.asarray(positions)
         present = np.ones(len(rows), bool)

@@ -50,11 +50,15 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     table = pa.table(columns)
     row_bytes = max(1, table.nbytes // max(1, len(samples)))
     rows_per_group = max(1, min(len(samples), ROW_GROUP_BYTES // row_bytes))
-    # Encoded media is already compressed: zstd there costs CPU on every read for nothing.
+    # Encoded media is already compressed: zstd there costs CPU on every read for nothing. Those
+    # columns are also written PLAIN, without a dictionary, so each value's bytes sit in the file
+    # as they are and readers slice them out by offset (reader/parquet_pages.py).
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
     compression["__key__"] = "zstd"
+    dictionary = [n for n, codec in compression.items() if codec != "none"]
     path = os.path.join(root, rel)
     with atomic_writer(path) as out:
-        pq.write_table(table, out, row_group_size=rows_per_group, compression=compression)
+        pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
+                       use_dictionary=dictionary)
     return ShardInfo(shard_id, "parquet", rel, len(samples), os.path.getsize(path), sha256_file(path))
