@@ -7,6 +7,9 @@ DEMO   := demo
 # Take the CPU build of torch that lies on this machine's disk first; a looser requirement
 # resolved by pip would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
+# setuptools prints an information block (not a deprecation) on every editable install of a flat
+# layout, asking to mind folders named like the package; the install itself is clean.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test install bench clean
 
@@ -14,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(QUIET_EDITABLE) $(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

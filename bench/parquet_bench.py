@@ -4,7 +4,8 @@
     .venv/bin/python bench/parquet_bench.py --n 1200 --rounds 1                       # quick check
 
 Data: photo-like images at 224^2 as raw uint8 and as JPEG q90, each in tar and Parquet shards
-of 500 (bench/loader_bench.py prepares them; reused from --work). Every variant runs in a fresh
+of 500 (bench/loader_bench.py prepares them; reused from --work), and 60,000 text documents of
+150 words with a label in 12 shards of each format (what the default format is chosen on). Every variant runs in a fresh
 process (make_loader, 2 workers, batch 64, shuffle on): one warm-up epoch, then whole epochs
 for at least --seconds; a thread samples the RSS of the process and its workers, summed.
 Variants are interleaved round by round. "parquet, row groups" is the path Parquet took before
@@ -60,7 +61,29 @@ VARIANTS = {  # name -> (dataset, format, row groups forced)
     "jpeg tar": ("jpeg", "tar", False),
     "jpeg parquet": ("jpeg", "parquet", False),
     "jpeg parquet, row groups": ("jpeg", "parquet", True),
+    "text tar": ("text", "tar", False),
+    "text parquet": ("text", "parquet", False),
 }
+
+
+def text_dataset(root: str, docs: int = 60_000, shards: int = 12) -> None:
+    """Documents of 150 words from a 5,000-word vocabulary, with a label; tar and Parquet shards."""
+    import numpy as np
+
+    from shardkit.manifest import Manifest, write_manifest
+    from shardkit.sample import Sample
+    from shardkit.writers import get_writer
+
+    if os.path.exists(os.path.join(root, "manifest.json")):
+        return
+    rng = np.random.default_rng(0)
+    words = np.array([f"w{i}" for i in range(5000)])
+    samples = [Sample(f"d{i:06d}", {"txt": " ".join(rng.choice(words, 150)), "cls": i % 7}) for i in range(docs)]
+    fields = {"txt": {"kind": "text"}, "cls": {"kind": "int", "dtype": "int64"}}
+    per = -(-docs // shards)
+    infos = [get_writer(fmt)(samples[lo:lo + per], root, sid, fields)
+             for sid, lo in enumerate(range(0, docs, per)) for fmt in ("tar", "parquet")]
+    write_manifest(root, Manifest(samples=docs, fields=fields, shards=infos))
 
 
 def run(root: str, fmt: str, rowgroups: bool, seconds: float) -> dict:
@@ -83,6 +106,7 @@ def main(argv=None) -> int:
     work = args.work or os.path.join(tempfile.gettempdir(), f"shardkit-loader-bench-{args.n}")
     if _existing(os.path.join(work, "raw")) != args.n:
         prepare(work, args.n)
+    text_dataset(os.path.join(work, "text"))
     results = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
         for name, (data, fmt, rowgroups) in VARIANTS.items():
@@ -107,6 +131,7 @@ def main(argv=None) -> int:
     print(f"  raw parquet, row groups / raw tar       = {ratio('raw parquet, row groups', 'raw tar', 'rate')}  "
           "(the previous Parquet path)")
     print(f"  jpeg parquet, row groups / jpeg tar     = {ratio('jpeg parquet, row groups', 'jpeg tar', 'rate')}")
+    print(f"  text parquet / text tar, samples/s      = {ratio('text parquet', 'text tar', 'rate')}")
     return 0
 
 

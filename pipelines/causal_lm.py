@@ -16,8 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared recipe plumbing
-from image_classification import Recipe, fit, open_session, parse, prepare  # noqa: E402
+from shardkit.recipes import Recipe, fit, open_session, parse, prepare
 
 BYTE_PAD = 256  # one id past the bytes: never an input (split_rows maps it to 0), ignored as a target
 BYTE_VOCAB = 256

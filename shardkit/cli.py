@@ -9,7 +9,7 @@ import sys
 import click
 
 from shardkit._version import __version__
-from shardkit.config import ENCODINGS, FORMATS, RESIZE_MODES, TAIL_CHOICES
+from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES
 from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
 
 
@@ -69,6 +69,11 @@ def _parse_size(ctx, param, value):
 @click.option("--image-size", type=int, default=None, help="Target size in pixels (see --resize-mode).")
 @click.option("--resize-mode", type=click.Choice(RESIZE_MODES), default="shorter", show_default=True,
               help="shorter: shorter side → N; center-crop: then crop N×N; pad: longer side → N, pad to N×N.")
+@click.option("--crop-size", type=int, default=None, metavar="C",
+              help="Then keep the centre C×C (C <= N): --image-size 256 --crop-size 224 is the usual "
+                   "'shorter side 256, center crop 224'.")
+@click.option("--resample", type=click.Choice(RESAMPLE_FILTERS), default="bicubic", show_default=True,
+              help="Resampling filter of the resize (PIL's).")
 @click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
               help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size).")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
@@ -124,6 +129,7 @@ def build(src, out, **options):
     \b
     Examples:
       shardkit build raw/ out/ --image-size 256
+      shardkit build raw/ out/ --image-size 256 --crop-size 224 --resample bilinear --encode raw
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --encode raw --format both
       shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
       shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet

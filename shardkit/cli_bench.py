@@ -39,17 +39,19 @@ def _names(ctx, param, value):
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--repeat", type=int, default=3, show_default=True, help="Interleaved repetitions of every run.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Batches left out at the start of each run.")
+@click.option("--min-batches", type=int, default=20, show_default=True,
+              help="Batches measured per run at least: a small folder is read for as many epochs as that takes.")
 @click.option("--step-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch; 0 measures pure loader speed, e.g. 20 shows starvation.")
 @click.option("--gpu", is_flag=True, help="Run a small ResNet-like CNN step (bf16 autocast, CUDA) instead of --step-ms.")
 @click.option("--build-workers", type=int, default=None,
               help="Dask workers for building the shard variants [default: one per core]; 0 builds in-process.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated folder.")
-@click.option("--plot/--no-plot", default=True, show_default=True, help="Draw bench.png (needs matplotlib).")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Draw bench.png.")
 @click.option("--plot-only", is_flag=True, help="Only redraw OUT/bench.png from OUT/bench.json.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, variants, batch_size, repeat,
-          warmup, step_ms, gpu, build_workers, seed, plot, plot_only, progress):
+          warmup, min_batches, step_ms, gpu, build_workers, seed, plot, plot_only, progress):
     """Measure data loading on this machine: a raw-folder Dataset vs WebDataset vs shardkit.
 
     \b
@@ -71,7 +73,7 @@ def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, vari
 
     cfg = BenchConfig(raw_folder=raw_folder, out=out, cache_dir=cache_dir, images=images, classes=classes,
                       image_size=image_size, workers=workers, variants=variants, batch_size=batch_size,
-                      repeat=repeat, warmup=warmup, step_ms=step_ms, gpu=gpu, build_workers=build_workers,
+                      repeat=repeat, warmup=warmup, min_batches=min_batches, step_ms=step_ms, gpu=gpu, build_workers=build_workers,
                       seed=seed, plot=plot, progress=progress)
     report = run_bench(cfg)
     click.echo(markdown(report))
@@ -79,9 +81,6 @@ def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, vari
     if not report["checks"]["same_samples"]:
         click.secho("error: the variants did not read the same samples; the ratios above are not comparable",
                     fg="red", err=True)
-        sys.exit(1)
-    if "plot_error" in report:
-        click.secho(f"error: {report['plot_error']}", fg="red", err=True)
         sys.exit(1)
 
 

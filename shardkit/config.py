@@ -12,6 +12,7 @@ from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
+RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
 ENCODINGS = ("jpeg", "png", "webp", "raw")
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -54,6 +55,8 @@ class BuildConfig:
     max_samples_per_shard: int = 10_000
     image_size: int | None = None
     resize_mode: str = "shorter"
+    crop_size: int | None = None  # keep the centre crop_size×crop_size after resizing (256 → 224)
+    resample: str = "bicubic"
     encode: str = "jpeg"
     quality: int = 90
     labels: bool = True
@@ -83,6 +86,7 @@ class BuildConfig:
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
         choice("resize_mode", self.resize_mode, RESIZE_MODES, "--resize-mode")
+        choice("resample", self.resample, RESAMPLE_FILTERS, "--resample")
         choice("encode", self.encode, ENCODINGS, "--encode")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
         positive("shard_size", self.shard_size, "--shard-size")
@@ -94,10 +98,11 @@ class BuildConfig:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":
             raise ConfigError(f"--resize-mode {self.resize_mode} needs --image-size N")
-        if self.encode == "raw" and (self.image_size is None or self.resize_mode not in ("center-crop", "pad")):
+        check_crop(self)
+        if self.encode == "raw" and self.stored_size is None:
             raise ConfigError(
                 "--encode raw stores uint8 HxWx3 arrays of one fixed shape: give --image-size N with "
-                "--resize-mode center-crop or pad"
+                "--resize-mode center-crop or pad, or --crop-size C"
             )
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
@@ -114,6 +119,13 @@ class BuildConfig:
     @property
     def image_field(self) -> str:
         return IMAGE_FIELD[self.encode]
+
+    @property
+    def stored_size(self) -> int | None:
+        """The side of the square every stored image has, or None when sizes vary."""
+        if self.crop_size is not None:
+            return self.crop_size
+        return self.image_size if self.resize_mode in ("center-crop", "pad") else None
 
     def recorded(self) -> dict:
         """The output-affecting part of the config, as written into the manifest."""
@@ -232,6 +244,19 @@ class DedupConfig:
 
 TAIL_CHOICES = ("pad", "drop")
 AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
+
+
+def check_crop(cfg: BuildConfig) -> None:
+    """--crop-size C: after --image-size N (shorter side → N) keep the centre C×C, C <= N."""
+    if cfg.crop_size is None:
+        return
+    positive("crop_size", cfg.crop_size, "--crop-size")
+    if cfg.image_size is None or cfg.resize_mode not in ("shorter", "center-crop"):
+        raise ConfigError(f"--crop-size {cfg.crop_size} crops the centre of the resized image: give --image-size N "
+                          "with --resize-mode shorter (or center-crop), e.g. --image-size 256 --crop-size 224")
+    if cfg.crop_size > cfg.image_size:
+        raise ConfigError(f"--crop-size {cfg.crop_size} is larger than --image-size {cfg.image_size}, the shorter "
+                          f"side after resizing: give a crop size of at most {cfg.image_size}")
 
 
 def check_cache_options(cfg: BuildConfig) -> None:

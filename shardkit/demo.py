@@ -7,15 +7,22 @@ import time
 
 
 def _describe(batch: dict) -> str:
+    """One line per field: a tensor's shape and dtype; for a list (a mixed folder: some samples lack
+    the field, or shapes differ) what its items are."""
     parts = []
     for name, value in sorted(batch.items()):
-        shape = tuple(value.shape) if hasattr(value, "shape") else f"list[{len(value)}]"
-        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
-        parts.append(f"{name}: {shape} {dtype}".rstrip())
-    return ", ".join(parts)
+        if hasattr(value, "shape"):
+            parts.append(f"{name}: {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}")
+            continue
+        present = [v for v in value if v is not None]
+        kinds = sorted({f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" if hasattr(v, "shape")
+                        else type(v).__name__ for v in present})
+        missing = f", {len(value) - len(present)} missing" if len(present) < len(value) else ""
+        parts.append(f"{name}: list of {len(present)} {' | '.join(kinds) or 'values'}{missing}")
+    return "\n  ".join(parts)
 
 
-def run(out: str, *, epochs: int = 2, batch_size: int = 32, num_workers: int = 2) -> dict:
+def run(out: str, *, epochs: int = 8, batch_size: int = 32, num_workers: int = 2) -> dict:
     """Stream `epochs` epochs with a small CNN training step on the images; return the meter summary."""
     import torch
 
@@ -42,7 +49,7 @@ def run(out: str, *, epochs: int = 2, batch_size: int = 32, num_workers: int = 2
     elapsed = time.perf_counter() - start
     print(f"streamed {seen} samples in {epochs} epochs over {len(ds.shards)} shards with "
           f"{num_workers} workers: {seen / elapsed:.0f} samples/s")
-    print(f"first batch: {first}")
+    print(f"first batch:\n  {first}")
     print(meter.report())
     return meter.summary()
 

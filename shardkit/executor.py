@@ -93,7 +93,7 @@ def estimate_bytes(rec: InputRecord, cfg: BuildConfig, has_image: bool) -> int:
     """Output size guess used to cut shards before anything is encoded (shards are a target size)."""
     if not has_image or cfg.image_size is None or cfg.resize_mode == "none":
         return rec.size
-    px = cfg.image_size ** 2 * (4 / 3 if cfg.resize_mode == "shorter" else 1)
+    px = cfg.stored_size ** 2 if cfg.stored_size else cfg.image_size ** 2 * 4 / 3
     per_px = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}[cfg.encode]
     return int(px * per_px) + (rec.size if len(rec.files) > 1 else 0) // 8
 
@@ -121,7 +121,7 @@ def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
     if "image" in result.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
-            spec.update(dtype="uint8", shape=[cfg.image_size, cfg.image_size, 3])
+            spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
         fields[cfg.image_field] = spec
     if "txt" in result.kinds:
         fields["txt"] = {"kind": "text"}

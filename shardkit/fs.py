@@ -34,6 +34,19 @@ def open_url(url: str, mode: str = "rb"):
     return fsspec.open(url, mode).open()
 
 
+def remote_hint(url: str, error: BaseException) -> str:
+    """What fixes a failed remote read, when the cause is a known one ('' otherwise)."""
+    text = f"{type(error).__name__} {error}".lower()
+    scheme = str(url).split("://", 1)[0]
+    if isinstance(error, ImportError):
+        extra = {"s3": "s3", "http": "http", "https": "http"}.get(scheme)
+        return f"; install the {scheme}:// backend: pip install 'shardkit[{extra}]'" if extra else ""
+    if scheme == "s3" and "credential" in text:
+        return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
+                "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
+    return ""
+
+
 def read_bytes(url: str) -> bytes:
     with open_url(url, "rb") as f:
         return f.read()

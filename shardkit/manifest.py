@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from shardkit._version import __version__
 from shardkit.contract import ShardInfo
 from shardkit.errors import ManifestError
-from shardkit.fs import atomic_write, is_remote, join, read_bytes, sha256_bytes
+from shardkit.fs import atomic_write, is_remote, join, read_bytes, remote_hint, sha256_bytes
 
 FORMAT = "shardkit"
 VERSION = 2  # 2: the shard list may live only in the shard table; 1: always inline
@@ -290,9 +290,12 @@ def _table(record: dict, where: str, root: str | None) -> ShardTable:
     url = join(root, safe_relpath(record["path"]))
     try:
         blob = read_bytes(url)
-    except OSError as e:
-        raise ManifestError(f"cannot read the shard table {url} ({e}); the dataset is incomplete: copy the "
-                            "whole folder or rebuild it") from e
+    except Exception as e:  # remote backends raise their own types (botocore, aiohttp, ImportError)
+        if not (isinstance(e, OSError) or is_remote(url)):
+            raise
+        hint = remote_hint(url, e) if is_remote(url) else ""
+        raise ManifestError(f"cannot read the shard table {url} ({type(e).__name__}: {e}){hint}; the dataset "
+                            "is incomplete: copy the whole folder or rebuild it") from e
     if len(blob) != record["bytes"] or sha256_bytes(blob) != record["sha256"]:
         raise ManifestError(f"the shard table {url} does not match manifest.json (size or sha256): it was "
                             "replaced or damaged; rebuild the dataset")
@@ -316,9 +319,9 @@ def load_manifest(root: str) -> Manifest:
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
         ) from e
-    except OSError as e:
+    except Exception as e:  # remote backends raise their own types (botocore, aiohttp, ImportError)
         if is_remote(url):
-            raise ManifestError(f"cannot fetch {url}: {e}") from e
+            raise ManifestError(f"cannot fetch {url}: {type(e).__name__}: {e}{remote_hint(url, e)}") from e
         raise
     try:
         d = json.loads(raw)

@@ -14,7 +14,7 @@ from shardkit.cli import main
 
 VARIANTS = ["raw-folder", "webdataset-tar", "shardkit-tar", "shardkit-parquet", "shardkit-raw"]
 TINY = ["--images", "24", "--classes", "3", "--image-size", "32", "--batch-size", "4", "--warmup", "1",
-        "--build-workers", "0", "--no-progress"]
+        "--min-batches", "5", "--build-workers", "0", "--no-progress"]
 METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms",
            "wait_p95_ms")
 
@@ -100,7 +100,7 @@ def test_rerun_reuses_the_cache(ran, tmp_path):
 
 def test_checks_catch_a_variant_that_read_other_samples(ran):
     from shardkit.bench.report import checks
-    from shardkit.bench.runner import label_checksum
+    from shardkit.bench.report import label_checksum
 
     r = ran["report"]
     runs = [dict(run) for run in r["runs"]]
@@ -116,11 +116,33 @@ def test_checks_catch_a_variant_that_read_other_samples(ran):
     assert checks(r["runs"], Data)["same_samples"]
 
 
-def test_plot_without_matplotlib_names_the_extra(ran, monkeypatch):
+def test_the_plot_needs_no_matplotlib(ran, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    result = CliRunner().invoke(main, ["bench", "--plot-only", "--out", str(ran["out"])])
-    assert result.exit_code == 1
-    assert "pip install 'shardkit[plot]'" in result.output
+    (tmp_path / "bench.json").write_bytes((ran["out"] / "bench.json").read_bytes())
+    result = CliRunner().invoke(main, ["bench", "--plot-only", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_shows_the_figures(ran):
+    """Each cell's bar is drawn in its worker count's colour, and taller bars mean more samples/s."""
+    from PIL import Image, ImageColor
+
+    from shardkit.bench import plot
+
+    report = ran["report"]
+    img = Image.open(ran["out"] / "bench.png").convert("RGB")
+    assert img.size == plot.SIZE
+    axis = plot.log_axis(report["cells"], plot.PANELS[0][1], plot.PANELS[0][3])
+    drawn = plot.bars(report["cells"], "samples_per_s", axis, plot.PANELS[0], whiskers=True)
+    assert len(drawn) == len(report["cells"]) == 10
+    for bar, cell in zip(drawn, report["cells"]):
+        x0, top, x1, bottom = bar.box
+        assert img.getpixel((x0 + 2, (top + bottom) // 2 + 1)) == ImageColor.getrgb(bar.color), bar
+        assert bar.whisker[0] <= top <= bar.whisker[1]  # the median lies within min-max
+    by_speed = sorted(zip(drawn, report["cells"]), key=lambda p: p[1]["samples_per_s"]["median"])
+    tops = [bar.box[1] for bar, _ in by_speed]
+    assert tops == sorted(tops, reverse=True)  # faster: higher bar (smaller pixel row)
 
 
 def test_plot_only_redraws_from_bench_json(ran, tmp_path):
@@ -158,11 +180,56 @@ def test_bad_flags_say_what_to_do(tmp_path, args, message):
     assert message in result.output
 
 
-def test_too_few_batches_for_the_warmup(ran, tmp_path):
-    result = CliRunner().invoke(main, ["bench", *TINY, "--warmup", "6", "--workers", "0", "--out", str(tmp_path),
-                                       "--cache-dir", str(ran["cache"])])
-    assert result.exit_code == 1
-    assert "24 samples make 6 batches of 4, none left to measure after --warmup 6" in result.output
+@pytest.mark.parametrize("images, workers", [(20, "0,1"), (1, "0")])
+def test_a_small_folder_is_read_for_enough_epochs(tmp_path, images, workers):
+    """Default batch 64 and warm-up 5: a 20-image folder is one batch per epoch, so every run reads
+    25 epochs to measure 20 batches after the warm-up, and says so; one image works the same way."""
+    from shardkit.datagen import image_folder
+
+    raw = tmp_path / "photos"
+    image_folder(str(raw), n=images, classes=2, size=(64, 48))
+    result = bench(str(raw), "--image-size", "32", "--build-workers", "0", "--no-progress", "--repeat", "1",
+                   "--workers", workers, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
+                   "--no-plot")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "bench.json").read_text(encoding="utf-8"))
+    assert report["data"]["samples"] == images and report["data"]["epochs_per_run"] == 25
+    assert report["checks"]["same_samples"]
+    for run in report["runs"]:
+        assert (run["epochs"], run["samples"], run["warmup_steps"]) == (25, images, 5), run
+        assert run["measured_steps"] >= 20 and run["samples_per_s"] > 0, run  # WebDataset: a batch per worker
+    assert (f"{images} images make 1 batch of 64 per epoch: each run read 25 epochs, so that at least 20 "
+            "batches were measured after the 5 warm-up ones") in result.output
+
+
+def test_epochs_per_run():
+    from shardkit.bench.config import BenchConfig
+
+    cfg = BenchConfig(cache_dir="unused")  # batch 64, warmup 5, min_batches 20
+    assert [cfg.epochs_per_run(n) for n in (1, 64, 65, 137, 1600, 3000)] == [25, 25, 13, 9, 1, 1]
+
+
+def test_every_epoch_of_a_run_must_read_the_same_samples():
+    from shardkit.bench.runner import _read
+
+    class Variant:
+        @staticmethod
+        def split(batch):
+            return batch
+
+    import torch
+
+    from shardkit.meter import StarvationMeter
+
+    epochs = iter([[0, 1, 1], [0, 1, 1], [0, 0, 1]])  # the third epoch read a class-0 sample twice
+
+    class Loader:
+        def __iter__(self):
+            labels = next(epochs)
+            return iter([(torch.zeros(len(labels)), torch.tensor(labels))])
+
+    samples, checksum, _ = _read(Loader(), Variant, StarvationMeter(warmup=0, log_every=0), 3, lambda x, y: None, 2)
+    assert checksum.startswith("epochs differ") and samples == 9
 
 
 def test_gpu_flag_without_cuda_says_so(ran, tmp_path, monkeypatch):

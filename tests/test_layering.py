@@ -1,4 +1,5 @@
-"""Imports flow one way, like the data: a module imports only modules to its left (DESIGN.md)."""
+"""Imports flow one way, like the data: a module imports only modules to its left (DESIGN.md),
+and no two modules import each other, directly or around a circle, at the top or inside a function."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
 BASE = {"sample", "config", "errors", "fs", "_version", "datagen", "contract", "identity"}
 FLOW = ["sources", "stages", "writers", "manifest", "reader", "loader", "meter", "train"]
-TOP = {"executor", "cli", "dedup_job", "demo", "bench", "tasks"}  # and cli_* modules
+TOP = {"executor", "cli", "dedup_job", "demo", "bench", "tasks", "recipes"}  # and cli_* modules
 
 
 def _layer(module: str) -> str | None:
@@ -40,6 +41,63 @@ def _allowed(src: str, dst: str) -> bool:
     return src in FLOW and dst in FLOW and FLOW.index(dst) < FLOW.index(src)
 
 
+def _modules(root: Path) -> dict[str, Path]:
+    """'pkg.sub.mod' → its file, for every module under the package folder `root`."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, wherever the import statement sits (ast.walk
+    reaches function bodies). `from a import b` is an import of a.b when that is a module, else of a."""
+    modules = _modules(root)
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module in modules:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                            for a in node.names}
+        graph[name] = targets - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
 def test_imports_flow_one_way():
     bad = []
     for path in sorted(PKG.rglob("*.py")):
@@ -53,7 +111,37 @@ def test_imports_flow_one_way():
     assert not bad, "imports against the flow:\n" + "\n".join(bad)
 
 
+# Build and dedup still call each other (dedup RAW builds; build --dedup dedups). Untying them
+# removes this pair; the test then fails until the entry is deleted, so it cannot outlive the cycle.
+KNOWN_CYCLES = [["shardkit.dedup_job", "shardkit.executor"]]
+
+
+def test_no_module_imports_itself_around_a_circle():
+    found = cycles(import_graph(PKG))
+    new = [group for group in found if group not in KNOWN_CYCLES]
+    assert not new, "import cycles (each group imports itself through the others):\n" + "\n".join(
+        " ↔ ".join(group) for group in new)
+    gone = [group for group in KNOWN_CYCLES if group not in found]
+    assert not gone, f"{gone} no longer form a cycle: delete them from KNOWN_CYCLES"
+
+
 def test_the_check_catches_a_backwards_import():
     assert not _allowed("writers", "reader")
     assert not _allowed("sources", "executor")
     assert _allowed("reader", "writers") and _allowed("cli", "executor") and _allowed("stages", "config")
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
+    pkg = tmp_path / "toy"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from toy.sub import b\n\ndef f():\n    pass\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from toy.c import thing\n    return thing\n")
+    (pkg / "c.py").write_text("import toy.a\nthing = 1\n")
+    (pkg / "d.py").write_text("from toy.a import f\n")  # a name from a module: an edge to toy.a, no cycle
+    graph = import_graph(pkg)
+    assert graph["toy.a"] == {"toy.sub.b"} and graph["toy.sub.b"] == {"toy.c"} and graph["toy.d"] == {"toy.a"}
+    assert cycles(graph) == [["toy.a", "toy.c", "toy.sub.b"]]
+    (pkg / "c.py").write_text("thing = 1\n")
+    assert cycles(import_graph(pkg)) == []

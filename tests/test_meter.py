@@ -7,7 +7,8 @@ import time
 import pytest
 
 from shardkit.errors import ConfigError
-from shardkit.meter import StarvationMeter, advice, band, batch_size_of, cost_line, percentile
+from shardkit.meter import (DataProfile, StarvationMeter, advice, band, batch_size_of, cost_line, percentile,
+                            profile_of)
 
 
 class FakeClock:
@@ -143,17 +144,96 @@ def test_periodic_log_line(caplog):
     assert "moderately input-bound" in lines[1] and "20.0 samples/s" in lines[1]
 
 
+def figures(pct, p50_ms, p95_ms, step_ms=10.0, steps=100, epoch_start=0.0) -> dict:
+    return {"starved_pct": pct, "wait_p50_ms": p50_ms, "wait_p95_ms": p95_ms, "step_p50_ms": step_ms,
+            "steps": steps, "epoch_start_wait_pct": epoch_start}
+
+
 def test_bands_advice_and_cost():
     assert band(0.0) == "fine" and band(4.99) == "fine"
     assert band(5.0) == band(19.99) == "moderately input-bound"
     assert band(20.0) == band(90) == "input-bound"
-    assert "no change" in advice(2, wait_p50=0.001, wait_p95=0.001)
-    assert "num_workers" in advice(30, wait_p50=0.01, wait_p95=0.01, num_workers=0, cpus=8)
-    assert "raise num_workers (now 2, 8 cores)" in advice(30, wait_p50=0.01, wait_p95=0.01, num_workers=2, cpus=8)
-    assert "prefetch_factor" in advice(30, wait_p50=0.001, wait_p95=0.05, num_workers=8, cpus=8)
-    saturated = advice(30, wait_p50=0.01, wait_p95=0.012, num_workers=8, cpus=8)
+    assert "no change" in advice(figures(2, 1, 1))
+    assert "num_workers" in advice(figures(30, 10, 10), num_workers=0, cpus=8)
+    assert "raise num_workers (now 2, 8 cores)" in advice(figures(30, 10, 10), num_workers=2, cpus=8)
+    assert "prefetch_factor" in advice(figures(30, 0.5, 50), num_workers=8, cpus=8)
+    # a median wait of 30% of the step: the workers are too slow on average, prefetch cannot help
+    assert "prefetch" not in advice(figures(30, 3, 50), num_workers=8, cpus=8)
+    saturated = advice(figures(30, 10, 12), num_workers=8, cpus=8, data=DataProfile("encoded"))
     assert "--encode raw" in saturated and "--image-size" in saturated
     assert cost_line(12.345) == "of every 100 GPU-hours, 12.3 were spent waiting for data"
+
+
+def test_advice_never_asks_for_what_the_data_already_is():
+    saturated = figures(30, 10, 12)
+    raw = advice(saturated, num_workers=8, cpus=8, data=DataProfile("raw", (64, 64)))
+    assert "--encode raw" not in raw and "decode" not in raw.replace("stored decoded", "")
+    assert "stored decoded (64x64)" in raw
+    assert "--image-size" in raw and "fields" in raw
+    files = advice(saturated, num_workers=8, cpus=8, data=DataProfile("files"))
+    assert "build shards once" in files and "--encode raw" in files
+    assert "overlaps the step" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("raw"))
+    assert "reading overlaps" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("raw"))
+    assert "decoding overlaps" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("encoded"))
+
+
+def test_advice_follows_what_was_measured():
+    assert "only 6 steps measured" in advice(figures(40, 10, 12, steps=6), num_workers=8, cpus=8)
+    assert "keeps up" in advice(figures(1, 1, 1, steps=6)) and "only 6 steps" in advice(figures(1, 1, 1, steps=6))
+    no_step = advice(figures(99, 10, 12, step_ms=0.01), num_workers=0, cpus=8)
+    assert "loader alone" in no_step and "num_workers" not in no_step
+    on_gpu = dict(figures(30, 10, 12, step_ms=0.01), gpu_idle_pct=30.0)  # async CUDA: host step time is small
+    assert "loader alone" not in advice(on_gpu, num_workers=0, cpus=8)
+    epochs = advice(dict(figures(30, 1, 80, epoch_start=70), steady_starved_pct=3.0), num_workers=2, cpus=2)
+    assert "70% of the waiting is for the first batch of an epoch" in epochs and "prefetch" not in epochs
+    assert "keeps up (3.0% starved)" in epochs
+    both = advice(dict(figures(30, 5, 8, epoch_start=40), steady_starved_pct=20.0), num_workers=2, cpus=2,
+                  data=DataProfile("raw"))
+    assert "stored decoded" in both and both.endswith("40% of the waiting is at epoch starts, which fades as "
+                                                      "epochs get longer")
+    # Bursts only at epoch starts are not bursts of steady loading: the lever is the data, not prefetch.
+    steady = dict(figures(30, 0.5, 80, epoch_start=40), steady_wait_p95_ms=1.5)
+    assert "prefetch" not in advice(steady, num_workers=2, cpus=2, data=DataProfile("raw"))
+    assert "prefetch" in advice(dict(steady, steady_wait_p95_ms=80.0), num_workers=2, cpus=2)
+
+
+def test_the_meter_measures_epoch_start_waits():
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=1, log_every=0, clock=clock)
+    for _ in range(3):  # three short epochs: a 100 ms first batch, then 1 ms waits
+        for _ in meter.wrap(fake_loader(clock, [0.1] + [0.001] * 9)):
+            clock.t += 0.002
+    s = meter.summary()
+    assert s["steps"] == 29 and s["wait_s"] == pytest.approx(0.2 + 0.027)
+    assert s["epoch_start_wait_pct"] == pytest.approx(100 * 0.2 / 0.227)  # the first epoch's start was warm-up
+    assert s["wait_p95_ms"] == pytest.approx(100) and s["steady_wait_p95_ms"] == pytest.approx(1)
+    assert s["steady_starved_pct"] == pytest.approx(100 * 0.027 / (0.027 + 29 * 0.002))
+    assert "first batch of an epoch" in s["advice"] or "at epoch starts" in s["advice"]
+    restored = StarvationMeter(warmup=1, log_every=0)
+    restored.load_state_dict(meter.state_dict())
+    again = restored.summary()
+    assert again["epoch_start_wait_pct"] == pytest.approx(s["epoch_start_wait_pct"])
+    assert again["steady_wait_p95_ms"] == pytest.approx(1)
+
+
+def test_profile_of_reads_the_manifest(tmp_path):
+    from factory import make_dataset
+
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    root, _ = make_dataset(tmp_path, 8, shards=1, fields=("jpg", "raw", "cls"))
+    assert profile_of(StreamingDataset(root, fields=["raw", "cls"])) == DataProfile("raw", (12, 16))
+    assert profile_of(make_loader(StreamingDataset(root, fields=["jpg", "cls"]), batch_size=4,
+                                  num_workers=0)) == DataProfile("encoded")
+    assert profile_of(StreamingDataset(root, fields=["cls"])) == DataProfile()
+    assert profile_of([1, 2, 3]) == DataProfile()
+    meter = StarvationMeter(warmup=0, log_every=0)
+    for _ in meter.wrap(make_loader(StreamingDataset(root, fields=["raw", "cls"]), batch_size=4, num_workers=0)):
+        pass
+    assert meter.data == DataProfile("raw", (12, 16))
+    with pytest.raises(ConfigError, match="images='jpeg'"):
+        DataProfile("jpeg")
 
 
 def test_batch_size_of_common_batch_shapes():

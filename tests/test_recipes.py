@@ -152,3 +152,26 @@ def test_image_recipe_on_a_mixed_folder(raw_folder, tmp_path):
     assert json.loads(report.strip().splitlines()[-1])["step"] == 6
     manifest = json.loads((tmp_path / "data" / "train" / "manifest.json").read_text())
     assert "txt" in manifest["fields"] and manifest["errors"]["count"] > 0  # documents and bad files were there
+
+
+@pytest.mark.parametrize("script", [IMAGE, LM], ids=lambda p: p.stem)
+def test_each_recipe_imports_only_installed_packages(script):
+    """Copyable alone: no sys.path edits, no import of a sibling file of pipelines/."""
+    import ast
+
+    siblings = {p.stem for p in script.parent.glob("*.py")}
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not imported & siblings, f"{script.name} imports {imported & siblings} from pipelines/"
+    assert "sys.path" not in script.read_text(encoding="utf-8")
+
+
+def test_a_recipe_copied_alone_trains(raw_texts, tmp_path):
+    alone = tmp_path / "mine"
+    alone.mkdir()
+    (alone / "lm.py").write_bytes(LM.read_bytes())
+    args = COMMON + ["--block", "16", "--d-model", "16", "--heads", "2", "--layers", "1", "--batch-size", "8",
+                     "--num-workers", "0", "--max-steps", "2"]
+    out, _ = run(alone / "lm.py", raw_texts, tmp_path / "data", tmp_path / "run", *args)
+    assert json.loads(out.strip().splitlines()[-1])["step"] == 2

@@ -36,6 +36,7 @@ class BenchConfig:
     batch_size: int = 64
     repeat: int = 3
     warmup: int = 5
+    min_batches: int = 20  # batches measured per run at least: a small folder is read for several epochs
     step_ms: float = 0.0
     gpu: bool = False
     build_workers: int | None = None
@@ -44,7 +45,7 @@ class BenchConfig:
     progress: bool = True
 
     def __post_init__(self):
-        for name in ("images", "classes", "image_size", "batch_size", "repeat"):
+        for name in ("images", "classes", "image_size", "batch_size", "repeat", "min_batches"):
             positive(name, getattr(self, name), f"--{name.replace('_', '-')}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup={self.warmup!r}: expected batches >= 0 left out of each run (--warmup)")
@@ -66,3 +67,9 @@ class BenchConfig:
         object.__setattr__(self, "variants", tuple(v for v in VARIANT_NAMES if v in variants))
         if self.cache_dir is None:
             object.__setattr__(self, "cache_dir", default_cache_dir())
+
+    def epochs_per_run(self, samples: int) -> int:
+        """Epochs each run reads so that at least min_batches batches are measured after the warmup
+        left out: 1 for any folder of batch_size * (warmup + min_batches) images or more."""
+        per_epoch = max(1, -(-samples // self.batch_size))
+        return max(1, -(-(self.warmup + self.min_batches) // per_epoch))

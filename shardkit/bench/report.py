@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -16,13 +17,19 @@ from shardkit.fs import atomic_write
 from shardkit.meter import advice, band
 
 SCHEMA = "shardkit.bench/1"
-METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms")
+METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms",
+           "step_p50_ms", "epoch_start_wait_pct", "steady_wait_p95_ms", "steady_starved_pct")
+ADVICE_FIGURES = ("starved_pct", "wait_p50_ms", "wait_p95_ms", "step_p50_ms", "epoch_start_wait_pct",
+                  "steady_wait_p95_ms", "steady_starved_pct")
 BASELINES = {"vs_raw_folder": "raw-folder", "vs_webdataset": "webdataset-tar"}
 
 
-def expected_checksum(data: BenchData) -> str:
-    from shardkit.bench.runner import label_checksum
+def label_checksum(counts) -> str:
+    """Order-free fingerprint of the labels read: workers interleave batches differently per variant."""
+    return hashlib.sha256(",".join(str(int(c)) for c in counts).encode()).hexdigest()[:16]
 
+
+def expected_checksum(data: BenchData) -> str:
     counts = [0] * (len(data.classes) + 1)
     for _, label in data.items:
         counts[label if label >= 0 else -1] += 1
@@ -51,8 +58,9 @@ def cells(runs: list[dict]) -> list[dict]:
         # The meter's band and advice for the median figures, so they agree with the starved% shown.
         pct = cell["starved_pct"]["median"]
         cell["band"] = band(pct)
-        cell["advice"] = advice(pct, wait_p50=cell["wait_p50_ms"]["median"] / 1e3,
-                                wait_p95=cell["wait_p95_ms"]["median"] / 1e3, num_workers=workers)
+        figures = {m: cell[m]["median"] for m in ADVICE_FIGURES}
+        figures["steps"] = min(r["measured_steps"] for r in rs)
+        cell["advice"] = advice(figures, num_workers=workers, data=VARIANTS[variant].data)
         out.append(cell)
     order = {name: i for i, name in enumerate(VARIANTS)}
     return sorted(out, key=lambda c: (order[c["variant"]], c["workers"]))
@@ -99,6 +107,7 @@ def build_report(cfg: BenchConfig, data: BenchData, runs: list[dict], step: dict
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "step": step,
         "data": {"raw_folder": data.raw_folder, "samples": data.samples, "classes": len(data.classes),
+                 "epochs_per_run": cfg.epochs_per_run(data.samples),
                  "image_size": data.image_size, "bytes": data.bytes, "jpeg_root": data.jpeg_root,
                  "raw_root": data.raw_root, "reused_shards": data.reused_shards},
         "variants": {name: VARIANTS[name].what for name in cfg.variants},
@@ -115,6 +124,18 @@ def _ratio(report: dict, key: str, cell: dict) -> str:
     return "-" if value is None else f"{value:.1f}×"
 
 
+def _epochs_line(report: dict) -> list[str]:
+    """Why a run read several epochs (a small folder), or nothing when one was enough."""
+    d, cfg = report["data"], report["config"]
+    epochs = d.get("epochs_per_run", 1)
+    if epochs <= 1:
+        return []
+    batches = -(-d["samples"] // cfg["batch_size"])
+    return [f"{d['samples']} images make {batches} batch{'es' if batches != 1 else ''} of {cfg['batch_size']} per "
+            f"epoch: each run read {epochs} epochs, so that at least {cfg['min_batches']} batches were measured "
+            f"after the {cfg['warmup']} warm-up ones (--min-batches, --warmup)"]
+
+
 def markdown(report: dict) -> str:
     """The table users read: medians with min-max over the interleaved repetitions."""
     d, cfg, step = report["data"], report["config"], report["step"]
@@ -123,6 +144,7 @@ def markdown(report: dict) -> str:
     lines = [f"{d['samples']} images ({d['classes']} classes) at {d['image_size']}², batch {cfg['batch_size']}, "
              f"{how}, {cfg['repeat']} interleaved repetitions, {cfg['warmup']} warm-up batches left out; "
              f"{report['machine']['cpus']} CPUs",
+             *_epochs_line(report),
              "",
              "| variant | workers | samples/s median (min–max) | MB/s | starved % | first batch s | peak RSS MB "
              "| × raw folder | × WebDataset |",

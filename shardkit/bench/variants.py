@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from shardkit.bench.data import BenchData
+from shardkit.meter import DataProfile
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Variant:
     loader: Callable  # (data, workers, batch_size, pin) -> iterable of batches
     split: Callable  # batch -> (images, labels)
     what: str
+    data: DataProfile  # what the variant reads: the meter's advice depends on it
 
 
 class RawFolderDataset:
@@ -58,8 +60,10 @@ def _raw_folder(data: BenchData, workers: int, batch_size: int, pin: bool):
     from torch.utils.data import DataLoader
 
     ds = RawFolderDataset(data.raw_folder, data.items, data.image_size)
+    # persistent_workers as shardkit's loader has them: a run of several epochs (a small folder)
+    # must not charge one side for starting its workers again each epoch.
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin,
-                      collate_fn=hwc_collate)
+                      collate_fn=hwc_collate, persistent_workers=workers > 0)
 
 
 def wds_decode(sample: dict):
@@ -86,7 +90,7 @@ def _webdataset(data: BenchData, workers: int, batch_size: int, pin: bool):
     # Unshuffled so every variant reads the same samples; split over workers by shard (its default).
     ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(wds_decode).batched(
         batch_size, collation_fn=hwc_collate)
-    return DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin)
+    return DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
 
 def _shardkit(root_of: Callable, fmt: str, field: str):
@@ -111,13 +115,15 @@ def _split(field: str):
 
 VARIANTS = {
     "raw-folder": Variant("raw-folder", _raw_folder, _hwc_split,
-                          "map-style Dataset over the raw folder: PIL open + resize + center crop per sample"),
+                          "map-style Dataset over the raw folder: PIL open + resize + center crop per sample",
+                          DataProfile("files")),
     "webdataset-tar": Variant("webdataset-tar", _webdataset, _hwc_split,
-                              "webdataset.WebDataset over the JPEG tars, PIL decode in .map, .batched"),
+                              "webdataset.WebDataset over the JPEG tars, PIL decode in .map, .batched",
+                              DataProfile("encoded")),
     "shardkit-tar": Variant("shardkit-tar", _shardkit(lambda d: d.jpeg_root, "tar", "jpg"), _split("jpg"),
-                            "shardkit StreamingDataset + make_loader over the same JPEG tars"),
+                            "shardkit StreamingDataset + make_loader over the same JPEG tars", DataProfile("encoded")),
     "shardkit-parquet": Variant("shardkit-parquet", _shardkit(lambda d: d.jpeg_root, "parquet", "jpg"),
-                                _split("jpg"), "shardkit over JPEG Parquet shards"),
+                                _split("jpg"), "shardkit over JPEG Parquet shards", DataProfile("encoded")),
     "shardkit-raw": Variant("shardkit-raw", _shardkit(lambda d: d.raw_root, "tar", "raw"), _split("raw"),
-                            "shardkit over raw uint8 tar shards (no decode)"),
+                            "shardkit over raw uint8 tar shards (no decode)", DataProfile("raw")),
 }

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 
 from shardkit.errors import ShardError
-from shardkit.fs import is_remote, join, local_path, tmp_name
+from shardkit.fs import is_remote, join, local_path, remote_hint, tmp_name
 from shardkit.contract import ShardInfo
 
 CHUNK = 1 << 20
@@ -36,7 +36,7 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None) -> None:
     except Exception as e:  # any fsspec/network error: name the shard and the cause
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
-        raise ShardError(f"cannot fetch shard {url}: {type(e).__name__}: {e}") from e
+        raise ShardError(f"cannot fetch shard {url}: {type(e).__name__}: {e}{remote_hint(url, e)}") from e
     if h.hexdigest() != sha256 or (nbytes is not None and n != nbytes):
         os.remove(tmp)
         raise ShardError(f"checksum mismatch for shard {url}: got sha256 {h.hexdigest()[:16]}… ({n} bytes), "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+from PIL import Image  # ~10 ms; a module global so that tests can hide a private name from this module alone
 
 
 class DecodeFailed(Exception):
@@ -16,9 +17,12 @@ class DecodeFailed(Exception):
 
 
 def decode_image(data) -> np.ndarray:
-    """JPEG/PNG/WebP bytes -> HWC uint8 RGB array (full size: no draft-mode shortcut)."""
-    from PIL import Image
+    """JPEG/PNG/WebP bytes -> HWC uint8 RGB array (full size: no draft-mode shortcut).
 
+    RGB JPEGs take a fast path over PIL's private calls (Image._getdecoder, Image._getencoder,
+    Image._decompression_bomb_check, Image.core.new); when any of them is missing or behaves
+    differently, the public path gives the same pixels: Image.open + load, then np.asarray(im).
+    """
     size = _jpeg_rgb_size(data)
     if size is not None:
         arr = _decode_jpeg(data, size)
@@ -28,7 +32,7 @@ def decode_image(data) -> np.ndarray:
     if im.mode != "RGB":
         im = im.convert("RGB")
     im.load()
-    return _pack(im.im, im.size)
+    return np.asarray(im)
 
 
 _SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended, progressive Huffman: what libjpeg always decodes
@@ -59,9 +63,9 @@ def _jpeg_rgb_size(data) -> tuple[int, int] | None:
 def _decode_jpeg(data, size: tuple[int, int]) -> np.ndarray | None:
     """Decode with PIL's JPEG decoder straight away, as Image.open + load would (same decoder,
     same arguments for an RGB JPEG) minus its Python header parsing: ~25% of a 224x224 decode.
-    None when anything is off; the caller then takes the ordinary path, which raises properly."""
-    from PIL import Image
-
+    None when anything is off; the caller then takes the public path, which raises properly."""
+    if getattr(Image, "_getencoder", None) is None:
+        return None  # the result could not be packed: decoding here would be wasted work
     try:
         Image._decompression_bomb_check(size)
         decoder = Image._getdecoder("RGB", "jpeg", ("RGB", ""))
@@ -78,15 +82,14 @@ def _decode_jpeg(data, size: tuple[int, int]) -> np.ndarray | None:
     return _pack(core, size)
 
 
-def _pack(core, size: tuple[int, int]) -> np.ndarray:
-    """A loaded PIL core image (RGB) -> HWC array over one bytes object.
+def _pack(core, size: tuple[int, int]) -> np.ndarray | None:
+    """A decoded PIL core image (RGB) -> HWC array over one bytes object; None when PIL's private
+    encoder call is missing or misbehaves (the caller then decodes through the public path).
 
     np.asarray(im) goes through tobytes(), which packs 64 KiB chunks and joins them: one more
     copy of every image. Packing the whole image in one encoder call skips it (~7% of a
-    224x224 JPEG decode, measured); anything unexpected falls back to tobytes().
+    224x224 JPEG decode, measured).
     """
-    from PIL import Image
-
     w, h = size
     try:
         encoder = Image._getencoder("RGB", "raw", ("RGB",))
@@ -95,11 +98,11 @@ def _pack(core, size: tuple[int, int]) -> np.ndarray:
             _, status, packed = encoder.encode(w * h * 3)
         finally:
             encoder.cleanup()
-        if status == 1 and len(packed) == w * h * 3:  # 1: all of it in this one call
-            return np.frombuffer(packed, np.uint8).reshape(h, w, 3)
     except (AttributeError, TypeError, ValueError, OSError, RuntimeError):
-        pass
-    return np.asarray(Image.Image()._new(core))
+        return None
+    if status == 1 and len(packed) == w * h * 3:  # 1: all of it in this one call
+        return np.frombuffer(packed, np.uint8).reshape(h, w, 3)
+    return None
 
 
 _MALLOC_TUNED = False

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardkit.reader.decode import np_empty
-
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 
 
-def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc=np_empty):
+def rows(flat: np.ndarray, present: np.ndarray, spec: dict, alloc):
     """Packed rows (B, seq_len+1 ids as bytes) -> one (B, seq_len+1) int64 tensor in memory from
     `alloc` (a reusable shared slot in a make_loader worker: the batch is 4x its stored size, and a
     fresh shared segment per batch cost more than reading it); a list with None where a sample has

@@ -11,7 +11,7 @@ from shardkit.contract import key_hash
 from shardkit.errors import RejectionLog
 from shardkit.sample import Sample
 from shardkit.stages import map_samples
-from shardkit.stages.image import decode, encode, resize, to_rgb
+from shardkit.stages.image import encode, prepare
 
 # Op parameters (shown in `shardkit build --help`), torchvision's usual defaults where they exist.
 CROP_SCALE = (0.35, 1.0)  # random resized crop: area fraction kept, then resized back to the input size
@@ -93,8 +93,7 @@ def apply_ops(im, ops: tuple[str, ...], rng: np.random.Generator):
 
 def variants(data: bytes, key: str, cfg: BuildConfig) -> list[bytes]:
     """The K encoded variants of one input image (variant 0 unaugmented with keep_original)."""
-    draft = cfg.image_size if cfg.resize_mode != "none" else None
-    im = resize(to_rgb(decode(data, draft)), cfg.image_size, cfg.resize_mode)
+    im = prepare(data, cfg)
     ops = parse_ops(cfg.augment_ops)
     out = []
     for k in range(cfg.augment):

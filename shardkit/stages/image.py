@@ -60,8 +60,10 @@ def to_rgb(im):
     return im.convert("RGB")  # L, 1, P without transparency, CMYK, YCbCr, LAB, HSV
 
 
-def resize(im, size: int | None, mode: str):
-    """shorter: shorter side → size; center-crop: then crop size×size; pad: longer side → size, pad to square."""
+def resize(im, size: int | None, mode: str, resample: str = "bicubic"):
+    """shorter: shorter side → size; center-crop: then crop size×size; pad: longer side → size, pad to square.
+    `resample` names PIL's filter (config.RESAMPLE_FILTERS); reducing_gap=3 lets PIL shrink large images
+    in two passes."""
     from PIL import Image
 
     if size is None or mode == "none":
@@ -70,15 +72,29 @@ def resize(im, size: int | None, mode: str):
     scale = size / (max(w, h) if mode == "pad" else min(w, h))
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
     if (nw, nh) != (w, h):
-        im = im.resize((nw, nh), Image.Resampling.BICUBIC, reducing_gap=3.0)
+        im = im.resize((nw, nh), getattr(Image.Resampling, resample.upper()), reducing_gap=3.0)
     if mode == "center-crop":
-        left, top = (nw - size) // 2, (nh - size) // 2
-        im = im.crop((left, top, left + size, top + size))
+        im = center_crop(im, size)
     elif mode == "pad":
         canvas = Image.new("RGB", (size, size))
         canvas.paste(im, ((size - nw) // 2, (size - nh) // 2))
         im = canvas
     return im
+
+
+def center_crop(im, size: int):
+    """The centre size×size of an image at least that large on both sides."""
+    w, h = im.size
+    left, top = (w - size) // 2, (h - size) // 2
+    return im.crop((left, top, left + size, top + size))
+
+
+def prepare(data: bytes, cfg: BuildConfig):
+    """Bytes → the image the build stores, before encoding: decode (JPEG draft-scaled when the target is
+    much smaller), orient, RGB, resize (--image-size, --resize-mode, --resample), crop (--crop-size)."""
+    draft = cfg.image_size if cfg.resize_mode != "none" else None
+    im = resize(to_rgb(decode(data, draft)), cfg.image_size, cfg.resize_mode, cfg.resample)
+    return center_crop(im, cfg.crop_size) if cfg.crop_size else im
 
 
 def encode(im, encoding: str, quality: int) -> bytes:
@@ -100,10 +116,8 @@ def encode(im, encoding: str, quality: int) -> bytes:
 
 
 def process_image(data: bytes, cfg: BuildConfig) -> bytes:
-    """The whole per-image transform of the build: decode → orient → RGB → resize → encode."""
-    draft = cfg.image_size if cfg.resize_mode != "none" else None
-    im = resize(to_rgb(decode(data, draft)), cfg.image_size, cfg.resize_mode)
-    return encode(im, cfg.encode, cfg.quality)
+    """The whole per-image transform of the build: decode → orient → RGB → resize → crop → encode."""
+    return encode(prepare(data, cfg), cfg.encode, cfg.quality)
 
 
 def images(samples: Iterable[Sample], *, cfg: BuildConfig, log: RejectionLog) -> Iterator[Sample]:

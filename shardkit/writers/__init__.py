@@ -2,23 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-
-def encode_value(spec: dict, value: Any) -> bytes:
-    """A field value as the bytes of its tar member (WebDataset conventions)."""
-    kind = spec["kind"]
-    if kind in ("image", "bytes", "array", "tokens"):
-        return bytes(value)
-    if kind == "int":
-        return str(int(value)).encode("ascii")
-    if kind == "text":
-        return value.encode("utf-8")
-    if kind == "json":
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    raise ValueError(f"unknown field kind {kind!r}; expected image, bytes, array, tokens, int, text or json")
-
 
 def _writers():
     from shardkit.writers.parquet import write_parquet

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tarfile
+from typing import Any
 
 from shardkit.fs import atomic_writer, sha256_file
 from shardkit.contract import ShardInfo, shard_relpath
-from shardkit.writers import encode_value
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
+
+
+def encode_value(spec: dict, value: Any) -> bytes:
+    """A field value as the bytes of its tar member (WebDataset conventions)."""
+    kind = spec["kind"]
+    if kind in ("image", "bytes", "array", "tokens"):
+        return bytes(value)
+    if kind == "int":
+        return str(int(value)).encode("ascii")
+    if kind == "text":
+        return value.encode("utf-8")
+    if kind == "json":
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    raise ValueError(f"unknown field kind {kind!r}; expected image, bytes, array, tokens, int, text or json")
 
 
 def _header(name: str, size: int) -> bytes:

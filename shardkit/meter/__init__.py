@@ -1,11 +1,10 @@
-"""StarvationMeter: how much of a training run is spent waiting for data, and what to do about it."""
+"""StarvationMeter: how much of a training run is spent waiting for data (the advice lives in meter.advice)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -13,12 +12,14 @@ from dataclasses import dataclass
 from shardkit.errors import ConfigError
 from shardkit.fs import atomic_write
 from shardkit.identity import rank_world
+from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
+                                   profile_of)
+
+__all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
+           "profile_of", "batch_size_of", "percentile", "FINE_BELOW", "INPUT_BOUND_FROM"]
 
 log = logging.getLogger("shardkit.meter")
 
-# Bands of the TensorFlow profiler's input-pipeline analysis (fraction of step time waiting).
-FINE_BELOW = 5.0
-INPUT_BOUND_FROM = 20.0
 DEVICES = ("cpu", "cuda")
 MAX_WINDOWS = 1000  # per-window figures kept in summary(); older ones are dropped to bound memory
 
@@ -43,36 +44,6 @@ class MeterConfig:
             raise ConfigError(
                 f"device={self.device!r}: expected one of {', '.join(DEVICES)} (StarvationMeter(device=...))"
             )
-
-
-def band(starved_pct: float) -> str:
-    """'fine' (< 5%), 'moderately input-bound' (5-20%) or 'input-bound' (>= 20%)."""
-    if starved_pct < FINE_BELOW:
-        return "fine"
-    return "moderately input-bound" if starved_pct < INPUT_BOUND_FROM else "input-bound"
-
-
-def advice(starved_pct: float, *, wait_p50: float, wait_p95: float,
-           num_workers: int | None = None, cpus: int | None = None) -> str:
-    """One line naming the likely lever for a given starvation figure."""
-    if starved_pct < FINE_BELOW:
-        return "the input pipeline keeps up: no change needed"
-    cpus = cpus or os.cpu_count() or 1
-    if num_workers == 0:
-        return (f"data loads in the training process: set num_workers (up to {cpus} cores here) "
-                "so decoding overlaps the step")
-    if num_workers is not None and num_workers < cpus:
-        return (f"raise num_workers (now {num_workers}, {cpus} cores) and prefetch_factor "
-                "so more batches are ready before the step asks")
-    if wait_p95 > 4 * max(wait_p50, 1e-6):
-        return ("waits come in bursts: raise prefetch_factor (or the shuffle buffer's refill size) "
-                "to smooth them out")
-    return ("workers are saturated: cut per-sample work - cache decoded images "
-            "(shardkit build --encode raw for uint8 shards) or store smaller images (--image-size)")
-
-
-def cost_line(starved_pct: float) -> str:
-    return f"of every 100 GPU-hours, {starved_pct:.1f} were spent waiting for data"
 
 
 def batch_size_of(batch) -> int:
@@ -176,11 +147,14 @@ class StarvationMeter:
     """
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
-                 *, event_factory=None, clock=time.perf_counter):
+                 *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
         self._gpu = CudaGapTimer(event_factory) if device == "cuda" else None
         self.num_workers: int | None = None
+        self.data = data  # None: read from the loader wrap() is given (profile_of)
+        self._epoch_start = False  # the next recorded step is the first of a wrap() (an epoch start)
+        self._starts = array("q")  # indices of counted steps that were an epoch's first batch
         self.rank, self.world_size = rank_world()
         self._seen = 0  # steps seen, warm-up included
         self._warm_left = warmup  # warm-up again after a restart: workers start, caches are cold
@@ -195,7 +169,10 @@ class StarvationMeter:
     def wrap(self, iterable):
         """Yield the batches of `iterable`, timing each wait and each step."""
         self.num_workers = getattr(iterable, "num_workers", self.num_workers)
+        if self.data is None:
+            self.data = profile_of(iterable)
         it = iter(iterable)
+        self._epoch_start = True
         clock = self._clock
         while True:
             t0 = clock()
@@ -219,9 +196,13 @@ class StarvationMeter:
         if self._gpu is not None:
             self._gpu.step_ended(counted)
         if not counted:
+            self._epoch_start = False
             self._warm_left -= 1
             self._skipped += 1
             return
+        if self._epoch_start:
+            self._starts.append(len(self._waits))
+        self._epoch_start = False
         self._waits.append(wait_s)
         self._steps.append(step_s)
         self._wait_sum += wait_s
@@ -251,15 +232,26 @@ class StarvationMeter:
         # On CUDA the event gap is the truer figure: host wait overstates starvation while
         # kernels of the previous step are still queued.
         pct = out.get("gpu_idle_pct", out["starved_pct"])
+        out.update(self._epoch_start_figures(out["wait_s"]))
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
-            band=band(pct),
-            advice=advice(pct, wait_p50=out["wait_p50_ms"] / 1e3, wait_p95=out["wait_p95_ms"] / 1e3,
-                          num_workers=self.num_workers),
+            band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
         return out
+
+    def _epoch_start_figures(self, wait_s: float) -> dict:
+        """The share of waiting spent on epochs' first batches (workers refilling their queues),
+        and the p95 wait and starved% without them: epoch starts are not steady loading."""
+        starts = set(self._starts)
+        steady = [w for i, w in enumerate(self._waits) if i not in starts] if starts else self._waits
+        start_wait = sum(self._waits[i] for i in starts)
+        steady_wait = wait_s - start_wait
+        steady_total = steady_wait + self._step_sum
+        return {"epoch_start_wait_pct": 100.0 * start_wait / wait_s if wait_s > 0 else 0.0,
+                "steady_wait_p95_ms": 1e3 * percentile(steady, 95),
+                "steady_starved_pct": 100.0 * steady_wait / steady_total if steady_total > 0 else 0.0}
 
     def all_ranks(self) -> dict:
         """Every rank's summary (a collective under torch.distributed: call it on all ranks).
@@ -317,7 +309,7 @@ class StarvationMeter:
         """Counters and per-step timings, so whole-run figures survive a restart."""
         return {"seen": self._seen, "skipped": self._skipped, "samples": self._samples,
                 "waits": self._waits.tobytes(), "steps": self._steps.tobytes(), "window_start": self._window_start,
-                "windows": list(self.windows),
+                "windows": list(self.windows), "epoch_starts": self._starts.tobytes(),
                 "gpu": None if self._gpu is None else (self._gpu.idle_s, self._gpu.busy_s)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -329,5 +321,7 @@ class StarvationMeter:
         self._wait_sum, self._step_sum = sum(self._waits), sum(self._steps)
         self._window_start = tuple(state["window_start"])
         self.windows = list(state["windows"])
+        self._starts = array("q")
+        self._starts.frombytes(state.get("epoch_starts", b""))  # absent from states saved before it was kept
         if self._gpu is not None and state.get("gpu") is not None:
             self._gpu.idle_s, self._gpu.busy_s = state["gpu"]

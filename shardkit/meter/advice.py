@@ -1,0 +1,128 @@
+"""The meter's verdict: the band a starvation figure falls in, and advice that fits what was
+measured and what the data already is."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from shardkit.errors import ConfigError
+
+# Bands of the TensorFlow profiler's input-pipeline analysis (fraction of step time waiting).
+FINE_BELOW = 5.0
+INPUT_BOUND_FROM = 20.0
+
+
+def band(starved_pct: float) -> str:
+    """'fine' (< 5%), 'moderately input-bound' (5-20%) or 'input-bound' (>= 20%)."""
+    if starved_pct < FINE_BELOW:
+        return "fine"
+    return "moderately input-bound" if starved_pct < INPUT_BOUND_FROM else "input-bound"
+
+
+MIN_STEPS = 20  # fewer measured steps than this tell little beyond start-up
+EPOCH_START_NOTE = 25.0  # % of the waiting spent on epochs' first batches worth a mention
+IMAGE_STORES = ("raw", "encoded", "files")
+
+
+@dataclass(frozen=True)
+class DataProfile:
+    """What the data already is, so that advice never asks for what is done.
+
+    images: "raw" (decoded uint8 in shards: nothing left to decode), "encoded" (JPEG/PNG/WebP in
+    shards, decoded every epoch), "files" (a raw folder, opened, decoded and resized every epoch),
+    or None (no images, or a loader the meter cannot see into). image_shape: (H, W) when fixed.
+    """
+
+    images: str | None = None
+    image_shape: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if self.images is not None and self.images not in IMAGE_STORES:
+            raise ConfigError(f"images={self.images!r}: expected one of {', '.join(IMAGE_STORES)} or None "
+                              "(DataProfile(images=...))")
+
+
+def profile_of(loader) -> DataProfile:
+    """The DataProfile of a shardkit loader (or StreamingDataset) from its manifest's image fields;
+    an empty profile for anything else."""
+    dataset = getattr(loader, "source", None) or getattr(loader, "dataset", loader)  # make_loader: .source
+    fields = getattr(getattr(dataset, "manifest", None), "fields", None)
+    if not isinstance(fields, dict):
+        return DataProfile()
+    read = getattr(dataset, "fields", None) or list(fields)
+    images = [fields[f] for f in read if f in fields and fields[f].get("kind") == "image"]
+    if not images:
+        return DataProfile()
+    if all(spec.get("encoding") == "raw" for spec in images):
+        shape = images[0].get("shape")
+        return DataProfile("raw", tuple(shape[:2]) if shape else None)
+    return DataProfile("encoded")
+
+
+def advice(figures: dict, *, num_workers: int | None = None, cpus: int | None = None,
+           data: DataProfile | None = None) -> str:
+    """One line naming the likely lever, from what was measured (`figures`: a summary() dict or
+    the same keys) and what the data already is (`data`)."""
+    pct = figures.get("gpu_idle_pct", figures["starved_pct"])
+    steps = figures.get("steps", MIN_STEPS)
+    if pct < FINE_BELOW:
+        return "the input pipeline keeps up: no change needed" + (
+            f" (only {steps} steps measured)" if steps < MIN_STEPS else "")
+    if steps < MIN_STEPS:
+        return (f"only {steps} steps measured after the warm-up: too few to tell start-up from steady "
+                "loading; measure a longer run")
+    wait_p50, step_p50 = figures["wait_p50_ms"], figures.get("step_p50_ms")
+    if "gpu_idle_pct" not in figures and step_p50 is not None and step_p50 < 0.05 * max(wait_p50, 1e-6):
+        return (f"the step takes almost no time (p50 {step_p50:.2f} ms vs {wait_p50:.1f} ms waiting): "
+                "starved % measures the loader alone here; compare samples/s, or time a real step "
+                "(shardkit bench --step-ms N or --gpu)")
+    share, steady = figures.get("epoch_start_wait_pct", 0.0), figures.get("steady_starved_pct", pct)
+    if share >= EPOCH_START_NOTE and steady < FINE_BELOW:
+        return (f"{share:.0f}% of the waiting is for the first batch of an epoch (workers refilling their "
+                f"queues); between epoch starts the loader keeps up ({steady:.1f}% starved): this fades "
+                "as epochs get longer (more data per epoch)")
+    lever = _lever(figures, num_workers, cpus or os.cpu_count() or 1, data or DataProfile())
+    if share >= EPOCH_START_NOTE:
+        lever += f"; {share:.0f}% of the waiting is at epoch starts, which fades as epochs get longer"
+    return lever
+
+
+def _bursts(figures: dict) -> bool:
+    """Most batches are ready when asked (median wait <= 10% of the step) yet the slowest 5% of
+    steady waits (epoch starts left out) are 4x the median: prefetch can absorb that. When the
+    median wait itself is a good part of the step, the workers are too slow on average instead."""
+    p50, step = figures["wait_p50_ms"], figures.get("step_p50_ms")
+    if step is not None and p50 > 0.1 * step:
+        return False
+    return figures.get("steady_wait_p95_ms", figures["wait_p95_ms"]) > 4 * max(p50, 1e-6)
+
+
+def _lever(figures: dict, num_workers: int | None, cpus: int, data: DataProfile) -> str:
+    work = "reading" if data.images == "raw" else "decoding"
+    if num_workers == 0:
+        return (f"data loads in the training process: set num_workers (up to {cpus} cores here) "
+                f"so {work} overlaps the step")
+    if num_workers is not None and num_workers < cpus:
+        return (f"raise num_workers (now {num_workers}, {cpus} cores) and prefetch_factor "
+                "so more batches are ready before the step asks")
+    if _bursts(figures):
+        return ("waits come in bursts: raise prefetch_factor (or the shuffle buffer's refill size) "
+                "to smooth them out")
+    if data.images == "files":
+        return ("workers are saturated decoding and resizing files every epoch: build shards once "
+                "(shardkit build SRC OUT --image-size N --encode raw stores decoded uint8)")
+    if data.images == "encoded":
+        return ("workers are saturated decoding images: cache them decoded "
+                "(shardkit build --encode raw for uint8 shards) or store smaller images (--image-size)")
+    if data.images == "raw":
+        size = f" ({data.image_shape[0]}x{data.image_shape[1]})" if data.image_shape else ""
+        return (f"workers are saturated although the images are stored decoded{size}: only copying is "
+                "left, so store smaller images (--image-size), read only the fields the step uses "
+                "(StreamingDataset(fields=...)), or add cores")
+    return ("workers are saturated: cut per-sample work in the dataset and its transforms (e.g. "
+            "images decoded every epoch: shardkit build --encode raw), or add cores")
+
+
+def cost_line(starved_pct: float) -> str:
+    return f"of every 100 GPU-hours, {starved_pct:.1f} were spent waiting for data"

@@ -1,0 +1,127 @@
+"""s3:// for real: a dataset in a bucket of a local S3 server (moto's server mode on 127.0.0.1, started
+and stopped here) streamed and cached through s3fs, with credentials found where AWS tools look."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from factory import make_dataset
+from moto.server import ThreadedMotoServer
+
+from shardkit.errors import ManifestError, ShardError
+from shardkit.loader import make_loader
+from shardkit.reader.dataset import StreamingDataset
+
+BUCKET = "training-data"
+AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """(local dataset root, s3:// URL of the same dataset, s3fs filesystem) on a fresh server.
+
+    The endpoint and credentials are set the way every AWS SDK reads them (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID/...); the host's own ~/.aws files are hidden so nothing leaks in or out.
+    """
+    import s3fs
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server's request log
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "uploader")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "uploader-secret")
+        s3fs.S3FileSystem.clear_instance_cache()  # an instance keeps the credentials it was made with
+        fs = s3fs.S3FileSystem()
+        root, _ = make_dataset(tmp_path / "data", 36, shards=4, fields=("raw", "cls", "txt"))
+        fs.mkdir(BUCKET)
+        fs.put(root + "/", f"{BUCKET}/sets/demo/", recursive=True)
+        yield root, f"s3://{BUCKET}/sets/demo", fs
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
+        from moto.backends import get_backend  # the server keeps its buckets in this process
+
+        get_backend("s3").reset()
+
+
+def read(src, cache_dir, workers=2, **options):
+    ds = StreamingDataset(src, cache_dir=str(cache_dir), seed=7, shuffle_buffer=8, **options)
+    return list(make_loader(ds, batch_size=5, num_workers=workers))
+
+
+def same(a, b):
+    assert [x["__key__"] for x in a] == [x["__key__"] for x in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x["raw"], y["raw"]) and torch.equal(x["cls"], y["cls"]) and x["txt"] == y["txt"]
+
+
+def test_s3_streams_the_same_samples_as_local_and_caches_them(s3, tmp_path):
+    root, url, fs = s3
+    local = read(root, tmp_path / "unused")
+    same(read(url, tmp_path / "cache"), local)
+    cached = sorted(p.name for p in (tmp_path / "cache").rglob("data-*") if not p.name.endswith(".lock"))
+    assert len(cached) == 8  # 4 shards + their indexes, fetched by two workers into one cache
+    fs.rm(f"{BUCKET}/sets/demo/shards", recursive=True)  # only the manifest is left in the bucket
+    same(read(url, tmp_path / "cache", workers=0), local)  # the shards come from the verified cache
+
+
+def test_a_changed_object_fails_its_checksum(s3, tmp_path):
+    _, url, fs = s3
+    key = f"{BUCKET}/sets/demo/shards/data-00002.tar"
+    data = bytearray(fs.cat(key))
+    data[700] ^= 0xFF  # same size, one byte flipped inside a member
+    fs.pipe(key, bytes(data))
+    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+        read(url, tmp_path / "cache", workers=0, shuffle=False)
+    assert not list((tmp_path / "cache").rglob("data-00002.tar"))  # nothing unverified kept
+
+
+def test_credentials_come_from_the_named_profile(s3, tmp_path, monkeypatch):
+    import s3fs
+
+    root, url, _ = s3
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "aws-credentials").write_text("[training]\naws_access_key_id = reader\n"
+                                              "aws_secret_access_key = reader-secret\n")
+    monkeypatch.setenv("AWS_PROFILE", "training")
+    s3fs.S3FileSystem.clear_instance_cache()
+    same(read(url, tmp_path / "cache", workers=0), read(root, tmp_path / "unused", workers=0))
+
+
+def test_no_credentials_anywhere_says_so(s3, tmp_path, monkeypatch):
+    import s3fs
+
+    _, url, _ = s3
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup off this machine
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(ManifestError) as e:
+        read(url, tmp_path / "cache", workers=0)
+    assert f"cannot fetch {url}/manifest.json: NoCredentialsError" in str(e.value)
+    assert "AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or AWS_PROFILE" in str(e.value)
+
+
+def test_a_missing_s3_backend_names_the_extra(tmp_path):
+    """In a fresh process (fsspec remembers a backend once imported) where s3fs cannot be imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['s3fs'] = None\n"
+            "from shardkit.reader.dataset import StreamingDataset\n"
+            f"StreamingDataset('s3://{BUCKET}/sets/demo', cache_dir={str(tmp_path)!r})")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "ManifestError" in proc.stderr
+    assert "pip install 'shardkit[s3]'" in proc.stderr, proc.stderr[-2000:]
