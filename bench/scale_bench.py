@@ -7,7 +7,8 @@ For each size (shards x --per-shard samples) the dataset is made once in --work 
 symbolic links, so it costs one shard of disk) and then read in fresh processes as rank --rank of --world:
 StreamingDataset + make_loader + the first batch, in-process and with 2 DataLoader workers.
 Prints time and memory above the RSS after imports; memory growth between the two sizes shows
-what a process pays per shard of the whole dataset. Targets: at 1e9 samples / 100k shards,
+what a process pays per shard of the whole dataset. The largest size is also read with every
+shard record inline in manifest.json (what the shard table replaces above 10,000 shards). Targets: at 1e9 samples / 100k shards,
 in-process <= 3 s and <= 200 MB above the imports; with 2 workers, first batch <= 5 s.
 """
 
@@ -72,12 +73,14 @@ def base_shard(work: str, per_shard: int) -> tuple[str, dict]:
         return folder, {"info": json.load(f), "fields": fields}
 
 
-def linked_dataset(work: str, shards: int, per_shard: int) -> str:
-    """A dataset of `shards` hard links to the base shard, with a manifest that names them all."""
+def linked_dataset(work: str, shards: int, per_shard: int, inline: bool = False) -> str:
+    """A dataset of `shards` links to the base shard, with a manifest that names them all (with
+    `inline`, every shard record inline in manifest.json too, as version 1 keeps small datasets)."""
+    import shardkit.manifest as manifest_module
     from shardkit.contract import ShardInfo
     from shardkit.manifest import Manifest, load_manifest, write_manifest
 
-    root = os.path.join(work, f"linked-{shards}x{per_shard}")
+    root = os.path.join(work, f"linked-{shards}x{per_shard}" + ("-inline" if inline else ""))
     if os.path.exists(os.path.join(root, "manifest.json")):
         return root
     folder, base = base_shard(work, per_shard)
@@ -91,6 +94,8 @@ def linked_dataset(work: str, shards: int, per_shard: int) -> str:
                 os.symlink(os.path.abspath(os.path.join(folder, src)), os.path.join(root, dst))
         infos.append(ShardInfo(i, "tar", rel, info["samples"], info["bytes"], info["sha256"],
                                dict(info["index"], path=rel + ".idx.parquet")))
+    if inline:
+        manifest_module.INLINE_SHARDS = shards
     write_manifest(root, Manifest(samples=shards * per_shard, fields=base["fields"], shards=infos))
     load_manifest(root)  # fails here, not in the timed child, if anything is off
     return root
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--world", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="fresh processes per variant; the median is shown")
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-scale-bench"))
+    p.add_argument("--no-inline", dest="inline", action="store_false",
+                   help="skip the comparison with the largest size's shards listed inline in manifest.json")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     roots = {}
@@ -119,25 +126,34 @@ def main(argv=None) -> int:
         roots[n] = linked_dataset(args.work, n, args.per_shard)
         print(f"dataset: {n:,} shards x {args.per_shard:,} = {n * args.per_shard:,} samples in {roots[n]} "
               f"({time.perf_counter() - t0:.0f}s to make)", flush=True)
+    big = max(sizes)
+    if args.inline:
+        roots["inline"] = linked_dataset(args.work, big, args.per_shard, inline=True)
     results = {}
     for _ in range(args.repeat):  # sizes and variants interleaved
-        for n in sizes:
-            for workers in (0, 2):
+        for n in roots:
+            for workers in (0, 2) if n != "inline" else (0,):
                 results.setdefault((n, workers), []).append(measure(roots[n], workers, args.rank, args.world))
     print(f"\nrank {args.rank} of {args.world}, batch 64, median of {args.repeat} fresh processes")
     print(f"{'samples':>15} {'shards':>8} {'workers':>7} {'init s':>7} {'1st batch s':>11} {'total s':>7} "
           f"{'RSS +MB':>8} {'(anon':>6} {'file)':>6} {'peak +MB':>8} {'worker USS MB':>14}")
     med = {}
-    for (n, workers), runs in results.items():
+    for (key, workers), runs in results.items():
+        n = big if key == "inline" else key
         m = {k: float(np.median([r[k] for r in runs])) for k in ("init_s", "first_batch_s", "total_s",
                                                                    "rss_growth_mb", "peak_growth_mb",
                                                                    "anon_growth_mb", "file_growth_mb")}
         uss = max((max(r["worker_uss_mb"], default=0) for r in runs), default=0)
-        med[(n, workers)] = m
-        print(f"{n * args.per_shard:>15,} {n:>8,} {workers:>7} {m['init_s']:>7.2f} {m['first_batch_s']:>11.2f} "
+        med[(key, workers)] = m
+        label = f"{n * args.per_shard:,}" + (" (v1 JSON)" if key == "inline" else "")
+        print(f"{label:>15} {n:>8,} {workers:>7} {m['init_s']:>7.2f} {m['first_batch_s']:>11.2f} "
               f"{m['total_s']:>7.2f} {m['rss_growth_mb']:>8.0f} {m['anon_growth_mb']:>6.0f} "
               f"{m['file_growth_mb']:>6.0f} {m['peak_growth_mb']:>8.0f} {uss:>14.0f}")
-    big, small = max(sizes), min(sizes)
+    small = min(sizes)
+    if args.inline:
+        print(f"the same {big:,} shards listed inline in manifest.json (version 1): "
+              f"init {med[('inline', 0)]['init_s']:.2f} s vs {med[(big, 0)]['init_s']:.2f} s with the shard table, "
+              f"peak {med[('inline', 0)]['peak_growth_mb']:.0f} vs {med[(big, 0)]['peak_growth_mb']:.0f} MB")
     print(f"\nimports alone: {results[(big, 0)][0]['imports_rss_mb']:.0f} MB RSS")
     b0, b2 = med[(big, 0)], med[(big, 2)]
     print(f"at {big * args.per_shard:,} samples: in-process {b0['total_s']:.2f} s (target <= 3), "

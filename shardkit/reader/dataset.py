@@ -37,24 +37,14 @@ class StreamingDataset(IterableDataset):
             raise ConfigError(f"StreamingDataset: {e}; valid options: {valid}") from e
         self.src, self.transform, self.batch_transform = str(src), transform, batch_transform
         self.manifest = load_manifest(self.src)
-        self.shards = self.manifest.shards_of(read_format(self.manifest, self.config.format))
-        self.fields = self._resolve_fields()
+        self.fields = resolve_fields(self.manifest.fields, self.config.fields)
+        self.shards = self.manifest.shards_of(read_format(self.manifest, self.fields, self.config.format))
         self.counts = self.shards.samples.astype(np.int64)  # columns: no object per shard
         self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards,
                                   shard_offsets(self.counts), self.config)
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
-
-    def _resolve_fields(self) -> list[str]:
-        known = self.manifest.fields
-        if self.config.fields is None:  # variants of an augmented field are read through it
-            return sorted(n for n, spec in known.items() if "variant_of" not in spec)
-        bad = [f for f in self.config.fields if f not in known]
-        if bad:
-            raise ConfigError(f"fields={list(self.config.fields)!r}: {bad} not in this dataset; "
-                              f"it has {sorted(known)}")
-        return list(self.config.fields)
 
     @property
     def plan(self) -> Plan:
@@ -135,15 +125,31 @@ class StreamingDataset(IterableDataset):
                 yield self.transform(sample) if self.transform else sample
 
 
-def read_format(manifest, asked: str | None = None) -> str:
-    """The shard format to stream: `asked`, else tar whenever the dataset has it.
+def read_format(manifest, fields: list[str], asked: str | None = None) -> str:
+    """The shard format to stream: `asked`, else the faster one for these fields when the
+    dataset has both (measured with 2 workers, shuffled, bench/RESULTS.md):
 
-    Tar members of every field kind are sliced out of the mapped shard by offset. Parquet gets
-    that only for media and fixed-size columns (stored uncompressed); text, json and token rows
-    are compressed, and a shuffled read decodes row groups for them. Measured (bench/RESULTS.md):
-    with 2 workers Parquet is level with tar for raw images, JPEG and text (within about 10%)
-    and slower for packed token rows (0.78x); so tar, and Parquet when it is the only format.
+    - media and fixed-size fields (images, bytes, arrays) and token rows: tar. Tar slices them
+      by offset whoever wrote the shards; Parquet matches it (raw 1.15x, JPEG 0.92x) only for
+      shards written by this version, which stores those columns uncompressed and PLAIN (older
+      Parquet shards decode row groups: 0.73-0.79x), and packed token rows, compressed, read
+      at 0.78x of tar.
+    - only text, json and ints: Parquet (1.41x tar): row groups of compressed text decode at C
+      speed, where tar decodes each member in Python.
     """
     if asked is not None:
         return asked
-    return "tar" if "tar" in manifest.formats else manifest.formats[0]
+    if len(manifest.formats) == 1:
+        return manifest.formats[0]
+    kinds = {manifest.fields[f]["kind"] for f in fields}
+    return "tar" if kinds & {"image", "bytes", "array", "tokens"} else "parquet"
+
+
+def resolve_fields(known: dict, asked) -> list[str]:
+    """The fields to read: `asked`, checked against the manifest's, else all but augmentation variants."""
+    if asked is None:  # variants of an augmented field are read through it
+        return sorted(n for n, spec in known.items() if "variant_of" not in spec)
+    bad = [f for f in asked if f not in known]
+    if bad:
+        raise ConfigError(f"fields={list(asked)!r}: {bad} not in this dataset; it has {sorted(known)}")
+    return list(asked)

@@ -53,7 +53,7 @@ class EpochOrder:
     def ids(self, positions) -> np.ndarray:
         """Sample ids (global, shard-major) at `positions` of this epoch's order."""
         p = np.asarray(positions, dtype=np.int64)
-        if p.size and (p.min() < 0 or p.max() >= len(self)):
+        if p.size and (p.min() < 0 or p.max() >= self.offsets[-1]):
             raise IndexError(f"positions outside 0..{len(self) - 1}")
         stream = self._unblock(p) if self.shuffle else p
         k = np.searchsorted(self.starts, stream, side="right") - 1
@@ -61,8 +61,11 @@ class EpochOrder:
 
     def _unblock(self, p: np.ndarray) -> np.ndarray:
         """Positions of G -> positions of the shard-ordered stream (undo the block shuffle)."""
-        out = np.empty_like(p)
         blocks = p // self.block
+        first, last = int(blocks.min(initial=0)), int(blocks.max(initial=0))
+        if first == last:  # the common case: a batch inside one block
+            return first * self.block + self._permutation(first)[p - first * self.block]
+        out = np.empty_like(p)
         for b in np.unique(blocks).tolist():
             sel = blocks == b
             out[sel] = b * self.block + self._permutation(b)[p[sel] - b * self.block]

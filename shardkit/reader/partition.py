@@ -160,9 +160,10 @@ class EpochPlan:
 
     def ids(self, lo: int, hi: int) -> np.ndarray:
         """Sample ids at positions [lo, hi) of this rank's run."""
-        i = np.arange(lo, hi, dtype=np.int64)
-        pos = np.where(i < self.real, self.start + i, self.pad_at)
-        return self.order.ids(self.stream.to_base(pos))
+        pos = np.arange(self.start + lo, self.start + hi, dtype=np.int64)
+        if hi > self.real:  # the pad at the end of a short rank's run
+            pos[max(0, self.real - lo):] = self.pad_at
+        return self.order.ids(self.stream.to_base(pos) if self.stream.layers else pos)
 
     def batches(self, consumed: int, worker: int, num_workers: int):
         """Batches (arrays of ids) that `worker` yields after the first `consumed` samples.

@@ -138,16 +138,18 @@ class TarShard:
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
         return gather(self.buf, self.offsets[field][rows], self.sizes[field][rows], out, positions,
-                      f"shard {self.url}: field {field!r}")
+                      (self.url, field))
 
 
-def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray, positions, where: str):
+def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray, positions, where: tuple):
     """Copy the fixed-size values at byte offsets `offs` of a mapped file into out[positions]
-    (-1: absent); returns the presence mask. One slice copy per value, no decode."""
+    (-1: absent); returns the presence mask. One slice copy per value, no decode. `where` is
+    (shard url, field), for the error."""
     nbytes = out.shape[1]
     present = offs >= 0
     if np.any(sizes[present] != nbytes):
-        raise ShardError(f"{where} has a value that is not {nbytes} bytes; rebuild the dataset")
+        raise ShardError(f"shard {where[0]}: field {where[1]!r} has a value that is not {nbytes} bytes; "
+                         "rebuild the dataset")
     for o, p in zip(offs[present].tolist(), np.asarray(positions)[present].tolist()):
         out[p] = buf[o:o + nbytes]
     return present
@@ -259,8 +261,7 @@ class ParquetShard:
         from Arrow buffers of the row groups."""
         direct = self.direct(field)
         if direct is not None:
-            return gather(self.buf, direct[0][rows], direct[1][rows], out, positions,
-                          f"shard {self.url}: field {field!r}")
+            return gather(self.buf, direct[0][rows], direct[1][rows], out, positions, (self.url, field))
         nbytes = out.shape[1]
         positions = np.asarray(positions)
         present = np.ones(len(rows), bool)
