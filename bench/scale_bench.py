@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 import psutil
 import numpy, pyarrow, pyarrow.parquet, torch  # what any loader imports
 from shardkit.loader import make_loader
@@ -42,7 +42,9 @@ t1 = time.perf_counter()
 loader = make_loader(ds, batch_size=64, num_workers=workers, pin_memory=False)
 batch = next(iter(loader))
 t2 = time.perf_counter()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over the exec).
+peak = int(dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines()
+                if ":" in line)["VmHWM"].split()[0]) * 1024
 kids = [p.memory_full_info() for p in me.children()]
 parts = {k: (v - base_parts[k]) / 1e6 for k, v in status().items()}
 print(json.dumps({"anon_growth_mb": parts["RssAnon"], "file_growth_mb": parts["RssFile"],

@@ -53,9 +53,6 @@ def test_same_records_give_the_same_table_bytes(tmp_path):
 
 
 def test_fields_beyond_the_typed_columns_travel_as_json():
-    class Richer(ShardInfo):
-        pass
-
     info = ShardInfo(3, "tar", "shards/data-00003.tar", 5, 9, "ff",
                      {"path": "shards/data-00003.tar.idx.parquet", "bytes": 1, "sha256": "ee", "checksum": "crc32c"})
     plain = ShardInfo(4, "parquet", "shards/data-00004.parquet", 5, 9, "dd")

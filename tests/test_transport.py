@@ -100,3 +100,15 @@ def test_unknown_start_method_is_named(data, monkeypatch):
 
     with pytest.raises(ConfigError, match="multiprocessing_context='thread'"):
         loader_for(data[0], monkeypatch, workers=1, multiprocessing_context="thread")
+
+
+def test_make_loader_leaves_the_dataset_as_given(data):
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    ds = StreamingDataset(data[0], fields=["raw", "cls"], seed=3)
+    before = dict(vars(ds))
+    loader = make_loader(ds, batch_size=8, num_workers=2)
+    assert vars(ds) == before and loader.source is ds  # no transport or batch size set on it
+    sample = next(iter(ds))  # still a dataset of samples, as a plain DataLoader expects
+    assert sample["raw"].shape == (3, 12, 16) and isinstance(sample["__key__"], str)
