@@ -1,9 +1,9 @@
 """Tokenize benchmark: the build's tokenize stage vs raw `Tokenizer.encode_batch` on the same corpus
-(interleaved, same process, same thread settings), and the packed-token loader in tokens/s.
+(interleaved, same process, same thread settings). The token loader has its own: token_loader_bench.py.
 
     .venv/bin/python bench/tokenize_bench.py [--docs 20000] [--reps 3] [--seq-len 2048]
 
-Targets (../shared/BENCHMARKS.md): stage >= 90% of encode_batch; token loader >= 50M tokens/s.
+Target (../shared/BENCHMARKS.md): stage >= 90% of encode_batch.
 """
 
 from __future__ import annotations
@@ -63,44 +63,6 @@ def interleaved(tok, texts: list[str], spec: dict, root: str, seq_len: int, chun
     return seconds
 
 
-def loader_rate(out: str, fmt: str, batch_size: int, workers: int, epochs: int) -> tuple[float, float]:
-    """Tokens/s of make_loader over the packed dataset (LongTensor batches), after one warm-up epoch:
-    (whole epochs, epoch starts included; steady state, each epoch's first batch left out)."""
-    from shardkit.loader import make_loader
-    from shardkit.reader.dataset import StreamingDataset
-
-    ds = StreamingDataset(out, format=fmt, seed=0)
-    loader = make_loader(ds, batch_size=batch_size, num_workers=workers, pin_memory=False)
-    for _ in loader:  # warm-up: workers start, shards opened
-        pass
-    tokens = steady_tokens = 0
-    steady_s = 0.0
-    start = time.perf_counter()
-    for _ in range(epochs):
-        first = None
-        for batch in loader:
-            n = batch["tokens"].numel()
-            tokens += n
-            if first is None:
-                first = time.perf_counter()
-            else:
-                steady_tokens += n
-        steady_s += time.perf_counter() - first
-    return tokens / (time.perf_counter() - start), steady_tokens / steady_s
-
-
-def memmap_rate(rows: np.ndarray, batch_size: int, reps: int) -> float:
-    """Copy limit: gather random batches of uint16 rows from memory and widen to int64, one core."""
-    import torch
-
-    rng = np.random.default_rng(0)
-    start, tokens = time.perf_counter(), 0
-    for _ in range(reps):
-        for idx in np.array_split(rng.permutation(len(rows)), max(1, len(rows) // batch_size)):
-            tokens += torch.from_numpy(rows[np.sort(idx)].astype(np.int64)).numel()
-    return tokens / (time.perf_counter() - start)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=40000, help="~9M tokens: ~70 loader batches per epoch")
@@ -108,9 +70,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=BATCH_DOCS, help="documents per interleaved measurement")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers for the loader figure")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2, help="Dask workers of the build")
     ap.add_argument("--workdir", default="bench/out/tokenize")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -144,26 +104,7 @@ def main() -> int:
               "same_call": "stage packed / raw encode_batch_fast (the call it makes: its own overhead)"}
     for name, vals in ratios.items():
         print(f"{labels[name]}: median {statistics.median(vals):.2f}  (target >= 0.90)")
-    report_loader(out, m, args)
     return 0
-
-
-def report_loader(out: Path, m, args) -> None:
-    rows = np.concatenate([np.frombuffer(r, "<u2").reshape(-1, args.seq_len + 1) for r in _parquet_rows(out, m)])
-    copy = memmap_rate(rows, args.batch_size, 20)
-    for fmt in ("parquet", "tar"):
-        for workers in sorted({0, 1, args.workers}):
-            rate, steady = loader_rate(str(out), fmt, args.batch_size, workers, args.epochs)
-            print(f"token loader [{fmt}, {workers} workers, batch {args.batch_size}x{args.seq_len + 1}]: "
-                  f"{rate / 1e6:,.1f}M tokens/s over whole epochs, {steady / 1e6:,.1f}M steady (target >= 50M); "
-                  f"in-memory gather limit {copy / 1e6:,.1f}M (ratio {rate / copy:.2f})")
-
-
-def _parquet_rows(out: Path, m) -> list[bytes]:
-    import pyarrow.parquet as pq
-
-    return [b"".join(pq.read_table(out / s.path, columns=["tokens"]).column(0).to_pylist())
-            for s in m.shards_of("parquet")]
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ trained like the image recipe (AMP, accumulation, meter, spot-safe checkpoints, 
 
 With --tokenizer bpe:N (or a tokenizer.json) the build tokenizes and packs rows of block+1 ids
 (the held-out split reuses the training split's tokenizer). Without it, tokens are UTF-8 bytes
-made in the loader workers by a batch_transform. Either way the loop gets one int64 tensor.
+made in the loader workers by a batch_transform. Either way the loop gets int64 inputs and targets.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def tiny_lm(r: LMRecipe, vocab: int):
 
 
 class LMLoss:
-    """Next-token cross-entropy; padding positions do not count (shardkit's split_rows)."""
+    """Next-token cross-entropy; padding positions do not count (a tokenized build's labels already say
+    so; byte rows go through shardkit's split_rows)."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
@@ -88,7 +89,10 @@ class LMLoss:
 
         from shardkit.reader.tokens import IGNORE_INDEX, split_rows
 
-        inputs, targets = split_rows(batch["tokens"], self.pad_id)
+        if "input_ids" in batch:
+            inputs, targets = batch["input_ids"], batch["labels"]
+        else:
+            inputs, targets = split_rows(batch["tokens"], self.pad_id)
         logits = model(inputs).float()
         if not (targets != IGNORE_INDEX).any():
             return logits.sum() * 0.0  # an all-padding batch: no signal, but no NaN either

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -21,23 +22,66 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+# Exit statuses (README "Exit codes"); click itself exits 2 on a bad flag or argument.
+EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_SYSTEM, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 4, 70, 130
+
+
+def describe(error: BaseException) -> tuple[int, str]:
+    """(exit status, one line) for a failure: what went wrong and how to fix it."""
+    import errno
+
+    from shardkit.errors import FolderLocked
+
+    if isinstance(error, FolderLocked):
+        return EXIT_LOCKED, str(error)
+    if isinstance(error, ShardkitError):
+        return EXIT_FAILED, str(error)
+    if isinstance(error, OSError) and error.errno is not None:
+        where = f" ({error.filename})" if error.filename else ""
+        fix = {errno.ENOSPC: "free space on that disk, or write OUT elsewhere",
+               errno.EDQUOT: "free space within your quota, or write OUT elsewhere",
+               errno.EACCES: "give this user write access there, or write OUT elsewhere",
+               errno.EPERM: "give this user write access there, or write OUT elsewhere",
+               errno.EROFS: "that file system is read-only: write OUT elsewhere"}.get(error.errno, "")
+        return EXIT_SYSTEM, f"{error.strerror or error}{where}" + (f": {fix}" if fix else "")
+    if type(error).__name__ == "KilledWorker":  # distributed's: the same task took down workers again and again
+        return EXIT_FAILED, (f"Dask workers died running a task ({error}): most often out of memory; lower "
+                             "--workers or --shard-size, or give the workers more memory")
+    return EXIT_BUG, (f"internal error: {type(error).__name__}: {error} (run `shardkit --debug ...` for the "
+                      "traceback, and please report it)")
+
+
 class _Group(click.Group):
-    """Turns shardkit's own errors into one clear line and exit status 1 (no traceback)."""
+    """Turns every failure into one line on stderr and a documented exit status; --debug (or
+    SHARDKIT_DEBUG=1) shows the traceback instead."""
 
     def invoke(self, ctx):
+        debug = ctx.params.get("debug") or os.environ.get("SHARDKIT_DEBUG")
+        if debug:
+            from shardkit import tasks
+
+            tasks.worker_log_level = logging.WARNING  # Dask workers report their failures too
         try:
             return super().invoke(ctx)
-        except ShardkitError as e:
-            click.secho(f"error: {e}", fg="red", err=True)
-            sys.exit(1)
-        except FileNotFoundError as e:
-            click.secho(f"error: {e}", fg="red", err=True)
-            sys.exit(1)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            click.secho("interrupted", fg="red", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as e:
+            if debug:
+                raise
+            status, message = describe(e)
+            click.secho(f"error: {message}", fg="red", err=True)
+            sys.exit(status)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="shardkit")
-def main():
+@click.option("--debug", is_flag=True, help="On failure, show the full traceback (also: SHARDKIT_DEBUG=1).")
+def main(debug):
     """shardkit: preprocess once, stream compact shards, drop near-duplicates, and see when the GPU waits.
 
     \b
@@ -46,6 +90,12 @@ def main():
       shardkit build demo/raw demo/out --image-size 224 --resize-mode center-crop
       shardkit inspect demo/out
       shardkit verify demo/out
+
+    \b
+    Exit status: 0 done; 1 failed (the message says how to fix it); 2 bad usage;
+    3 OUT is being written by another build or dedup; 4 system error (disk full,
+    permission denied, missing file); 70 internal error (a bug: rerun with --debug);
+    130 interrupted.
     """
 
 
@@ -75,10 +125,12 @@ def _parse_size(ctx, param, value):
 @click.option("--resample", type=click.Choice(RESAMPLE_FILTERS), default="bicubic", show_default=True,
               help="Resampling filter of the resize (PIL's).")
 @click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
-              help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size).")
+              help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size); "
+                   "keep = each input's own bytes, field named by its extension (no resize).")
 @click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
-@click.option("--labels/--no-labels", default=True, show_default=True,
-              help="Label each sample by its first-level subfolder (field cls, class list in the manifest).")
+@click.option("--labels/--no-labels", default=None,
+              help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "
+                   "[default: when SRC has class subfolders: two or more, or one holding all the images].")
 @click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
 @click.option("--workers", type=int, default=None,
               help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
@@ -118,6 +170,7 @@ def _parse_size(ctx, param, value):
 @click.option("--augment-seed", type=int, default=0, show_default=True,
               help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
 @click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
+@click.option("--allow-empty", is_flag=True, help="Write an empty dataset when SRC holds no sample (else an error).")
 def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
@@ -157,6 +210,7 @@ def build_summary(r) -> str:
         f"  rejected        {len(r.rejections)}" + (" (see errors.jsonl)" if r.rejections else ""),
     ]
     lines += [f"    {n:>5}  {reason}" for reason, n in r.rejected_by_reason.items()]
+    lines += [f"  note            {note}" for note in r.notes]
     if r.duplicates:
         lines.append(f"  duplicates      {r.duplicates} removed (review dedup/clusters.parquet, dedup/summary.json)")
     if r.utf8_replaced:
@@ -167,14 +221,30 @@ def build_summary(r) -> str:
         lines.append(f"  tokens          {st.get('tokens', 0)} from {st.get('documents', 0)} documents in "
                      f"{st.get('rows', 0)} rows ({st.get('pad_tokens', 0)} padding, {st.get('dropped_tokens', 0)} "
                      f"dropped); tokenizer {tok['source']} → tokenizer.json")
+    classes = r.manifest.classes if r.manifest else None
+    if classes:
+        lines.append(f"  labels          {len(classes)} classes from the subfolders (--no-labels to leave them out)")
     lines += [
         f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
         + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),
         f"  bytes           {human_bytes(total_bytes)}",
         f"  time            {r.seconds:.1f} s",
-        f"  images/s        {r.images / r.seconds:.0f}" if r.seconds > 0 else "",
+        _rate_line(r, tok),
     ]
     return "\n".join(line for line in lines if line)
+
+
+def _rate_line(r, tok: dict | None) -> str:
+    """The build's throughput in what it processed: images, else tokens, else samples."""
+    if r.seconds <= 0:
+        return ""
+    if r.images:
+        return f"  images/s        {r.images / r.seconds:,.0f}"
+    if tok:
+        st = tok.get("stats", {})
+        return (f"  documents/s     {st.get('documents', 0) / r.seconds:,.0f} "
+                f"({st.get('tokens', 0) / r.seconds:,.0f} tokens/s)")
+    return f"  samples/s       {r.samples / r.seconds:,.0f}"
 
 
 @main.command()
@@ -221,17 +291,32 @@ def inspect(dataset, as_json):
 @main.command()
 @click.argument("dataset")
 def verify(dataset):
-    """Re-hash every shard (and index) against the manifest; exit 1 naming each bad or missing file.
+    """Re-hash every shard (and index) against the manifest and count each shard's samples; exit 1
+    naming each bad or missing file.
 
     \b
     Example:
       shardkit verify out/ && echo ok
     """
-    from shardkit.fs import sha256_file
-    from shardkit.manifest import load_manifest, safe_relpath
+    from shardkit.manifest import load_manifest
 
-    m = load_manifest(dataset)
-    problems, checked = [], 0
+    m = load_manifest(dataset)  # also checks that the shard counts add up to the dataset's samples
+    problems, checked, bad = _verify_files(dataset, m)
+    problems += _verify_counts(dataset, m, bad)
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.secho(f"{len(problems)} problems in {checked} files; rebuild with `shardkit build`", fg="red", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {checked} files match the manifest ({m.samples} samples)")
+
+
+def _verify_files(dataset: str, m) -> tuple[list[str], int, set]:
+    """(problems, files checked, shard paths with a bad file): sizes and sha256 against the manifest."""
+    from shardkit.fs import sha256_file
+    from shardkit.manifest import safe_relpath
+
+    problems, checked, bad = [], 0, set()
     for shard in m.shards:
         entries = [(shard.path, shard.bytes, shard.sha256)]
         if shard.index:
@@ -245,13 +330,27 @@ def verify(dataset):
                 problems.append(f"size      {rel}: {os.path.getsize(path)} bytes, manifest says {size}")
             elif sha256_file(path) != digest:
                 problems.append(f"checksum  {rel}: sha256 differs from the manifest")
-    for p in problems:
-        click.echo(p)
-    if problems:
-        click.secho(f"{len(problems)} of {checked} files failed verification; rebuild with `shardkit build`",
-                    fg="red", err=True)
-        sys.exit(1)
-    click.echo(f"ok: {checked} files match the manifest ({m.samples} samples)")
+            else:
+                continue
+            bad.add(shard.path)
+    return problems, checked, bad
+
+
+def _verify_counts(dataset: str, m, bad: set) -> list[str]:
+    """Each intact shard opened as a reader would: its sample count against the manifest's."""
+    from shardkit.errors import ShardError
+    from shardkit.reader.shards import open_shard
+
+    problems = []
+    for shard in m.shards:
+        if shard.path in bad:
+            continue
+        index = os.path.join(dataset, shard.index["path"]) if shard.index else None
+        try:
+            open_shard(os.path.join(dataset, shard.path), shard, m.fields, shard.path, index_path=index)
+        except ShardError as e:
+            problems.append(f"count     {shard.path}: {e}")
+    return problems
 
 
 @main.command()

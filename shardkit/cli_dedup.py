@@ -36,12 +36,16 @@ from shardkit.errors import ON_ERROR_CHOICES
                    "far below unrelated images (about 32 bits apart, rarely under 14). Search cost grows "
                    "with it: distance+1 bands of 64/(distance+1) bits.")
 @click.option("--partition-size", type=int, default=5000, show_default=True,
-              help="Raw-folder samples per signature task (a built dataset uses one task per shard).")
+              help="Samples per signature task (a built dataset's shards are grouped whole, at least one "
+                   "per task). Every bucket task reads a slice of each partition: at 100M+ samples use "
+                   "100000 or more.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
-              help="Shard format when SRC is a raw folder; a built dataset keeps its formats.")
+              help="Shard format when SRC is a raw folder (its images are stored byte for byte, under their "
+                   "own extension); a built dataset keeps its formats.")
 @click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
 @click.option("--workers", type=int, default=None,
-              help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+              help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
+                   "estimated work cannot pay for starting a cluster, else one worker per core].")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT on shared storage).")
 @click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
@@ -54,9 +58,14 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     \b
     Text: NFKC + lowercase + punctuation folded, word n-gram shingles, MinHash (datasketch-compatible
     signatures: datasketch.LeanMinHash(seed=, hashvalues=, scheme="affine32")), LSH banding.
-    Images: exact by decoded pixels, near by a 64-bit perceptual hash within --image-distance bits.
-    Exact duplicates are found first; clusters are connected components; the smallest key is kept.
-    Review what was removed in OUT/dedup/clusters.parquet and OUT/dedup/summary.json.
+    Images: exact by identical bytes, near by a 64-bit perceptual hash (from a reduced decode: JPEG at 1/8
+    scale) within --image-distance bits.
+    Exact duplicates (same normalised text, same image bytes) are linked too; clusters are connected
+    components; the smallest key is kept. Texts with too few distinct shingles to compare (a few
+    words, ASCII art) are compared for exact equality only. Kept data is never changed: a raw
+    folder's images are stored with their own bytes and extension (to resize or re-encode while
+    deduplicating: shardkit build RAW OUT --dedup --image-size 224 ...). Review what was removed,
+    with each sample's source file and line, in OUT/dedup/clusters.parquet and OUT/dedup/summary.json.
 
     \b
     Examples:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 
@@ -13,7 +15,7 @@ from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
-ENCODINGS = ("jpeg", "png", "webp", "raw")
+ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -59,7 +61,7 @@ class BuildConfig:
     resample: str = "bicubic"
     encode: str = "jpeg"
     quality: int = 90
-    labels: bool = True
+    labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
     text_field: str = "text"
     workers: int | None = None
     scheduler: str | None = None
@@ -78,10 +80,11 @@ class BuildConfig:
     dedup_threshold: float = 0.8
     dedup_verify: bool = False
     image_distance: int = 10
+    allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -98,6 +101,9 @@ class BuildConfig:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":
             raise ConfigError(f"--resize-mode {self.resize_mode} needs --image-size N")
+        if self.encode == "keep" and (self.image_size is not None or self.augment):
+            raise ConfigError("--encode keep stores each input image's own bytes: it cannot resize or augment; "
+                              "drop --image-size/--augment, or choose --encode jpeg|png|webp|raw")
         check_crop(self)
         if self.encode == "raw" and self.stored_size is None:
             raise ConfigError(
@@ -106,6 +112,9 @@ class BuildConfig:
             )
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+        if self.labels not in (None, True, False):
+            raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
+                              "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
@@ -118,7 +127,8 @@ class BuildConfig:
 
     @property
     def image_field(self) -> str:
-        return IMAGE_FIELD[self.encode]
+        """The image field of an encoding build (a `keep` build names each image by its extension)."""
+        return IMAGE_FIELD.get(self.encode, "image")
 
     @property
     def stored_size(self) -> int | None:
@@ -143,7 +153,10 @@ def field_names(cls) -> list[str]:
 
 VARIANT_POLICIES = ("cycle", "random")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-FLOAT_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}  # torch's other names
+INT_DTYPES = ("int32", "int64")  # token ids: int64 by default (cross_entropy's targets), int32 to halve them
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64",
+                 "int": "int32"}  # torch's other names
+TOKEN_MODES = ("train", "rows")
 
 
 @dataclass(frozen=True)
@@ -160,7 +173,15 @@ class StreamConfig:
     cache_limit: int | str | None = None
     on_error: str = "fail"
     variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
-    dtype: str | None = None  # float array fields cast to this ("float32", torch.float32, ...); None: as stored
+    dtype: str | None = None  # float arrays cast to this ("float32", torch.float32, ...), token ids widened
+    # to this ("int64" when None); None: floats as stored
+    tokens: str | None = None  # token datasets: "train" (input_ids, labels, position_ids, document_ids) or
+    # "rows" (the stored rows, padding included); None: "train" where the layout allows it
+    mask_boundaries: bool = False  # labels: IGNORE_INDEX also where the next document's first id is predicted
+    keys: bool | None = None  # "__key__" in each batch; None: yes, except for packed token rows
+    checksums: bool = True  # check every value read against the checksum recorded at build time
+    timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
+    retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -169,18 +190,59 @@ class StreamConfig:
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
+        choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
         if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
             name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
-            name = FLOAT_ALIASES.get(name, name)
-            choice("dtype", name, FLOAT_DTYPES, "StreamingDataset(dtype=...)")
+            name = DTYPE_ALIASES.get(name, name)
+            choice("dtype", name, FLOAT_DTYPES + INT_DTYPES, "StreamingDataset(dtype=...)")
             object.__setattr__(self, "dtype", name)
+        choice("tokens", self.tokens, (None,) + TOKEN_MODES, "StreamingDataset(tokens=...)")
+        for name in ("mask_boundaries", "keys"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "keys" and value is None):
+                raise ConfigError(f"{name}={value!r}: expected True or False (StreamingDataset({name}=...))")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
+        self.remote_policy()  # validates timeout and retries
+
+    def remote_policy(self):
+        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
+        from shardkit.fs import RemotePolicy
+
+        return RemotePolicy(timeout=self.timeout, retries=self.retries)
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")
+# Weights (false positive, false negative) handed to datasketch's LSH parameter search. Candidates
+# are checked against the threshold afterwards (signature estimate, or exact Jaccard with --verify),
+# so an LSH false positive costs one cheap comparison while a false negative is a duplicate lost
+# for good: weight misses 9:1. At t=0.8, 128 perms this gives 14 x 9 (found: 87% at J=0.8,
+# 97.5% at 0.85) where the symmetric (0.5, 0.5) gives 9 x 13 (40% at 0.8, 69% at 0.85).
+LSH_WEIGHTS = (0.1, 0.9)
+
+
+@functools.lru_cache(maxsize=64)
+def optimal_lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
+    """(bands, rows) minimising datasketch's weighted false positive + false negative area."""
+    from datasketch.lsh import _optimal_param
+
+    return _optimal_param(threshold, num_perm, *weights)
+
+
+MAX_MIN_SHINGLES = 32  # the most distinct shingles ever required (thresholds above ~0.97)
+
+
+def min_shingles(threshold: float, cap: int = MAX_MIN_SHINGLES) -> int:
+    """Fewest distinct shingles a document needs to be compared by similarity.
+
+    Two different sets of s shingles reach Jaccard t only if s >= t / (1 - t) (one set inside
+    the other, one shingle apart). Below that only identical sets match, and identical sets of
+    different texts come from repetition alone ('ha ha ha …', ASCII art folded to a few words):
+    such documents are compared for exact equality instead.
+    """
+    return cap if threshold >= 1.0 else min(cap, max(1, math.ceil(threshold / (1.0 - threshold) - 1e-9)))
 IMAGE_HASHES = ("dhash", "phash")
 
 
@@ -236,10 +298,30 @@ class DedupConfig:
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
 
+    def lsh_params(self) -> tuple[int, int]:
+        """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
+        weighted toward recall (shardkit.stages.dedup.lsh.optimal_params)."""
+        return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
+
+    def min_shingles(self) -> int:
+        """Distinct shingles a text needs to be compared by similarity (fewer: exact equality only)."""
+        return min_shingles(self.threshold)
+
     def recorded(self) -> dict:
-        """The result-affecting part of the config, as written into summary.json."""
+        """The result-affecting part of the config, as written into summary.json: the values in
+        effect (bands and rows chosen for the threshold included), never a null placeholder."""
         d = asdict(self)
+        d["bands"], d["rows"] = self.lsh_params()
+        d["min_shingles"] = self.min_shingles()
         return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
+
+    def build_config(self) -> BuildConfig:
+        """The build `shardkit dedup RAW OUT` runs: the input's bytes kept as they are (no resize,
+        no re-encode), this config's shard format, text field and execution settings."""
+        return BuildConfig(self.src, self.out, format=self.format, encode="keep", text_field=self.text_field,
+                           workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
+                           progress=self.progress, dedup=True, dedup_threshold=self.threshold,
+                           dedup_verify=self.verify, image_distance=self.image_distance)
 
 
 TAIL_CHOICES = ("pad", "drop")

@@ -142,3 +142,54 @@ def raw_folder(root: str, *, images_per_class: int = 20, classes=("bird", "cat",
     cases = _edge_cases(root, rng) if bad else {}
     return {"classes": list(classes), "images": images_per_class * len(classes), "documents": documents,
             "edge_cases": cases}
+
+
+def _camera_photo(rng, width: int, height: int):
+    """A photo-like image at camera size: the smooth scene drawn at a third of the size, scaled up,
+    with per-pixel sensor noise at full size (so it compresses and decodes like a real photo)."""
+    import numpy as np
+    from PIL import Image
+
+    scene = photo_like(rng, max(8, width // 3), max(8, height // 3)).resize((width, height), Image.Resampling.BICUBIC)
+    pixels = np.asarray(scene).astype(np.int16)
+    pixels += rng.integers(-6, 7, pixels.shape, dtype=np.int16)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def near_duplicate_photos(root: str, *, originals: int = 180, copies: int = 40, seed: int = 0,
+                          width: tuple[int, int] = (2400, 4000)) -> dict:
+    """A folder of camera-size photo-like JPEGs (q90, 2400-4000 px wide, 4:3 or 3:2, either way up)
+    plus `copies` altered copies of distinct originals per kind: `resize` (half size), `q60`
+    (re-encoded at quality 60), `crop` (2% off each side). Returns {kind: [(original, copy), …]},
+    paths relative to root: the pairs a near-duplicate finder should report."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(root, exist_ok=True)
+    names = []
+    for i in range(originals):
+        w = int(rng.integers(width[0], width[1] + 1))
+        h = int(w * (3 / 4 if rng.random() < 0.5 else 2 / 3))
+        w, h = (h, w) if rng.random() < 0.25 else (w, h)
+        names.append(f"photo_{i:04d}.jpg")
+        _write(os.path.join(root, names[-1]), _jpeg(_camera_photo(rng, w, h)))
+    truth: dict[str, list] = {"resize": [], "q60": [], "crop": []}
+    picks = rng.permutation(originals)[: 3 * copies].reshape(3, copies) if originals >= 3 * copies else None
+    for k, kind in enumerate(truth):
+        for j in range(copies):
+            src = names[int(picks[k, j]) if picks is not None else int(rng.integers(originals))]
+            with Image.open(os.path.join(root, src)) as im:
+                im = im.convert("RGB")
+                w, h = im.size
+                if kind == "resize":
+                    data = _jpeg(im.resize((w // 2, h // 2), Image.Resampling.BICUBIC))
+                elif kind == "q60":
+                    data = _jpeg(im, quality=60)
+                else:
+                    dx, dy = w // 50, h // 50
+                    data = _jpeg(im.crop((dx, dy, w - dx, h - dy)))
+            copy = f"copy_{kind}_{j:03d}.jpg"
+            _write(os.path.join(root, copy), data)
+            truth[kind].append((src, copy))
+    return truth

@@ -21,8 +21,28 @@ class ManifestError(ShardkitError):
     """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
 
 
+class FolderLocked(ShardkitError):
+    """Another build or dedup is writing the same output folder right now."""
+
+
+class EmptyInput(ShardkitError):
+    """The input holds no sample (and an empty dataset was not asked for)."""
+
+
 class ShardError(ShardkitError):
     """A shard is missing, truncated, corrupt, or fails its checksum (names the shard)."""
+
+
+class ChecksumMismatch(ShardError):
+    """Stored values whose bytes differ from the checksums recorded at build time.
+
+    `rows` are the failing rows of the shard, so a reader under on_error='skip' can leave out
+    just those samples.
+    """
+
+    def __init__(self, message: str, rows):
+        super().__init__(message)
+        self.rows = rows
 
 
 class RejectedInput(ShardkitError):

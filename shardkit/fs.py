@@ -1,12 +1,53 @@
-"""File access through fsspec, and atomic writes (temp file, fsync, rename)."""
+"""File access through fsspec (bounded waits, retries, errors that name the URL), and atomic writes."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
+import socket
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+
+from shardkit.errors import ConfigError, FolderLocked, ShardkitError
+
+# Protocol -> the extra that installs its fsspec backend.
+EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
+# HTTP statuses that may pass on a later try (timeouts, throttling, server errors); other 4xx never do.
+RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
+             ValueError, TypeError)
+
+
+@dataclass(frozen=True)
+class RemotePolicy:
+    """How long remote reads wait and how often they try again (StreamingDataset(timeout=, retries=)).
+
+    With the defaults a store that accepts connections but never answers fails a shard after
+    3 tries x 15 s + 1 + 2 s of backoff = 48 s; one that refuses connections, within seconds.
+    """
+
+    timeout: float = 15.0  # seconds to connect, and at most between two reads that return data
+    retries: int = 2  # more tries after a failure that may pass: timeout, reset, HTTP 5xx/429
+    backoff: float = 1.0  # seconds before the first retry, doubled for each one after it
+
+    def __post_init__(self):
+        if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or self.timeout <= 0:
+            raise ConfigError(f"timeout={self.timeout!r}: expected seconds > 0 (StreamingDataset(timeout=...))")
+        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
+            raise ConfigError(f"retries={self.retries!r}: expected an integer >= 0 (StreamingDataset(retries=...))")
+
+
+class RemoteError(ShardkitError):
+    """A remote file could not be read: `detail` says why and what was tried."""
+
+    def __init__(self, url: str, detail: str, not_found: bool = False):
+        super().__init__(f"cannot read {url}: {detail}")
+        self.url, self.detail, self.not_found = url, detail, not_found
 
 def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
@@ -25,31 +66,116 @@ def join(base: str, rel: str) -> str:
     return os.path.join(local_path(base), rel)
 
 
-def open_url(url: str, mode: str = "rb"):
-    """Open a local path or any fsspec URL (http(s)://, s3:// with s3fs installed, ...)."""
-    if not is_remote(url):
-        return open(local_path(url), mode)
-    import fsspec  # heavy: only when reading remote data
+def _storage_options(protocol: str, policy: RemotePolicy) -> dict:
+    """fsspec options that bound every wait of one protocol's backend to policy.timeout."""
+    t = policy.timeout
+    if protocol in ("http", "https"):
+        import aiohttp
 
-    return fsspec.open(url, mode).open()
+        # No total limit: a large shard on a slow link is fine while bytes keep coming.
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
+    if protocol in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t, "retries": {"max_attempts": 1}}}
+    return {}
+
+
+def filesystem(url: str, policy: RemotePolicy | None = None):
+    """(fsspec filesystem, path) for a remote URL, its waits bounded by `policy`."""
+    protocol = url.split("://", 1)[0]
+    try:
+        import fsspec  # heavy: only when reading remote data
+
+        return fsspec.core.url_to_fs(url, **_storage_options(protocol, policy or RemotePolicy()))
+    except ImportError as e:
+        extra = EXTRAS.get(protocol)
+        how = f"pip install 'shardkit[{extra}]'" if extra else f"install the fsspec backend for {protocol}://"
+        raise ConfigError(f"cannot read {url}: {protocol}:// needs a package that is not installed ({e}); "
+                          f"{how}") from e
+
+
+def _status(error: BaseException) -> int | None:
+    """The HTTP status behind an error (fsspec reports some as FileNotFoundError), if any."""
+    for _ in range(8):  # the error, its cause, their causes
+        if error is None:
+            return None
+        status = getattr(error, "status", None) or getattr(error, "code", None)
+        if isinstance(status, int):
+            return status
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def remote_hint(url: str, error: BaseException) -> str:
     """What fixes a failed remote read, when the cause is a known one ('' otherwise)."""
     text = f"{type(error).__name__} {error}".lower()
-    scheme = str(url).split("://", 1)[0]
-    if isinstance(error, ImportError):
-        extra = {"s3": "s3", "http": "http", "https": "http"}.get(scheme)
-        return f"; install the {scheme}:// backend: pip install 'shardkit[{extra}]'" if extra else ""
-    if scheme == "s3" and "credential" in text:
+    if str(url).split("://", 1)[0] == "s3" and "credential" in text:
         return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
                 "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
     return ""
 
 
-def read_bytes(url: str) -> bytes:
-    with open_url(url, "rb") as f:
-        return f.read()
+def _retryable(error: BaseException, url: str) -> bool:
+    status = _status(error)
+    if status is not None:
+        return status in RETRY_STATUS
+    return not isinstance(error, PERMANENT + (ShardkitError,)) and not remote_hint(url, error)
+
+
+def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
+    status = _status(error)
+    if status is not None:
+        from http import HTTPStatus
+
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        return f"HTTP {status} {phrase}".rstrip()
+    if isinstance(error, TimeoutError):
+        return f"no answer within the {policy.timeout:g} s timeout"
+    if isinstance(error, FileNotFoundError):  # fsspec's http backend says so for a 404 only
+        return "HTTP 404 Not Found" if url.startswith(("http://", "https://")) else "not found"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def with_retries(url: str, policy: RemotePolicy, attempt):
+    """attempt() until it succeeds, retrying failures that may pass with exponential backoff;
+    else a RemoteError naming the URL, the reason and what was tried."""
+    start, tries = time.monotonic(), 0
+    while True:
+        tries += 1
+        try:
+            return attempt()
+        except ConfigError:
+            raise
+        except Exception as e:
+            retry = _retryable(e, url)
+            if retry and tries <= policy.retries:
+                time.sleep(policy.backoff * 2 ** (tries - 1))
+                continue
+            reason = _reason(e, policy, url) + remote_hint(url, e)
+            if retry:
+                detail = (f"{reason} (tried {tries} time(s) over {time.monotonic() - start:.1f} s, timeout "
+                          f"{policy.timeout:g} s: StreamingDataset(timeout=..., retries=...) allow a slower store; "
+                          "else check that the store is up and reachable from here)")
+            else:
+                detail = f"{reason} (not retried: a retry cannot pass)"
+            raise RemoteError(url, detail, not_found=_status(e) == 404 or isinstance(e, FileNotFoundError)) from e
+
+
+def open_url(url: str, mode: str = "rb", policy: RemotePolicy | None = None):
+    """Open a local path or any fsspec URL (http(s)://, s3:// with s3fs installed, ...), seekable."""
+    if not is_remote(url):
+        return open(local_path(url), mode)
+    fs, path = filesystem(url, policy)
+    return fs.open(path, mode)
+
+
+def read_bytes(url: str, policy: RemotePolicy | None = None) -> bytes:
+    """All of a (small) file: a local path, or a URL read with `policy`'s timeouts and retries."""
+    if not is_remote(url):
+        with open(local_path(url), "rb") as f:
+            return f.read()
+    policy = policy or RemotePolicy()
+    fs, path = filesystem(url, policy)
+    return with_retries(url, policy, lambda: fs.cat_file(path))
 
 
 def tmp_name(path: str | os.PathLike) -> str:
@@ -98,3 +224,53 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+LOCK_FILE = os.path.join(".shardkit", "lock")
+_HELD: dict[str, int] = {}  # lock files this process holds -> depth (dedup RAW OUT runs a build inside)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str, command: str):
+    """One writer per output folder: an exclusive flock on FOLDER/.shardkit/lock for the whole run.
+
+    A second build or dedup into the same folder fails at once with FolderLocked naming the
+    holder (pid, host, start). The kernel drops a flock when its process ends, however it ends,
+    so a build killed with kill -9 leaves no stale lock; the file itself stays (deleting it would
+    let two processes lock two different files under one name). Re-entrant within a process.
+    """
+    path = os.path.join(folder, LOCK_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    key = os.path.realpath(path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode("utf-8", "replace")
+        os.close(fd)
+        raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
+                           f"output folder (the lock, {path}, is released when that process ends, even if killed)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                             "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
+    _HELD[key] = 1
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        os.close(fd)
+
+
+def _holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"`{h['command']}` (pid {h['pid']} on host {h['host']}, since {h['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process (it is starting: no details yet)"

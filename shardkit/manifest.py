@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from shardkit._version import __version__
 from shardkit.contract import ShardInfo
-from shardkit.errors import ManifestError
-from shardkit.fs import atomic_write, is_remote, join, read_bytes, remote_hint, sha256_bytes
+from shardkit.errors import ConfigError, ManifestError
+from shardkit.fs import RemoteError, atomic_write, join, read_bytes, sha256_bytes
 
 FORMAT = "shardkit"
 VERSION = 2  # 2: the shard list may live only in the shard table; 1: always inline
@@ -89,7 +89,7 @@ class ShardTable:
         try:
             pf = pq.ParquetFile(pa.BufferReader(blob))
             missing = [c for c in _COLUMNS if c not in pf.schema_arrow.names]
-            cols = pf.read(columns=["id", "format", "samples"], use_threads=False)
+            cols = pf.read(columns=["id", "format", "samples", "bytes"], use_threads=False)
             sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
         except Exception as e:  # pyarrow raises several types for a damaged file
             raise ManifestError(f"{where} is not a readable shard table ({type(e).__name__}: {e}); "
@@ -100,6 +100,7 @@ class ShardTable:
         self._ids = cols.column("id").to_numpy()
         self._formats = np.asarray(cols.column("format").to_pylist(), dtype=object)
         self._samples = cols.column("samples").to_numpy()
+        self._bytes = cols.column("bytes").to_numpy()
         self._starts = np.cumsum([0] + sizes)  # first row of each row group
         self._groups = None
         self._check_paths(pf)
@@ -178,6 +179,11 @@ class ShardTable:
         """Samples of each shard, as an int64 numpy array in this table's order."""
         return self._samples[self.rows]
 
+    @property
+    def nbytes(self):
+        """Bytes of each shard file, as an int64 numpy array in this table's order."""
+        return self._bytes[self.rows]
+
     def of(self, fmt: str) -> "ShardTable":
         """The shards of one format, ordered by id: a view, the columns are shared."""
         import numpy as np
@@ -224,6 +230,9 @@ class Manifest:
     def shards_of(self, fmt: str | None = None) -> ShardTable:
         """Shards of one format (default: parquet when present, else tar), ordered by id."""
         fmt = fmt or ("parquet" if "parquet" in self.formats else "tar")
+        if not len(self.shards):
+            raise ManifestError("this dataset is empty (0 samples, no shards): nothing to read; build it from a "
+                                "folder with inputs")
         if fmt not in self.formats:
             raise ManifestError(f"this dataset has no {fmt!r} shards; it has {self.formats}")
         return self.shards.of(fmt)
@@ -253,8 +262,9 @@ class Manifest:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "manifest", root: str | None = None) -> "Manifest":
-        """A manifest from manifest.json's content; `root` is where its shard table lies (version 2)."""
+    def from_dict(cls, d: dict, where: str = "manifest", root: str | None = None, policy=None) -> "Manifest":
+        """A manifest from manifest.json's content; `root` is where its shard table lies (version 2),
+        read with `policy` (a shardkit.fs.RemotePolicy) when remote."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ManifestError(f"{where} is not a shardkit manifest (expected \"format\": \"shardkit\")")
         if d.get("version") not in (1, VERSION):
@@ -263,9 +273,10 @@ class Manifest:
                 f"1 and {VERSION}: upgrade shardkit or rebuild the dataset"
             )
         try:
-            shards = _inline_shards(d["shards"]) if "shards" in d else _table(d["shard_table"], where, root)
+            shards = _inline_shards(d["shards"], where) if "shards" in d else _table(d["shard_table"], where, root, policy)
             known = {"format", "version", "created_by", "samples", "fields", "shards", "shard_table", "classes",
                      "build", "errors"}
+            check_counts(d["samples"], shards, where)
             return cls(samples=int(d["samples"]), fields=dict(d["fields"]), shards=shards,
                        classes=d.get("classes"), build=d.get("build", {}),
                        errors=d.get("errors", {"count": 0, "by_reason": {}}),
@@ -275,28 +286,31 @@ class Manifest:
             raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); rebuild the dataset") from e
 
 
-def _inline_shards(records: list) -> ShardTable:
+def _inline_shards(records: list, where: str) -> ShardTable:
     shards = [ShardInfo.from_dict(s) for s in records]
     for s in shards:
         safe_relpath(s.path)
         if s.index:
             safe_relpath(s.index["path"])
+        for name in ("samples", "bytes"):  # the table's int64 columns would not say which shard
+            if not _count(getattr(s, name)):
+                raise ManifestError(f"{where}: shard {s.path} has {name}={getattr(s, name)!r}; expected an integer "
+                                    ">= 0: the manifest is damaged, rebuild the dataset")
     return ShardTable.from_infos(shards)
 
 
-def _table(record: dict, where: str, root: str | None) -> ShardTable:
+def _table(record: dict, where: str, root: str | None, policy=None) -> ShardTable:
     """The shard table a version-2 manifest names, checked against its size and sha256."""
     if root is None:
         raise ManifestError(f"{where} keeps its shards in {record.get('path')!r}: load it with load_manifest(ROOT)")
     url = join(root, safe_relpath(record["path"]))
     try:
-        blob = read_bytes(url)
-    except Exception as e:  # remote backends raise their own types (botocore, aiohttp, ImportError)
-        if not (isinstance(e, OSError) or is_remote(url)):
-            raise
-        hint = remote_hint(url, e) if is_remote(url) else ""
-        raise ManifestError(f"cannot read the shard table {url} ({type(e).__name__}: {e}){hint}; the dataset "
-                            "is incomplete: copy the whole folder or rebuild it") from e
+        blob = read_bytes(url, policy)
+    except ConfigError as e:  # a remote backend that is not installed: the message names the extra
+        raise ManifestError(str(e)) from e
+    except (OSError, RemoteError) as e:
+        raise ManifestError(f"cannot read the shard table {url} ({getattr(e, 'detail', e)}); the dataset is "
+                            "incomplete: copy the whole folder or rebuild it") from e
     if len(blob) != record["bytes"] or sha256_bytes(blob) != record["sha256"]:
         raise ManifestError(f"the shard table {url} does not match manifest.json (size or sha256): it was "
                             "replaced or damaged; rebuild the dataset")
@@ -306,29 +320,55 @@ def _table(record: dict, where: str, root: str | None) -> ShardTable:
     return table
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_counts(samples, shards: ShardTable, where: str = "manifest") -> None:
+    """Counts a reader can trust: every shard's samples and bytes an integer >= 0, and the shards of
+    each format adding up to the dataset's samples (readers size epochs from these); checked over
+    the table's columns."""
+    import numpy as np
+
+    if not _count(samples):
+        raise ManifestError(f"{where}: samples={samples!r}; expected an integer >= 0: the manifest is damaged, "
+                            "rebuild the dataset")
+    for name, values in (("samples", shards.samples), ("bytes", shards.nbytes)):
+        bad = np.nonzero(values < 0)[0]
+        if len(bad):
+            raise ManifestError(f"{where}: shard {shards[int(bad[0])].path} has {name}={int(values[bad[0]])}; "
+                                "expected an integer >= 0: the manifest is damaged, rebuild the dataset")
+    for fmt in shards.formats:
+        total = int(shards.of(fmt).samples.sum())
+        if total != samples:
+            raise ManifestError(f"{where}: its {fmt} shards hold {total} samples in all but it says samples={samples}: "
+                                "the manifest is damaged, rebuild the dataset (`shardkit verify` checks each shard)")
+
+
 def manifest_url(root: str) -> str:
     return join(root, MANIFEST_NAME)
 
 
-def load_manifest(root: str) -> Manifest:
-    """Read and validate ROOT/manifest.json (a local folder or an fsspec URL)."""
+def load_manifest(root: str, policy=None) -> Manifest:
+    """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
+    timeouts and retries: a shardkit.fs.RemotePolicy)."""
     url = manifest_url(root)
     try:
-        raw = read_bytes(url)
-    except FileNotFoundError as e:
+        raw = read_bytes(url, policy)
+    except ConfigError as e:  # a remote backend that is not installed: the message names the extra
+        raise ManifestError(str(e)) from e
+    except (FileNotFoundError, RemoteError) as e:
+        if isinstance(e, RemoteError) and not e.not_found:
+            raise ManifestError(f"cannot fetch {url}: {e.detail}") from e
         raise ManifestError(
             f"no manifest at {url}: is {root!r} a dataset built by `shardkit build`? "
             "(a build that did not finish writes no manifest; rerun it)"
         ) from e
-    except Exception as e:  # remote backends raise their own types (botocore, aiohttp, ImportError)
-        if is_remote(url):
-            raise ManifestError(f"cannot fetch {url}: {type(e).__name__}: {e}{remote_hint(url, e)}") from e
-        raise
     try:
         d = json.loads(raw)
     except ValueError as e:
         raise ManifestError(f"{url} is not valid JSON ({e}); rebuild the dataset") from e
-    return Manifest.from_dict(d, where=url, root=root)
+    return Manifest.from_dict(d, where=url, root=root, policy=policy)
 
 
 def shard_files(shards) -> set[str]:

@@ -175,8 +175,9 @@ def open_session(recipe: Recipe, model, loss_fn, train_dir: str, val_dir: str, b
     precision = choose_precision(device, recipe.precision)
     scaler = make_scaler(precision)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
-    train = StreamingDataset(train_dir, seed=recipe.seed, batch_transform=batch_transform)
-    val = StreamingDataset(val_dir, shuffle=False, batch_transform=batch_transform)
+    # keys=True: the trace records each micro-batch's keys (packed token rows leave them out by default)
+    train = StreamingDataset(train_dir, seed=recipe.seed, batch_transform=batch_transform, keys=True)
+    val = StreamingDataset(val_dir, shuffle=False, batch_transform=batch_transform, keys=True)
     micro = recipe.batch_size // recipe.accum_steps
     return Session(
         recipe, model, loss_fn, optimizer,

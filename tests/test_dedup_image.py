@@ -1,16 +1,18 @@
 """Image dedup: pixel-exact hashes, perceptual near duplicates through banded buckets, bad images."""
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from shardkit.config import DedupConfig
-from shardkit.dedup_job import find_duplicates
+from shardkit.dedup_engine import find_duplicates
 from shardkit.errors import RejectedInput
 from shardkit.sample import Sample
-from shardkit.stages.dedup.image import band_masks, decode, dhash, hamming, near_pairs, phash, pixel_hash
+from shardkit.stages.dedup.image import (band_masks, decode, dhash, grey, hamming, image_signature, near_pairs,
+                                         phash)
 
 
 def textured_photo(seed: int, size=(320, 240)) -> Image.Image:
@@ -61,10 +63,22 @@ def test_perceptual_hash_is_close_for_an_altered_copy_and_far_for_others():
         assert bin(fn(a) ^ fn(b)).count("1") > 16
 
 
-def test_pixel_hash_ignores_the_container_not_the_pixels():
+def test_exact_means_identical_bytes_and_a_new_container_is_a_zero_distance_near_copy():
     im = textured_photo(3)
-    assert pixel_hash(decode(encode(im, "PNG"))) == pixel_hash(decode(encode(im, "BMP")))
-    assert pixel_hash(decode(encode(im, "PNG"))) != pixel_hash(decode(encode(im.rotate(180), "PNG")))
+    png, bmp = encode(im, "PNG"), encode(im, "BMP")
+    assert image_signature(png, None, "phash")[0] == image_signature(bytes(png), None, "phash")[0]
+    assert image_signature(png, None, "phash")[0] != image_signature(bmp, None, "phash")[0]
+    assert image_signature(png, None, "phash")[1] == image_signature(bmp, None, "phash")[1]
+
+
+def test_reduced_jpeg_decode_hashes_like_the_full_decode_and_still_rejects_truncation():
+    for seed in range(6):
+        im = textured_photo(20 + seed, size=(1600, 1200))
+        data = encode(im, quality=90)
+        assert grey(data).size[0] < 1600  # decoded at a reduced scale
+        assert bin(phash(grey(data)) ^ phash(decode(data))).count("1") <= 4
+    with pytest.raises(RejectedInput, match="undecodable image"):
+        grey(data[: len(data) // 2])
 
 
 def test_decode_raw_field_and_reject_bad_bytes():
@@ -85,16 +99,20 @@ def test_image_dedup_finds_altered_copies_and_keeps_unrelated(tmp_path):
     other = textured_photo(99)
     samples.append(Sample("exact-png", {"png": encode(other, "PNG")}))
     samples.append(Sample("exact-bmp", {"image": encode(other, "BMP")}))
+    samples.append(Sample("same-bytes", {"image": encode(other, "BMP")}))
     samples.append(Sample("broken", {"jpg": b"\xff\xd8 truncated"}))
+    samples.sort(key=lambda s: s.key)
     result = find_duplicates(samples, DedupConfig(progress=False), None, str(tmp_path), per_partition=5)
-    by_key = {r.key: r for r in result.removed}
+    by_key = {r["key"]: SimpleNamespace(**r) for r in result.rows if not r["kept"]}
     for i in range(0, 8, 2):
         assert by_key[f"zcopy{i:02d}"].duplicate_of == f"img{i:02d}"
         assert by_key[f"zcopy{i:02d}"].reason == "near"
-    assert by_key["exact-png"].duplicate_of == "exact-bmp" and by_key["exact-png"].reason == "exact"
+    assert by_key["exact-png"].duplicate_of == "exact-bmp" and by_key["exact-png"].reason == "near"
+    assert by_key["exact-png"].similarity == 1.0  # same pixels, another container: hash distance 0
+    assert by_key["same-bytes"].duplicate_of == "exact-bmp" and by_key["same-bytes"].reason == "exact"
     assert by_key["img00_png"].duplicate_of == "img00" and by_key["img00_png"].reason == "near"
-    assert set(by_key) == {"zcopy00", "zcopy02", "zcopy04", "zcopy06", "img00_png", "exact-png"}, \
+    assert set(by_key) == {"zcopy00", "zcopy02", "zcopy04", "zcopy06", "img00_png", "exact-png", "same-bytes"}, \
         "unrelated images must not be linked"
     assert [r.path for r in result.rejections] == ["broken"]
-    assert result.kept + len(result.removed) + len(result.rejections) == len(samples)
+    assert result.kept + len(result.removed_ids) + len(result.rejections) == len(samples)
     assert result.summary["image"]["bands"] == 11

@@ -12,7 +12,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit.config import BuildConfig, DedupConfig
-from shardkit.dedup_job import dedup, dedup_records, find_duplicates, shard_keys
+from shardkit.dedup_engine import dedup_records, find_duplicates
+from shardkit.dedup_job import dedup
+from shardkit.stages.dedup.report import write_report
 from shardkit.tasks import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
@@ -73,40 +75,49 @@ def _table(folder):
     return pq.read_table(os.path.join(folder, "clusters.parquet")).to_pylist()
 
 
+def _run(samples, cfg, client, folder, **kw):
+    """find_duplicates + its report under FOLDER/report (what callers do once a run ends)."""
+    result = find_duplicates(samples, cfg, client, str(folder), **kw)
+    result.summary.pop("execution")  # how the run was cut, not what it found
+    write_report(str(folder / "report"), result)
+    return result
+
+
 def test_kept_set_and_clusters_do_not_depend_on_workers_or_partitions(tmp_path):
     samples = corpus()
     cfg = DedupConfig(progress=False)
-    runs = [find_duplicates(samples, cfg, None, str(tmp_path / "local"), per_partition=7)]
+    runs = [_run(samples, cfg, None, tmp_path / "local", per_partition=7)]
     with dask_client(None, 1) as client:
-        runs.append(find_duplicates(samples, cfg, client, str(tmp_path / "one"), per_partition=50))
+        runs.append(_run(samples, cfg, client, tmp_path / "one", per_partition=50, bucket_tasks=3))
     with dask_client(None, 2) as client:
-        runs.append(find_duplicates(samples, cfg, client, str(tmp_path / "two"), per_partition=13))
-    tables = [_table(tmp_path / name / "report") for name in ("local", "one", "two")]
-    assert tables[0] == tables[1] == tables[2]
-    assert runs[0].removed == runs[1].removed == runs[2].removed
-    assert runs[0].summary == runs[1].summary == runs[2].summary
-    assert len(tables[0]) > 0
+        runs.append(_run(samples, cfg, client, tmp_path / "two", per_partition=13, bucket_tasks=7))
+    reports = [{n: (tmp_path / name / "report" / n).read_bytes() for n in ("clusters.parquet", "summary.json")}
+               for name in ("local", "one", "two")]
+    assert reports[0] == reports[1] == reports[2]
+    assert all(np.array_equal(runs[0].removed_ids, r.removed_ids) for r in runs)
+    assert len(_table(tmp_path / "local" / "report")) > 0
 
 
 def test_nothing_lost_and_every_removal_is_explained(tmp_path):
     samples = corpus()
     result = find_duplicates(samples, DedupConfig(progress=False), None, str(tmp_path), per_partition=30)
-    removed = {r.key: r for r in result.removed}
-    rejected = set(result.rejected_keys)
-    assert rejected == {"bad/image"}
-    assert result.kept + len(removed) + len(rejected) == len(samples) == result.inputs
-    rows = {r["key"]: r for r in _table(tmp_path / "report")}
+    rows = {r["key"]: r for r in result.rows}
+    removed = {k: r for k, r in rows.items() if not r["kept"]}
+    keys = [s.key for s in samples]
+    assert [keys[i] for i in result.rejected_ids] == ["bad/image"]
+    assert sorted(keys[i] for i in result.removed_ids) == sorted(removed)
+    assert result.kept + len(removed) + 1 == len(samples) == result.summary["inputs"]
     for key, r in removed.items():
-        assert rows[key]["duplicate_of"] == r.duplicate_of and not rows[key]["kept"]
-        assert rows[r.duplicate_of]["kept"] and r.duplicate_of < key  # smallest key is kept
+        assert rows[r["duplicate_of"]]["kept"] and r["duplicate_of"] < key  # smallest key is kept
+        assert r["cluster"] == rows[r["duplicate_of"]]["cluster"]
     assert {k for k in removed if k.startswith("e-copy/")} == {s.key for s in samples if s.key.startswith("e-copy/")}
-    assert all(removed[k].reason == "exact" for k in removed if k.startswith("e-copy/"))
-    assert all(removed[k].reason == "near" for k in removed if k.startswith("e-near/"))
+    assert all(removed[k]["reason"] == "exact" for k in removed if k.startswith("e-copy/"))
+    assert all(removed[k]["reason"] == "near" for k in removed if k.startswith("e-near/"))
     assert not any(k.startswith(("e-far/", "doc/")) for k in removed)
-    assert removed["img/99"].duplicate_of == "img/02" and removed["img/99"].reason == "exact"
+    assert removed["img/99"]["duplicate_of"] == "img/02" and removed["img/99"]["reason"] == "exact"
     s = result.summary
-    assert s["text"]["utf8_replaced"] == 2 and s["text"]["empty"] == 1 and s["no_content"] == 1
-    assert (s["text"]["bands"], s["text"]["rows"]) == (14, 9) and 0.8 < s["text"]["detection_at_threshold"] < 0.9
+    assert s["text"]["utf8_replaced"] == 2 and s["text"]["symbolic"] == 1 and s["no_content"] == 1
+    assert (s["parameters"]["bands"], s["parameters"]["rows"]) == (14, 9) and 0.8 < s["text"]["detection_at_threshold"] < 0.9
 
 
 def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
@@ -115,10 +126,11 @@ def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
     first = find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
     folder = tmp_path / "signatures"
     stamps = {p: os.stat(folder / p).st_mtime_ns for p in os.listdir(folder)}
-    # The cluster stage reruns alone from the files: a new threshold recomputes no signature.
+    # A new threshold recomputes band entries from the stored signatures, never the signatures.
     again = find_duplicates(samples, DedupConfig(threshold=0.9, progress=False), None, str(tmp_path), per_partition=10)
     assert {p: os.stat(folder / p).st_mtime_ns for p in os.listdir(folder)} == stamps
-    assert len(again.removed) <= len(first.removed)
+    assert len(again.removed_ids) <= len(first.removed_ids)
+    assert len(os.listdir(tmp_path / "bands")) == len(stamps)  # the 0.8 band files were replaced
     changed = samples[:-1] + [Sample(samples[-1].key, {"txt": "something else entirely"})]
     find_duplicates(changed, cfg, None, str(tmp_path), per_partition=10)
     after = set(os.listdir(folder))
@@ -128,8 +140,8 @@ def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
 def test_verify_drops_pairs_under_the_threshold(tmp_path):
     samples = corpus(n=40)
     result = find_duplicates(samples, DedupConfig(verify=True, progress=False), None, str(tmp_path))
-    assert result.summary["text"]["verify"] is True
-    assert all(r.similarity >= 0.8 for r in result.removed if r.modality == "text")
+    assert result.summary["parameters"]["verify"] is True
+    assert all(r["similarity"] >= 0.8 for r in result.rows if r["modality"] == "text" and not r["kept"])
 
 
 def test_dataset_in_dataset_out(tmp_path):
@@ -150,8 +162,23 @@ def test_dataset_in_dataset_out(tmp_path):
     assert all(kept[k].fields == original[k].fields for k in ("doc/0000", "img/02"))
     errors = (out / "errors.jsonl").read_text().splitlines()
     assert len(errors) == 1 and "bad/image" in errors[0] and m.errors["count"] == 1
-    assert (out / "dedup" / "summary.json").is_file() and m.build["dedup"]["removed"] == len(result.removed)
-    assert shard_keys(str(out), m)[0][0] == expected[0]
+    summary = json.loads((out / "dedup" / "summary.json").read_text())
+    assert m.build["dedup"]["removed"] == len(result.removed_ids) == summary["removed"]
+    assert m.build["dedup"]["source_samples"] == m.samples + summary["removed"]
+    assert summary["output"] == {"samples": m.samples, "shards": len(m.shards_of()), "images": "stored bytes kept"}
+    assert summary["execution"]["mode"] == "embedded cluster" and summary["execution"]["workers"] == 2
+
+
+def test_a_shard_that_loses_nothing_is_copied_as_it_was(tmp_path):
+    samples = [Sample(f"a{i}", {"txt": f"document number {i} with its own words here"}) for i in range(4)]
+    samples += [Sample("b0", {"txt": "the same words in every one of these documents here"}),
+                Sample("b1", {"txt": "the same words in every one of these documents here"})]
+    make_dataset(tmp_path / "src", samples, per_shard=4, formats=("tar", "parquet"))
+    dedup(DedupConfig(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False))
+    for name in ("data-00000.tar", "data-00000.tar.idx.parquet", "data-00000.parquet"):
+        assert (tmp_path / "out" / "shards" / name).read_bytes() == (tmp_path / "src" / "shards" / name).read_bytes()
+    m = load_manifest(str(tmp_path / "out"))
+    assert m.samples == 5 and [s.samples for s in m.shards_of("tar")] == [4, 1]
 
 
 def test_shard_left_empty_is_dropped_and_stale_shards_removed(tmp_path):
@@ -185,16 +212,16 @@ def test_raw_folder_and_cli(tmp_path):
     assert not list((tmp_path / "out").rglob("staging"))
     summary = json.loads((tmp_path / "out" / "dedup" / "summary.json").read_text())
     assert summary["output"]["samples"] == m.samples and summary["inputs"] == m.samples + 2
+    assert summary["output"]["images"] == "original bytes kept" and summary["execution"]["mode"] == "in-process"
     keys = {s.key for shard in m.shards_of() for s in read_shard_samples(str(tmp_path / "out"), m, shard)}
     assert {"doc_000", "cat/000001"} <= keys and not {"doc_100", "cat/000101"} & keys
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
-    # The hook `shardkit build --dedup` calls between scan and shard assignment.
+    # The step `shardkit build --dedup` runs between scan and shard assignment: a keep mask.
     scanned = scan(BuildConfig(str(raw), str(tmp_path / "b")))
-    records, result = dedup_records(scanned.records, str(raw), str(tmp_path / "b"), DedupConfig(progress=False))
-    assert {r.key for r in scanned.records} - {r.key for r in records} == {"doc_100", "cat/000101"}
+    keep, result = dedup_records(scanned.records, str(raw), DedupConfig(progress=False), None, str(tmp_path / "w"))
+    assert {r.key for r, k in zip(scanned.records, keep) if not k} == {"doc_100", "cat/000101"}
     assert result.removed_keys == {"doc_100", "cat/000101"}
-    assert (tmp_path / "b" / "dedup" / "clusters.parquet").is_file()
 
 
 def test_config_errors_name_the_flag():

@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 from datasketch import LeanMinHash, MinHash
 
-from shardkit.stages.dedup.cluster import exact_groups, text_clusters
+from shardkit.config import DedupConfig
+from shardkit.contract import decode_text
+from shardkit.dedup_engine import find_duplicates
+from shardkit.sample import Sample
+from shardkit.stages.dedup.cluster import band_candidates, exact_links
 from shardkit.stages.dedup.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
 from shardkit.stages.dedup.minhash import MinHasher, estimate_jaccard
-from shardkit.contract import decode_text
-from shardkit.stages.dedup.text import (content_hash, normalise, shingle_hash, shingle_hashes,
-                                        shingles, words)
-from shardkit.stages.dedup.unionfind import components
+from shardkit.stages.dedup.text import distinct_counts, normalise, shingle_hash, shingle_hashes, shingles, words
+from shardkit.stages.dedup.unionfind import components, linked_components
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
@@ -114,10 +116,28 @@ def test_union_find_labels_by_smallest_member_whatever_the_link_order():
     assert components(3, np.empty((0, 2))).tolist() == [0, 1, 2]
 
 
-def test_exact_groups_point_at_the_first_row_and_skip_ineligible():
-    digests = np.array([b"b", b"a", b"b", b"a", b"c"], dtype="S16")
-    assert exact_groups(digests).tolist() == [0, 1, 0, 1, 4]
-    assert exact_groups(digests, np.array([1, 0, 1, 1, 1], bool)).tolist() == [0, 1, 0, 3, 4]
+def test_union_find_on_linked_ids_only_handles_long_chains():
+    chain = np.stack([np.arange(10**6, 10**6 + 5000), np.arange(10**6 + 1, 10**6 + 5001)], axis=1)[::-1]
+    nodes, labels = linked_components(chain)
+    assert len(nodes) == 5001 and (labels == 10**6).all()
+    assert linked_components(np.empty((0, 2)))[0].tolist() == []
+
+
+def test_exact_links_star_to_the_smallest_id_of_each_digest():
+    h = np.array([7, 3, 7, 3, 9], np.uint64)
+    x = np.array([1, 5, 1, 6, 0], np.uint64)  # ids 1 and 3 share h but not x: not equal
+    assert sorted(exact_links(h, x, np.array([40, 11, 2, 13, 5])).tolist()) == [[2, 40]]
+
+
+def test_band_candidates_star_big_buckets_and_pair_small_ones():
+    h = np.array([1] * 5 + [2] * 3, np.uint64)
+    ids = np.array([9, 4, 7, 30, 5, 8, 6, 3])
+    assert band_candidates(h, ids, max_pairs=3).tolist() == [[3, 6], [3, 8], [4, 5], [4, 7], [4, 9], [4, 30], [6, 8]]
+
+
+def test_distinct_counts_count_repeated_shingles_once():
+    hashes, offsets = shingle_hashes([words("ha " * 40), words("a b c d e f g"), [], words("x")], 5)
+    assert distinct_counts(hashes, offsets).tolist() == [1, 3, 0, 1]
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,32 +163,26 @@ def planted_corpus(seed=0, length=200, ngram=5, per_level=30, unrelated=1500, th
     return docs, pairs
 
 
-def _run_planted(verify: bool):
+def _run_planted(verify: bool, tmp_path):
     docs, pairs = planted_corpus()
-    keys = sorted(docs)
-    doc_words = [words(docs[k]) for k in keys]
-    hashes, offsets = shingle_hashes(doc_words, 5)
-    sig = MinHasher().signatures(hashes, offsets)
-    digests = np.array([content_hash(w) for w in doc_words], dtype="S16")
-    sets = [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in range(len(keys))] if verify else None
-    bands, rows = optimal_params(0.8, 128)
-    c = text_clusters(digests, sig, np.diff(offsets) == 0, threshold=0.8, bands=bands, rows=rows, sets=sets)
-    index = {k: i for i, k in enumerate(keys)}
-    found = np.array([c.label[index[b]] == index[a] for a, b, _ in pairs])
+    samples = [Sample(k, {"txt": docs[k]}) for k in sorted(docs)]
+    result = find_duplicates(samples, DedupConfig(verify=verify, progress=False), None, str(tmp_path))
+    label = {r["key"]: r["duplicate_of"] for r in result.rows if not r["kept"]}
+    found = np.array([label.get(b) == a for a, b, _ in pairs])
     jac = np.array([j for *_, j in pairs])
-    planted_rows = {index[a] for a, _, _ in pairs} | {index[b] for _, b, _ in pairs}
-    assert all(i in planted_rows for i in c.removed), "an unrelated document was removed"
+    planted = {k for a, b, _ in pairs for k in (a, b)}
+    assert set(label) <= planted, "an unrelated document was removed"
     return found, jac
 
 
-def test_planted_pairs_recall_and_precision_at_the_default_threshold():
-    found, jac = _run_planted(verify=False)
+def test_planted_pairs_recall_and_precision_at_the_default_threshold(tmp_path):
+    found, jac = _run_planted(False, tmp_path)
     assert found[jac >= 0.85].mean() >= 0.95
     assert (jac[found] >= 0.8).mean() >= 0.95
     assert not found[jac < 0.7].any()
 
 
-def test_planted_pairs_with_verify_have_precision_one():
-    found, jac = _run_planted(verify=True)
+def test_planted_pairs_with_verify_have_precision_one(tmp_path):
+    found, jac = _run_planted(True, tmp_path)
     assert found[jac >= 0.85].mean() >= 0.95
     assert (jac[found] >= 0.8).all()

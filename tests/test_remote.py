@@ -1,6 +1,8 @@
 """Remote datasets over a local http.server: same samples, checksums, cache reuse and eviction."""
 
+import contextlib
 import functools
+import json
 import os
 import threading
 from collections import Counter
@@ -10,7 +12,7 @@ import pytest
 import torch
 from factory import make_dataset
 
-from shardkit.errors import ShardError
+from shardkit.errors import ManifestError, ShardError
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
 from shardkit.reader.dataset import StreamingDataset
@@ -103,3 +105,194 @@ def test_read_shard_samples_remote(served):
     shard = manifest.shards_of("tar")[3]
     got = read_shard_samples(url, manifest, shard)
     assert got and all(s.fields == expected[s.key].fields for s in got)
+
+
+RANK_SCRIPT = """
+import hashlib, json, sys
+from shardkit import StreamingDataset, make_loader
+
+url, cache, limit, out = sys.argv[1:5]
+ds = StreamingDataset(url, cache_dir=cache, cache_limit=int(limit), seed=3, shuffle_buffer=8)
+loader = make_loader(ds, batch_size=4, num_workers=2)
+epochs = []
+for epoch in range(2):
+    ds.set_epoch(epoch)
+    epochs.append([[k, hashlib.sha256(raw.numpy().tobytes() + str(int(c)).encode() + t.encode()).hexdigest()]
+                   for b in loader for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"])])
+json.dump(epochs, open(out, "w"))
+"""
+
+
+def _digests(batches) -> dict:
+    import hashlib
+
+    return {k: hashlib.sha256(raw.numpy().tobytes() + str(int(c)).encode() + t.encode()).hexdigest()
+            for b in batches for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"])}
+
+
+def _folder_bytes(folder) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            if not name.endswith(".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.path.getsize(os.path.join(dirpath, name))
+    return total
+
+
+def test_ranks_sharing_one_cache_under_eviction(tmp_path):
+    """4 processes x 2 workers, one cache_dir, cache_limit ~1/3 of the dataset, 2 epochs over http."""
+    import subprocess
+    import sys
+
+    root, _ = make_dataset(tmp_path / "data", 192, shards=48, fields=("raw", "cls", "txt"), size=(32, 32))
+    manifest = load_manifest(root)
+    shard_bytes = [s.bytes + s.index["bytes"] for s in manifest.shards]
+    limit = sum(shard_bytes) // 3
+    local = _digests(batches(root, tmp_path / "unused", workers=0, shuffle=False)[1])
+    cache = tmp_path / "cache"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    peak, stop = [0], threading.Event()
+
+    def watch():  # the cache folder's size, sampled while the ranks run
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], _folder_bytes(cache))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        procs = [subprocess.Popen([sys.executable, str(script), url, str(cache), str(limit), str(tmp_path / f"r{r}.json")],
+                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="4"), stderr=subprocess.PIPE, text=True)
+                 for r in range(4)]
+        errors = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        stop.set()
+        watcher.join()
+        server.shutdown()
+        server.server_close()
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
+    for epoch in range(2):
+        seen = [kv for r in range(4) for kv in json.load(open(tmp_path / f"r{r}.json"))[epoch]]
+        assert sorted(k for k, _ in seen) == sorted(local)  # exactly once over ranks x workers
+        assert all(local[k] == digest for k, digest in seen)  # the same content as the local read
+    # Within the limit plus the stated slack: the shards pinned by the 8 workers (about one or two
+    # each) and a fetch in flight per worker. Far below the whole dataset, which passed through.
+    slack = 8 * 2 * max(shard_bytes)
+    assert peak[0] <= limit + slack < sum(shard_bytes), (peak[0], limit, slack)
+    assert _folder_bytes(cache) <= limit
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def misbehaving(root, shard_path: str, behaviour: str):
+    """An http server for `root` whose GETs of `shard_path` stall (until the test ends) or fail with 500."""
+    release, gets = threading.Event(), Counter()
+
+    class Handler(_QuietHandler):
+        def do_GET(self):
+            gets[self.path] += 1
+            if self.path != shard_path:
+                return super().do_GET()
+            if behaviour == "stall":
+                release.wait(30)  # accepts, reads the request, never answers
+            else:
+                self.send_error(500)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", gets
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_stalled_server_fails_within_the_timeout(served, tmp_path):
+    import time
+
+    root = served[0]
+    with misbehaving(root, "/shards/data-00001.tar", "stall") as (url, gets):
+        start = time.monotonic()
+        with pytest.raises(ShardError, match=rf"cannot fetch shard {url}/shards/data-00001.tar: no answer within "
+                                             r"the 0.5 s timeout \(tried 2 time\(s\)"):
+            batches(url, tmp_path / "cache", workers=0, shuffle=False, timeout=0.5, retries=1)
+        assert time.monotonic() - start < 10  # 2 tries x 0.5 s + 1 s backoff, plus the other shards
+        assert gets["/shards/data-00001.tar"] == 2
+
+
+def test_server_error_names_the_status_and_is_retried(served, tmp_path):
+    root = served[0]
+    with misbehaving(root, "/shards/data-00002.tar", "500") as (url, gets):
+        with pytest.raises(ShardError, match=rf"shard {url}/shards/data-00002.tar: HTTP 500 Internal Server Error "
+                                             r"\(tried 2 time\(s\)") as caught:
+            batches(url, tmp_path / "cache", workers=0, shuffle=False, retries=1)
+        assert not isinstance(caught.value.__cause__, FileNotFoundError)
+        assert gets["/shards/data-00002.tar"] == 2
+    with misbehaving(root, "/manifest.json", "500") as (url, _):
+        with pytest.raises(ManifestError, match=rf"{url}/manifest.json: HTTP 500 Internal Server Error"):
+            StreamingDataset(url, retries=0)
+
+
+def test_missing_file_is_not_retried(served, tmp_path):
+    root, url, gets, _ = served
+    os.remove(os.path.join(root, "shards", "data-00003.tar"))
+    with pytest.raises(ShardError, match=r"data-00003.tar: HTTP 404 Not Found \(not retried: a retry cannot pass"):
+        batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    assert gets["/shards/data-00003.tar"] == 1
+
+
+def test_missing_http_extra_names_the_install(served, tmp_path, monkeypatch):
+    import sys
+
+    url = served[1]
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if `pip install shardkit` without [http]
+    with pytest.raises(ManifestError, match=r"http:// needs a package that is not installed .* pip install 'shardkit\[http\]'"):
+        StreamingDataset(url, cache_dir=str(tmp_path / "cache"))
+
+
+def test_copy_deleted_behind_the_cache_is_fetched_again(served, tmp_path, monkeypatch):
+    import shardkit.reader.batches as dataset  # where StreamingDataset's reader opens shards
+
+    root, url, gets, expected = served
+    real, deleted = dataset.open_shard, []
+
+    def open_after_delete(path, *args, **kwargs):
+        if not deleted:  # someone outside shardkit removes the cached copy between fetch and open
+            os.remove(path)
+            deleted.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(dataset, "open_shard", open_after_delete)
+    ds, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    assert sorted(k for b in got for k in b["__key__"]) == sorted(expected)
+    assert gets["/shards/data-00000.tar"] == 2 and ds.reader._cache.fetched == 9
+
+
+def test_a_discarded_dataset_unpins_its_files(served, tmp_path):
+    import gc
+
+    root, url, _, _ = served
+    cache = str(tmp_path / "cache")
+
+    def locks() -> int:  # lock files of this cache that this process holds open
+        paths = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}")]
+        return sum(p.startswith(cache) and p.endswith(".lock") for p in paths)
+
+    for _ in range(3):
+        ds, _ = batches(url, cache, workers=0, shuffle=False)
+        assert locks() == 4  # the dataset's open shards stay pinned while it lives
+        del ds
+        gc.collect()
+        assert locks() == 0  # and no pin outlives it

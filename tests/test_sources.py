@@ -37,10 +37,26 @@ def test_files_sharing_a_stem_are_one_sample_with_a_label(tmp_path):
 def test_no_labels_and_top_level_files(tmp_path):
     _touch(tmp_path, "a/1.txt", "one")
     _touch(tmp_path, "top.txt", "two")
-    labelled = scan(BuildConfig(src=str(tmp_path), out="o"))
+    labelled = scan(BuildConfig(src=str(tmp_path), out="o", labels=True))
     assert {r.key: r.label for r in labelled.records} == {"a/1": 0, "top": None}
     plain = scan(BuildConfig(src=str(tmp_path), out="o", labels=False))
     assert plain.classes is None and all(r.label is None for r in plain.records)
+
+
+def test_labels_by_default_only_where_the_folder_has_class_subfolders(tmp_path):
+    _touch(tmp_path / "corpus", "docs/1.txt", "one")  # a text corpus in one folder: no labels
+    _touch(tmp_path / "corpus", "docs/2.txt", "two")
+    corpus = scan(BuildConfig(src=str(tmp_path / "corpus"), out="o"))
+    assert corpus.classes is None and all(r.label is None for r in corpus.records)
+    _touch(tmp_path / "corpus", "more/3.txt", "three")  # two subfolders: classes
+    assert scan(BuildConfig(src=str(tmp_path / "corpus"), out="o")).classes == ["docs", "more"]
+    _touch(tmp_path / "one", "cats/1.jpg")  # an image folder of one class keeps its label
+    _touch(tmp_path / "one", "readme.txt", "about")
+    images = scan(BuildConfig(src=str(tmp_path / "one"), out="o"))
+    assert images.classes == ["cats"] and {r.key: r.label for r in images.records} == {"cats/1": 0, "readme": None}
+    _touch(tmp_path / "one", "stray.jpg")  # ... but not when images also sit at the top
+    assert scan(BuildConfig(src=str(tmp_path / "one"), out="o")).classes is None
+    assert scan(BuildConfig(src=str(tmp_path / "one"), out="o", labels=True)).classes == ["cats"]
 
 
 def test_keys_are_sanitised_unique_and_dot_free(tmp_path):
@@ -127,3 +143,24 @@ def test_generated_folder_appears_only_when_complete(tmp_path):
     generated(root, make, "test data")  # reused, not regenerated
     assert len(calls) == 1 and (root / "a.txt").read_text() == "one"
     assert not (tmp_path / "raw.partial").exists()
+
+
+def test_reading_records_in_runs_gives_what_reading_each_gives(tmp_path):
+    from shardkit.errors import RejectedInput
+    from shardkit.sources import read_records
+
+    _touch(tmp_path, "a.jsonl", '{"text": "one"}\n\n{not json\n{"text": "three", "id": 3}\n{"body": 1}\n')
+    _touch(tmp_path, "a/b.txt", "a text file between the lines")
+    _touch(tmp_path, "cls1/c.jsonl", '{"text": "labelled"}\n')
+    records = scan(BuildConfig(src=str(tmp_path), out="o")).records
+    one_by_one = []
+    for rec in records:
+        try:
+            one_by_one.append(read_record(str(tmp_path), rec))
+        except RejectedInput as e:
+            one_by_one.append(e.reason)
+    in_runs = [got.reason if isinstance(got, RejectedInput) else got
+               for _, got in read_records(str(tmp_path), records)]
+    assert in_runs == one_by_one and len(in_runs) == 6
+    assert in_runs[-1].fields["cls"] == 1 and in_runs[-1].meta["source_row"] == 1
+    assert [s.meta.get("source_path") for s in in_runs if not isinstance(s, str)][:2] == ["a.jsonl", "a.jsonl"]

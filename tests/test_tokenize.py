@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import tarfile
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
+import webdataset as wds
 
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError
 from shardkit.executor import build
-from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
-from shardkit.reader.dataset import StreamingDataset
-from shardkit.reader.tokens import IGNORE_INDEX, segment_ids, split_rows
-from shardkit.stages.tokenize import TokenizerInfo, pack_rows
+from shardkit.stages.tokenize import TokenizerInfo, pack_stream
 
 from conftest import tree_bytes
 
@@ -93,43 +92,61 @@ def test_unpacked_ids_equal_encode_batch_for_every_document(corpus, tmp_path):
     assert "\ufffd" in texts["docs/latin1"] and "latin1" in " ".join(from_parquet)
 
 
-def test_packed_rows_are_the_eos_joined_stream_with_document_starts(corpus, tmp_path):
+def _encoded(out, texts, keys) -> list[list[int]]:
+    """What the build should store per document: encode_batch ids + EOS."""
+    tok = _tokenizer(out)
+    eos = load_manifest(str(out)).fields["tokens"]["eos_id"]
+    return [e.ids + [eos] for e in tok.encode_batch([texts[k] for k in keys], add_special_tokens=False)]
+
+
+def test_packed_shards_hold_the_eos_joined_stream_and_document_offsets(corpus, tmp_path):
     out = tmp_path / "out"
-    _build(corpus, out, tokenizer="bpe:400", seq_len=31, format="parquet", max_samples_per_shard=9)
+    _build(corpus, out, tokenizer="bpe:400", seq_len=31, format="both", max_samples_per_shard=9)
     m = load_manifest(str(out))
     spec, stats = m.fields["tokens"], m.extra["tokenizer"]["stats"]
-    assert spec["shape"] == [32] and spec["seq_len"] == 31 and m.fields["doc_starts"]["dtype"] == "int32"
+    assert set(m.fields) == {"tokens"} and spec["layout"] == "packed" and spec["shape"] == [32]
     texts = _texts(corpus)
-    tok = _tokenizer(out)
-    eos, pad = spec["eos_id"], spec["pad_id"]
     keys = sorted(texts)
     padded = 0
-    for shard, docs in zip(m.shards_of("parquet"), [keys[i:i + 9] for i in range(0, len(keys), 9)]):
-        stream = [i for e in tok.encode_batch([texts[k] for k in docs], add_special_tokens=False)
-                  for i in e.ids + [eos]]
-        rows = pq.read_table(out / shard.path).to_pylist()
-        ids = np.concatenate([np.frombuffer(r["tokens"], "<u2") for r in rows])
-        assert all(len(r["tokens"]) == 64 for r in rows)
-        n_pad = int((ids == pad).sum())
-        assert ids[:len(ids) - n_pad].tolist() == stream and n_pad == len(ids) - len(stream) < 32
-        padded += n_pad
-        starts = [np.frombuffer(r["doc_starts"], "<i4") + 32 * j for j, r in enumerate(rows)]
-        doc_begins = np.cumsum([0] + [len(e.ids) + 1 for e in tok.encode_batch([texts[k] for k in docs],
-                                                                               add_special_tokens=False)])
-        expected = sorted(set(doc_begins.tolist()) | set(range(0, len(ids), 32)))
-        assert np.concatenate(starts).tolist() == [s for s in expected if s < len(ids)]
-    assert stats["pad_tokens"] == padded and stats["dropped_tokens"] == 0
-    assert stats["rows"] == m.samples
+    for tar, parquet, docs in zip(m.shards_of("tar"), m.shards_of("parquet"), [keys[i:i + 9] for i in range(0, 28, 9)]):
+        encoded = _encoded(out, texts, docs)
+        stream = [i for ids in encoded for i in ids]
+        # webdataset reads a packed tar shard as one sample of two arrays
+        (sample,) = list(wds.WebDataset(str(out / tar.path), shardshuffle=False).decode())
+        assert sample["__key__"] == f"tokens-{tar.id:05d}"
+        rows, offsets = sample["tokens.npy"], sample["doc_offsets.npy"]
+        assert rows.dtype == np.uint16 and rows.shape == (tar.samples, 32) and tar.documents == len(docs)
+        assert (rows[1:, 0] == rows[:-1, -1]).all()  # consecutive rows share one id
+        flat = np.concatenate([rows[0], rows[1:, 1:].reshape(-1)])
+        assert flat[:len(stream)].tolist() == stream and (flat[len(stream):] == spec["pad_id"]).all()
+        assert len(rows) == -(-len(stream) // 31)  # every id is an input once
+        assert offsets.tolist() == np.cumsum([0] + [len(ids) for ids in encoded]).tolist()
+        # pyarrow reads the same rows from the Parquet shard, the offsets from its metadata
+        f = pq.ParquetFile(out / parquet.path)
+        column = f.read().column("tokens").combine_chunks()
+        assert np.frombuffer(column.buffers()[1], "<u2").reshape(-1, 32).tolist() == rows.tolist()
+        stored = np.load(io.BytesIO(base64.b64decode(f.schema_arrow.metadata[b"shardkit.doc_offsets"])))
+        assert stored.tolist() == offsets.tolist() and parquet.documents == len(docs)
+        # the ids cost their own bytes (+1 per row shared with the next): a fixed overhead per shard
+        # (tar headers, NPY headers, the tar end), nothing per row
+        assert tar.bytes - rows.nbytes - offsets.nbytes < 4 * 512 + 2 * 128 + 10240
+        padded += len(flat) - len(stream)
+    assert stats["pad_tokens"] == padded and stats["dropped_tokens"] == 0 and stats["rows"] == m.samples
 
 
-def test_tail_drop_is_counted_never_silent():
+def test_rows_overlap_by_one_id_and_tail_drop_is_counted_never_silent():
     flat, lengths = np.arange(10, dtype=np.uint16), np.array([3, 7])
-    rows, starts, stats = pack_rows(flat, lengths, 4, "drop", 65535)
-    assert rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and stats == {"pad_tokens": 0, "dropped_tokens": 2}
-    assert [s.tolist() for s in starts] == [[0, 3], [0]]
-    rows, starts, stats = pack_rows(flat, lengths, 4, "pad", 65535)
-    assert rows[-1].tolist() == [8, 9, 65535, 65535] and stats == {"pad_tokens": 2, "dropped_tokens": 0}
-    assert [s.tolist() for s in starts] == [[0, 3], [0], [0, 2]]  # the padding begins a segment
+    rows, offsets, stats = pack_stream(flat, lengths, 3, "drop", 65535)
+    assert rows.tolist() == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]] and offsets.tolist() == [0, 3, 10]
+    assert stats == {"pad_tokens": 0, "dropped_tokens": 0}
+    rows, offsets, stats = pack_stream(flat, lengths, 4, "drop", 65535)
+    assert rows.tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]] and stats == {"pad_tokens": 0, "dropped_tokens": 1}
+    assert offsets.tolist() == [0, 3, 9]  # the second document keeps its stored part
+    rows, offsets, stats = pack_stream(flat, lengths, 4, "pad", 65535)
+    assert rows[-1].tolist() == [8, 9, 65535, 65535, 65535] and stats == {"pad_tokens": 3, "dropped_tokens": 0}
+    assert offsets.tolist() == [0, 3, 10] and offsets.dtype == np.dtype("<u4")
+    rows, offsets, stats = pack_stream(np.arange(3, dtype=np.uint16), np.array([3]), 4, "drop", 65535)
+    assert rows.shape == (0, 5) and offsets.tolist() == [0] and stats["dropped_tokens"] == 3
 
 
 def test_trained_bpe_round_trips_text_and_is_deterministic(corpus, tmp_path):
@@ -192,61 +209,6 @@ def test_worker_count_does_not_change_bytes_and_options_change_markers(corpus, t
     assert _build(corpus, b, tokenizer=str(path), max_samples_per_shard=8).reused_shards == 0
 
 
-def test_streaming_yields_long_rows_and_padded_documents(corpus, tmp_path):
-    packed, docs = tmp_path / "packed", tmp_path / "docs"
-    _build(corpus, packed, tokenizer="bpe:400", seq_len=31, format="both")
-    _build(corpus, docs, tokenizer="bpe:400", format="parquet")
-    rows = pq.read_table(packed / load_manifest(str(packed)).shards_of("parquet")[0].path).to_pylist()
-    by_key = {r["__key__"]: r for r in rows}
-    for fmt in ("tar", "parquet"):
-        ds = StreamingDataset(str(packed), format=fmt, shuffle=False)
-        batch = next(iter(make_loader(ds, batch_size=4, num_workers=0)))
-        assert batch["tokens"].dtype == torch.int64 and batch["tokens"].shape == (4, 32)
-        for key, row, starts in zip(batch["__key__"], batch["tokens"], batch["doc_starts"]):
-            assert row.tolist() == np.frombuffer(by_key[key]["tokens"], "<u2").tolist()
-            stored = np.frombuffer(by_key[key]["doc_starts"], "<i4").tolist()
-            assert starts.tolist() == stored + [-1] * (len(starts) - len(stored))
-        pad = ds.manifest.fields["tokens"]["pad_id"]
-        inputs, targets = split_rows(batch["tokens"], pad)
-        assert torch.equal(inputs[:, 1:], targets[:, :-1].clamp(min=0))
-        seg = segment_ids(batch["doc_starts"], 32)
-        assert seg.shape == (4, 32) and (seg[:, 0] == 0).all() and (seg.diff(dim=1) >= 0).all()
-        for r, starts in enumerate(batch["doc_starts"]):
-            real = [s for s in starts.tolist() if s >= 0]
-            assert [int(seg[r, s]) for s in real] == list(range(len(real)))
-    ds = StreamingDataset(str(docs), shuffle=False)
-    batch = next(iter(make_loader(ds, batch_size=5, num_workers=0)))
-    pad = ds.manifest.fields["tokens"]["pad_id"]
-    lengths = (batch["tokens"] != pad).sum(1)
-    assert batch["tokens"].dtype == torch.int64 and batch["tokens"].shape == (5, int(lengths.max()))
-    tok = _tokenizer(docs)
-    texts = _texts(corpus)
-    _, targets = split_rows(batch["tokens"], pad)
-    for key, row, n, target in zip(batch["__key__"], batch["tokens"], lengths.tolist(), targets):
-        assert row[:n].tolist() == tok.encode(texts[key], add_special_tokens=False).ids + [0]
-        assert (row[n:] == pad).all() and (target[n - 1:] == IGNORE_INDEX).all()
-
-
-def test_token_rows_through_workers_are_exact_and_travel_in_reused_slots(corpus, tmp_path):
-    packed = tmp_path / "packed"
-    _build(corpus, packed, tokenizer="bpe:400", seq_len=15, format="parquet", max_samples_per_shard=8)
-    m = load_manifest(str(packed))
-    stored = {r["__key__"]: np.frombuffer(r["tokens"], "<u2").tolist()
-              for s in m.shards_of("parquet") for r in pq.read_table(packed / s.path).to_pylist()}
-    loader = make_loader(StreamingDataset(str(packed), seed=4), batch_size=3, num_workers=2, prefetch_factor=2)
-    held = [b for _ in range(3) for b in loader]  # kept: more batches than slots, over three epochs
-    transport = loader._transport
-    assert len(held) > transport.flags.shape[1] * transport.flags.shape[0]
-    assert int((transport.flags != 0).sum()) > 0  # the int64 rows sit in the workers' shared slots
-    for b in held:
-        assert b["tokens"].dtype == torch.int64 and b["tokens"].shape[1] == 16
-        assert [row.tolist() for row in b["tokens"]] == [stored[k] for k in b["__key__"]]
-    assert sorted(k for b in held for k in b["__key__"]) == sorted(list(stored) * 3)
-    del held, b
-    transport.release()
-    assert int(transport.flags.sum()) == 0
-
-
 def test_rerun_reuses_the_trained_tokenizer_until_the_corpus_changes(corpus, tmp_path, monkeypatch):
     import shardkit.stages.tokenize as stage
 
@@ -260,3 +222,39 @@ def test_rerun_reuses_the_trained_tokenizer_until_the_corpus_changes(corpus, tmp
     (corpus / "docs" / "d000.txt").write_text("a new first document", encoding="utf-8")
     changed = _build(corpus, out, tokenizer="bpe:300", max_samples_per_shard=8)
     assert trained == [1] and changed.reused_shards < 4
+
+
+def test_packed_builds_keep_text_only_and_say_why(tmp_path):
+    from shardkit.cli import build_summary
+    from shardkit.datagen import words
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    for cls in ("news", "books"):  # class subfolders: labels for one row per document, none for packed rows
+        (src / cls).mkdir(parents=True)
+        for i in range(4):
+            (src / cls / f"{i}.txt").write_text(words(rng, 30), encoding="utf-8")
+    (src / "news" / "meta.json").write_text('{"a": 1}')  # no text to pack: rejected, counted
+    packed = _build(src, tmp_path / "packed", tokenizer="bpe:300", seq_len=16, labels=None)
+    m = packed.manifest
+    assert set(m.fields) == {"tokens"} and m.classes is None
+    assert [(r.path, r.stage) for r in packed.rejections] == [("news/meta.json", "tokenize")]
+    assert "no text" in packed.rejections[0].reason
+    summary = build_summary(packed)
+    assert "images/s" not in summary and "tokens/s" in summary and "labels" not in summary
+    docs = _build(src, tmp_path / "docs", tokenizer="bpe:300", labels=None)
+    assert docs.manifest.classes == ["books", "news"] and "cls" in docs.manifest.fields
+    assert "2 classes from the subfolders" in build_summary(docs)
+    (src / "news" / "photo.jpg").write_bytes(b"not even an image")
+    with pytest.raises(ConfigError, match="--seq-len 16 packs documents into rows.*image"):
+        _build(src, tmp_path / "mixed", tokenizer="bpe:300", seq_len=16)
+
+
+def test_dedup_of_packed_rows_says_to_dedup_the_raw_text(corpus, tmp_path):
+    from shardkit.config import DedupConfig
+    from shardkit.dedup_job import dedup
+
+    out = tmp_path / "packed"
+    _build(corpus, out, tokenizer="bpe:300", seq_len=16)
+    with pytest.raises(ConfigError, match="packed token rows.*--dedup"):
+        dedup(DedupConfig(src=str(out), out=str(tmp_path / "dd"), workers=0, progress=False))

@@ -7,7 +7,6 @@ import os
 
 from torch.utils.data import DataLoader
 
-from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
@@ -65,15 +64,18 @@ class StreamingLoader(DataLoader):
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
 
-    def _count(self, batches, sizes: list[int], where: tuple):
-        pos = self.source.position
-        for j, batch in enumerate(batches):
-            if j >= len(sizes) or (pos.epoch, pos.layers) != where:
-                raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches of "
-                                   f"epoch {pos.epoch}: set_epoch() was called during an epoch")
-            # Count the planned size (not len(batch)): a skipped shard must not shift resume.
-            pos.advance(sizes[j])
-            yield self._transport.unpack(batch) if self._transport is not None else batch
+    def _count(self, items, sizes: list[int], where: tuple):
+        ds, pos, j = self.source, self.source.position, 0
+        for item in items:
+            # A worker item is one batch, or a group of consecutive batches (packed token rows).
+            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+                if j >= len(sizes) or (pos.epoch, pos.layers) != where:
+                    raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches "
+                                       f"of epoch {pos.epoch}: set_epoch() was called during an epoch")
+                # Count the planned size (not len(batch)): a skipped shard must not shift resume.
+                pos.advance(sizes[j])
+                j += 1
+                yield batch
 
     def state_dict(self) -> dict:
         """Small and elastic: O(resumes at a new world size), independent of num_workers and batch_size."""
@@ -126,12 +128,10 @@ def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
 
 
 def _slots(dataset: StreamingDataset, num_workers: int, prefetch_factor: int) -> int:
-    """Per field that fills a slot (images, fixed-shape rows: raw images, token rows, arrays):
+    """Per tensor that fills a slot (images, fixed-shape rows: raw images, token rows, arrays):
     every batch DataLoader can have in flight, plus a few the training loop still holds; beyond
     that a worker falls back to DataLoader's own (slower) path."""
-    specs = [dataset.manifest.fields[f] for f in dataset.fields]
-    slotted = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
-    return (prefetch_factor * num_workers + 4) * max(1, slotted)
+    return (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
 
 
 def default_workers() -> int:
@@ -145,8 +145,9 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None, drop_last: bool = False,
                 multiprocessing_context: str | None = None) -> StreamingLoader:
-    """A ready loader: one tensor per field per batch plus '__key__' (list of str), persistent
-    workers, prefetch, pinned memory when CUDA is present, and state_dict/load_state_dict.
+    """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
+    only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
+    state_dict/load_state_dict.
 
     `multiprocessing_context` starts the workers ("spawn" is macOS's default and what some CUDA
     set-ups need; None: the platform's default). The dataset is left as given."""

@@ -27,5 +27,5 @@ class BatchStream(IterableDataset):
             yield from self.dataset.batches(self.batch_size, self.drop_last)
             return
         transport.start_iteration()
-        for batch in self.dataset.batches(self.batch_size, self.drop_last, alloc=transport.alloc):
+        for batch in self.dataset.batches(self.batch_size, self.drop_last, transport):
             yield transport.pack(batch)

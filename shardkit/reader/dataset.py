@@ -5,27 +5,37 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset
 
 from shardkit.config import StreamConfig
+from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
+from shardkit.fs import is_remote
 from shardkit.identity import rank_world, worker_identity, worker_info
 from shardkit.manifest import load_manifest
 from shardkit.reader import decode
-from shardkit.reader.batches import BatchReader
-from shardkit.reader.order import shard_offsets
+from shardkit.reader.batches import BatchReader, last_uses
 from shardkit.reader.partition import EpochPlan, Plan, rank_size
 from shardkit.reader.position import Position
+from shardkit.reader.tokens import STORED, TokenBatches, resolve as resolve_tokens
+
+# Packed token rows per DataLoader item: a worker builds this many rows (several consecutive batches)
+# at once, because each item costs ~100-200 us of DataLoader and transport work in the main process
+# (measured), which at 16 rows a batch was more than reading them.
+GROUP_ROWS = 256
 
 
 class StreamingDataset(IterableDataset):
     """Streams a dataset built by `shardkit build`: exactly-once over ranks x workers, shuffled.
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
-    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype). Iterated alone it yields
-    one decoded sample dict at a time; `batches()` yields whole batches (what `make_loader`'s
-    workers run). `transform` maps one decoded sample dict, `batch_transform` one batch dict.
-    Progress through the epoch lives in `position`; reading and decoding in `reader`.
+    drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, tokens, mask_boundaries, keys,
+    checksums, timeout, retries). Iterated alone it yields one decoded sample dict at a time;
+    `batches()` yields whole batches (what `make_loader`'s workers run). A tokenized dataset yields
+    input_ids and labels (position_ids and document_ids when `fields` names them; shardkit.reader.tokens).
+    `transform` maps one decoded sample dict, `batch_transform` one batch dict. Progress through
+    the epoch lives in `position`, reading and decoding in `reader`.
     """
 
     def __init__(self, src: str, config: StreamConfig | None = None, *, transform=None,
@@ -36,15 +46,31 @@ class StreamingDataset(IterableDataset):
             valid = ", ".join(f.name for f in dataclasses.fields(StreamConfig))
             raise ConfigError(f"StreamingDataset: {e}; valid options: {valid}") from e
         self.src, self.transform, self.batch_transform = str(src), transform, batch_transform
-        self.manifest = load_manifest(self.src)
-        self.fields = resolve_fields(self.manifest.fields, self.config.fields)
+        self.manifest = load_manifest(self.src, self.config.remote_policy())
+        token_options, requested = resolve_tokens(self.manifest.fields, self.config, self.config.fields)
+        self.fields = resolve_fields(self.manifest.fields, requested, self.config.fields)
         self.shards = self.manifest.shards_of(read_format(self.manifest, self.fields, self.config.format))
         self.counts = self.shards.samples.astype(np.int64)  # columns: no object per shard
-        self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards,
-                                  shard_offsets(self.counts), self.config)
+        # Token datasets build their batches in reader/tokens.py (packed rows: all of it).
+        self.tokens = None if token_options is None else TokenBatches(
+            self.manifest.fields["tokens"], self.shards, token_options, self.config.keys is not False)
+        if self.tokens is not None and self.tokens.packed and self.config.keys is None:
+            self.tokens.keys = False  # row keys are just (shard, row): only when asked for
+        keys = self.config.keys is not False if self.tokens is None else self.tokens.keys
+        self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards, self.config,
+                                  self.tokens, keys)
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
+
+    def slotted_fields(self) -> int:
+        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
+        fixed-shape rows, arrays, token fields)."""
+        if self.tokens is not None and self.tokens.packed:
+            return self.tokens.slots()
+        specs = [self.manifest.fields[f] for f in self.fields if self.tokens is None or f != "tokens"]
+        fixed = sum(1 for spec in specs if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
+        return fixed + (self.tokens.slots() if self.tokens is not None else 0)
 
     @property
     def plan(self) -> Plan:
@@ -91,28 +117,65 @@ class StreamingDataset(IterableDataset):
     @property
     def skipped_shards(self) -> list[str]:
         """Paths of shards skipped as unreadable under on_error='skip' (seen by any worker)."""
-        return self.reader.skipped
+        return self.reader.skipped_shards
 
-    def batches(self, batch_size: int, drop_last: bool = False, alloc=None):
-        """This worker's batches from the published position: {'__key__': [str], field: tensor
-        or list}; batch memory comes from `alloc` (make_loader passes its shared slots)."""
+    @property
+    def skipped_samples(self) -> int:
+        """Samples left out under on_error='skip' because their bytes failed the checksum (all workers)."""
+        return int(self.reader.skipped.sum())
+
+    def batches(self, batch_size: int, drop_last: bool = False, transport=None):
+        """This worker's batches from the published position: {'__key__': [str], field: tensor or
+        list}. With make_loader's `transport` batch memory comes from its shared slots, and packed
+        token rows come as groups of consecutive batches (cut again by `received`)."""
         if worker_info() is not None:
             decode.tune_worker_malloc()
         epoch, consumed, layers = self.position.published()
         worker, num_workers = worker_identity()
-        plan = self.epoch_plan(epoch, layers, batch_size, drop_last)
-        for ids in plan.batches(consumed, worker, num_workers):
-            yield self.load(ids, epoch, alloc)
+        plain = transport is not None and self.transform is None and self.batch_transform is None
+        group = self._group_size(batch_size, plain)
+        plan = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
+        # Groups of consecutive batches, still dealt round-robin: the same order; a dropped last
+        # batch is cut off before grouping.
+        stop = consumed + (len(plan) - consumed) // batch_size * batch_size if group > 1 and drop_last else None
+        done = {}
+        if self.config.cache_limit is not None and is_remote(self.src):
+            done = last_uses(plan.batches(consumed, worker, num_workers, stop), self.reader.offsets)
+        cross = plain and getattr(transport, "pin", False)  # packed rows widen into pinned memory
+        alloc = transport.alloc if transport is not None else None
+        for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop)):
+            batch = self.load(ids, epoch, alloc, cross)
+            yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
+            for s in done.get(j, ()):
+                self.reader.close(s)
 
-    def load(self, ids: np.ndarray, epoch: int, alloc=None) -> dict:
+    def _group_size(self, batch_size: int, plain: bool) -> int:
+        """Batches a worker builds per item: several for packed token rows sent as they are (see
+        GROUP_ROWS), one otherwise (under on_error='skip' a batch may come out short)."""
+        packed = self.tokens is not None and self.tokens.packed
+        if not packed or not plain or self.config.on_error != "fail":
+            return 1
+        return max(1, GROUP_ROWS // batch_size)
+
+    def load(self, ids: np.ndarray, epoch: int, alloc=None, cross: bool = False) -> dict:
         """The batch of global sample ids `ids` as shown in `epoch`, transforms applied."""
         if alloc is None or self.transform is not None:  # a transform rebuilds the batch
             alloc = decode.np_empty
-        batch = self.reader.read(ids, epoch, alloc)
+        batch = self.reader.read(ids, epoch, alloc, cross)
         if self.transform is not None:
-            samples = [self.transform(decode.unbatch(batch, i)) for i in range(len(batch["__key__"]))]
+            samples = [self.transform(decode.unbatch(batch, i)) for i in range(_length(batch))]
             batch = decode.collate(samples)
         return self.batch_transform(batch) if self.batch_transform else batch
+
+    def received(self, item):
+        """Main process: the batches of one worker item. A group of consecutive batches (packed token
+        rows) is cut into views; rows that crossed as stored are widened here into pinned memory."""
+        if not isinstance(item, dict) or ("__batches__" not in item and STORED not in item):
+            yield item
+            return
+        sizes = item.pop("__batches__", None) or [_length(item)]
+        for part in self.tokens.cut(item, sizes):
+            yield self.tokens.finish(part, _pinned) if STORED in part else part
 
     def __iter__(self):
         """One decoded sample at a time (a plain DataLoader batches them itself)."""
@@ -120,7 +183,7 @@ class StreamingDataset(IterableDataset):
         worker, num_workers = worker_identity()
         for ids in self.epoch_plan(epoch, layers).batches(consumed, worker, num_workers):
             batch = self.reader.read(ids, epoch)
-            for i in range(len(batch["__key__"])):
+            for i in range(_length(batch)):
                 sample = decode.unbatch(batch, i)
                 yield self.transform(sample) if self.transform else sample
 
@@ -130,12 +193,12 @@ def read_format(manifest, fields: list[str], asked: str | None = None) -> str:
     dataset has both (measured with 2 workers, shuffled, bench/RESULTS.md):
 
     - media and fixed-size fields (images, bytes, arrays) and token rows: tar. Tar slices them
-      by offset whoever wrote the shards; Parquet matches it (raw 1.15x, JPEG 0.92x) only for
-      shards written by this version, which stores those columns uncompressed and PLAIN (older
-      Parquet shards decode row groups: 0.73-0.79x), and packed token rows, compressed, read
-      at 0.78x of tar.
-    - only text, json and ints: Parquet (1.41x tar): row groups of compressed text decode at C
-      speed, where tar decodes each member in Python.
+      by offset whoever wrote the shards; Parquet matches it (raw 1.04-1.15x, JPEG 0.92-0.98x)
+      only for shards written by this version, which stores those columns uncompressed and
+      PLAIN (older Parquet shards decode row groups: 0.69-0.79x); packed token rows read from
+      the tar's one member by a gather, about 2x their Parquet read.
+    - only text, json and ints: Parquet (1.13-1.41x tar): row groups of compressed text decode
+      at C speed, where tar decodes each member in Python.
     """
     if asked is not None:
         return asked
@@ -145,11 +208,28 @@ def read_format(manifest, fields: list[str], asked: str | None = None) -> str:
     return "tar" if kinds & {"image", "bytes", "array", "tokens"} else "parquet"
 
 
-def resolve_fields(known: dict, asked) -> list[str]:
-    """The fields to read: `asked`, checked against the manifest's, else all but augmentation variants."""
-    if asked is None:  # variants of an augmented field are read through it
+def resolve_fields(known: dict, requested, asked=None) -> list[str]:
+    """The manifest fields to read: `requested` (what `asked` leaves once token training fields are
+    taken out), checked against the manifest, else all but augmentation variants."""
+    if requested is None:  # variants of an augmented field are read through it
         return sorted(n for n, spec in known.items() if "variant_of" not in spec)
-    bad = [f for f in asked if f not in known]
+    bad = [f for f in requested if f not in known]
     if bad:
-        raise ConfigError(f"fields={list(asked)!r}: {bad} not in this dataset; it has {sorted(known)}")
-    return list(asked)
+        raise ConfigError(f"fields={list(asked if asked is not None else requested)!r}: {bad} not in this "
+                          f"dataset; it has {sorted(known)}")
+    return list(requested)
+
+
+def _pinned(shape) -> np.ndarray:
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _sizes(n: int, batch_size: int) -> list[int]:
+    return [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
+
+
+def _length(batch: dict) -> int:
+    """Samples in a batch (keys may be left out)."""
+    if "__key__" in batch:
+        return len(batch["__key__"])
+    return len(next(iter(batch.values())))

@@ -179,3 +179,16 @@ def chunk_offsets(buf, column, schema_column, nbytes: int | None):
                              schema_column.max_definition_level, nbytes)
     except (Unsupported, IndexError, KeyError, TypeError, ValueError):
         return None
+
+
+def field_offsets(meta, buf, field: str, nbytes: int | None):
+    """(offsets, sizes) of every row's value of column `field` over the whole file (pyarrow
+    FileMetaData), or None unless every row group's chunk of it can be sliced by offset."""
+    j = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == field), None)
+    if j is None or not meta.num_row_groups:
+        return None
+    chunks = [chunk_offsets(buf, meta.row_group(g).column(j), meta.schema.column(j), nbytes)
+              for g in range(meta.num_row_groups)]
+    if any(c is None for c in chunks):
+        return None
+    return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])

@@ -165,8 +165,9 @@ class EpochPlan:
             pos[max(0, self.real - lo):] = self.pad_at
         return self.order.ids(self.stream.to_base(pos) if self.stream.layers else pos)
 
-    def batches(self, consumed: int, worker: int, num_workers: int):
-        """Batches (arrays of ids) that `worker` yields after the first `consumed` samples.
+    def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None):
+        """Batches (arrays of ids) that `worker` yields after the first `consumed` samples (up to
+        position `stop` of the run, default its end).
 
         The rest of the run is chopped into batches; worker w takes batches w, w+W, w+2W, ...
         DataLoader collects workers round-robin in order, so the loader returns batches in run
@@ -174,13 +175,14 @@ class EpochPlan:
         batch, when the worker reaches them.
         """
         _check_worker(worker, num_workers)
-        if not 0 <= consumed <= self.size:
+        end = self.size if stop is None else min(stop, self.size)
+        if not 0 <= consumed <= end:
             raise ConfigError(f"consumed={consumed}: expected 0..{self.size} samples for this rank's epoch "
                               "(was the state saved with another dataset, world size or drop_remainder?)")
         bs = self.plan.batch_size
-        for j in range(worker, num_batches(self.size - consumed, bs, self.plan.drop_last), num_workers):
+        for j in range(worker, num_batches(end - consumed, bs, self.plan.drop_last), num_workers):
             lo = consumed + j * bs
-            yield self.ids(lo, min(lo + bs, self.size))
+            yield self.ids(lo, min(lo + bs, end))
 
 
 def num_batches(remaining: int, batch_size: int, drop_last: bool) -> int:

@@ -1,62 +1,23 @@
-"""Shard readers: tar members sliced by index offsets, Parquet row groups; stored values, no decode."""
+"""Shard readers: tar members sliced by index offsets, Parquet values by page offsets or row groups; no decode."""
 
 from __future__ import annotations
 
 import functools
 import json
 import mmap
-import os
-from collections import OrderedDict
 
 import numpy as np
 
-from shardkit.contract import ShardInfo, fixed_nbytes
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes
 from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.reader import parquet_pages
+from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401
+                                    check_digests, gather, stored_value)
 from shardkit.sample import Sample
 
 BLOCK = 512
-ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups
-
-
-def stored_value(spec: dict, data):
-    """Tar member bytes -> the stored Python form: bytes, int, str or dict."""
-    kind = spec["kind"]
-    if kind == "int":
-        return int(bytes(data))
-    if kind == "text":
-        return bytes(data).decode("utf-8")
-    if kind == "json":
-        return json.loads(bytes(data))
-    return data
-
-
-class ByteLRU:
-    """A least-recently-used cache bounded by the bytes of what it holds."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.bytes, self.items = max_bytes, 0, OrderedDict()
-
-    def get(self, key, load):
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key][0]
-        value, size = load()
-        self.items[key] = (value, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes and len(self.items) > 1:
-            _, (_, old) = self.items.popitem(last=False)
-            self.bytes -= old
-        return value
-
-
-def _check_size(path: str, shard: ShardInfo, url: str) -> None:
-    size = os.path.getsize(path)
-    if size != shard.bytes:
-        raise ShardError(f"shard {url} has {size} bytes, the manifest says {shard.bytes}: it is truncated or "
-                         "was replaced; rebuild the dataset (or delete the cached copy to refetch it)")
 
 
 def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
@@ -81,10 +42,12 @@ def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int
 class TarShard:
     """One tar shard, memory-mapped; members are found through the index sidecar's offsets."""
 
-    def __init__(self, path: str, shard: ShardInfo, specs: dict, index_path: str | None, url: str):
+    def __init__(self, path: str, shard: ShardInfo, specs: dict, index_path: str | None, url: str,
+                 checks: bool = True):
         import pyarrow.parquet as pq
 
         self.url, self.specs = url, specs
+        self.sums: dict[str, np.ndarray] = {}  # field -> checksum per row (absent: nothing to check)
         try:
             _check_size(path, shard, url)
             with open(path, "rb") as f:
@@ -95,11 +58,14 @@ class TarShard:
                 self.keys = t.column("__key__").to_pylist()
                 cols = {n[:-7]: (t.column(n).to_numpy(), t.column(n[:-7] + ".size").to_numpy())
                         for n in t.column_names if n.endswith(".offset")}
+                if checks:
+                    self.sums = {f: t.column(f + CHECKSUM_SUFFIX).to_numpy() for f in cols
+                                 if f + CHECKSUM_SUFFIX in t.column_names}
             else:
                 self.keys, cols = _scan_tar(path)
             self.offsets = {f: np.asarray(o, np.int64) for f, (o, _) in cols.items()}
             self.sizes = {f: np.asarray(s, np.int64) for f, (_, s) in cols.items()}
-        except ShardError:
+        except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
             raise
         except Exception as e:  # pyarrow/OS errors: all mean the shard cannot be used
             raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
@@ -129,41 +95,43 @@ class TarShard:
     def values(self, field: str, rows) -> list:
         """Stored values (bytes for media, int, str, dict) of `field` at `rows`; None where absent."""
         spec, offs, sizes = self.specs[field], self.offsets[field], self.sizes[field]
-        out = []
+        sums = self.sums.get(field)
+        out, read, digests = [], [], []
+        digest = _bytes_digest()
         for r in rows:
             o, s = int(offs[r]), int(sizes[r])
-            out.append(None if o < 0 else stored_value(spec, self.mm[o:o + s]))
+            if o < 0:
+                out.append(None)
+                continue
+            data = self.mm[o:o + s]
+            if sums is not None:
+                read.append(r)
+                digests.append(digest(data))
+            out.append(stored_value(spec, data))
+        check_digests(self.url, field, self.keys, read, digests, None if sums is None else sums[read])
         return out
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
-        return gather(self.buf, self.offsets[field][rows], self.sizes[field][rows], out, positions,
-                      (self.url, field))
-
-
-def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray, positions, where: tuple):
-    """Copy the fixed-size values at byte offsets `offs` of a mapped file into out[positions]
-    (-1: absent); returns the presence mask. One slice copy per value, no decode. `where` is
-    (shard url, field), for the error."""
-    nbytes = out.shape[1]
-    present = offs >= 0
-    if np.any(sizes[present] != nbytes):
-        raise ShardError(f"shard {where[0]}: field {where[1]!r} has a value that is not {nbytes} bytes; "
-                         "rebuild the dataset")
-    for o, p in zip(offs[present].tolist(), np.asarray(positions)[present].tolist()):
-        out[p] = buf[o:o + nbytes]
-    return present
+        sums = self.sums.get(field)
+        present, digests = gather(self.buf, self.offsets[field][rows], self.sizes[field][rows], out, positions,
+                                  (self.url, field), sums is not None)
+        if sums is not None:
+            read = np.asarray(rows)[present]
+            check_digests(self.url, field, self.keys, read, digests, sums[read])
+        return present
 
 
 class ParquetShard:
     """One Parquet shard. Uncompressed PLAIN media and fixed-size columns (what shardkit writes)
-    are sliced out of the memory-mapped file by value offsets, as tar members are; any other
-    column is read a row group at a time (only the needed column) into an LRU."""
+    are sliced out of the memory-mapped file by value offsets, as tar members are; int columns are
+    read whole once (8 bytes a row); any other column is read a row group at a time (only the
+    needed column) into an LRU."""
 
-    def __init__(self, path: str, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU):
+    def __init__(self, path: str, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU, checks: bool = True):
         import pyarrow.parquet as pq
 
-        self.url, self.specs, self.cache, self.path = url, specs, cache, path
+        self.url, self.specs, self.cache, self.path, self.checks = url, specs, cache, path, checks
         try:
             _check_size(path, shard, url)
             self.pf = pq.ParquetFile(path, memory_map=True)
@@ -172,7 +140,7 @@ class ParquetShard:
             self.columns = set(self.pf.schema_arrow.names)
             with open(path, "rb") as f:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ShardError:
+        except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
             raise
         except Exception as e:
             raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
@@ -182,31 +150,36 @@ class ParquetShard:
             raise ShardError(f"shard {url} holds {self.starts[-1]} rows, the manifest says {shard.samples}; "
                              "rebuild the dataset")
         self._direct: dict = {}  # field -> (offsets, sizes) of every row's value, or None
-        self._int_columns: dict = {}
+        self._whole: dict = {}   # int column -> (values, validity), read once
+
+    def direct(self, field: str):
+        """(offsets, sizes) of each row's value in the file (-1 where null), or None when the column
+        is not stored uncompressed and PLAIN; computed once per field from the page headers."""
+        if field not in self._direct:
+            spec = self.specs[field]
+            self._direct[field] = None if spec["kind"] in ("int", "text", "json") else parquet_pages.field_offsets(
+                self.pf.metadata, self.mm, field, fixed_nbytes(spec))
+        return self._direct[field]
+
+    def _ints(self, name: str):
+        """A whole integer column as numpy (values, validity), read once: 8 bytes a row, where a row
+        group per sample under shuffle would cost a decode each."""
+        if name not in self._whole:
+            try:
+                col = self.pf.read(columns=[name]).column(0).combine_chunks()
+            except Exception as e:
+                raise ShardError(f"shard {self.url}: cannot read column {name!r} ({type(e).__name__}: {e}); "
+                                 "rebuild the dataset") from e
+            self._whole[name] = (col.fill_null(0).to_numpy(), col.is_valid().to_numpy(zero_copy_only=False))
+        return self._whole[name]
+
+    def _all_sums(self, field: str):
+        """Recorded checksums of every row of `field` (None: none recorded, or checks off)."""
+        name = field + CHECKSUM_SUFFIX
+        return self._ints(name)[0] if self.checks and name in self.columns else None
 
     def has(self, field: str) -> bool:
         return field in self.columns
-
-    def direct(self, field: str):
-        """(offsets, sizes) of each row's value in the file (-1 where null), or None when the
-        column is not stored uncompressed and PLAIN; computed once per field from page headers."""
-        if field not in self._direct:
-            self._direct[field] = self._value_offsets(field)
-        return self._direct[field]
-
-    def _value_offsets(self, field: str):
-        spec = self.specs[field]
-        if spec["kind"] in ("int", "text", "json"):
-            return None
-        meta = self.pf.metadata
-        j = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == field), None)
-        if j is None:
-            return None
-        chunks = [parquet_pages.chunk_offsets(self.mm, meta.row_group(g).column(j), meta.schema.column(j),
-                                              fixed_nbytes(spec)) for g in range(meta.num_row_groups)]
-        if not chunks or any(c is None for c in chunks):
-            return None
-        return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
 
     def _group(self, i: int, field: str):
         def load():
@@ -218,6 +191,16 @@ class ParquetShard:
             return arr, arr.nbytes
         return self.cache.get((self.path, i, field), load)
 
+    def _sums(self, g: int, field: str, local) -> np.ndarray | None:
+        """Recorded checksums of `field` at rows `local` of row group g (None: none recorded, or checks off)."""
+        name = field + CHECKSUM_SUFFIX
+        if not self.checks or name not in self.columns:
+            return None
+        sums = self._group(g, name)
+        if sums.null_count:  # null beside a null value; to_numpy would turn the column into floats
+            sums = sums.fill_null(0)
+        return sums.to_numpy(zero_copy_only=False)[local]
+
     def _by_group(self, rows):
         rows = np.asarray(rows, np.int64)
         groups = np.searchsorted(self.starts, rows, side="right") - 1
@@ -225,35 +208,47 @@ class ParquetShard:
             sel = np.nonzero(groups == g)[0]
             yield int(g), sel, rows[sel] - self.starts[g]
 
-    def _ints(self, field: str):
-        """A whole int column (values, validity) as numpy, read once: 8 bytes a row, while a
-        row group per sample under shuffle costs a decode each."""
-        if field not in self._int_columns:
-            try:
-                col = self.pf.read(columns=[field]).column(0).combine_chunks()
-            except Exception as e:
-                raise ShardError(f"shard {self.url}: cannot read column {field!r} ({type(e).__name__}: {e}); "
-                                 "rebuild the dataset") from e
-            valid = col.is_valid().to_numpy(zero_copy_only=False)
-            self._int_columns[field] = (col.fill_null(0).to_numpy(), valid)
-        return self._int_columns[field]
-
     def values(self, field: str, rows) -> list:
         """Stored values of `field` at `rows` (binary as bytes, json parsed); None where null."""
-        direct = self.direct(field)
-        if direct is not None:
-            offs, sizes = direct[0][rows], direct[1][rows]
-            return [None if o < 0 else self.mm[o:o + n] for o, n in zip(offs.tolist(), sizes.tolist())]
+        rows = np.asarray(rows, np.int64)
+        if self.direct(field) is not None:
+            return self._sliced(field, rows)
         if self.specs[field]["kind"] == "int":
-            ints, valid = self._ints(field)
-            return [v if ok else None for v, ok in zip(ints[rows].tolist(), valid[rows].tolist())]
+            return self._int_values(field, rows)
         out: list = [None] * len(rows)
         json_field = self.specs[field]["kind"] == "json"
         for g, sel, local in self._by_group(rows):
-            arr = self._group(g, field)
-            for j, r in zip(sel.tolist(), local.tolist()):
+            arr, sums = self._group(g, field), self._sums(g, field, local)
+            read, digests = [], []
+            for k, (j, r) in enumerate(zip(sel.tolist(), local.tolist())):
                 v = arr[r].as_py()
+                if v is not None and sums is not None:
+                    read.append(k)
+                    digests.append(checksum(v))
                 out[j] = json.loads(v) if json_field and v is not None else v
+            if sums is not None:
+                check_digests(self.url, field, self.keys, rows[sel[read]], digests, sums[read])
+        return out
+
+    def _sliced(self, field: str, rows: np.ndarray) -> list:
+        offsets, sizes = self.direct(field)
+        offs, lens, sums = offsets[rows], sizes[rows], self._all_sums(field)
+        out = [None if o < 0 else self.mm[o:o + n] for o, n in zip(offs.tolist(), lens.tolist())]
+        if sums is not None:
+            read = np.nonzero(offs >= 0)[0]
+            digest = _bytes_digest()
+            check_digests(self.url, field, self.keys, rows[read], [digest(out[i]) for i in read.tolist()],
+                          sums[rows[read]])
+        return out
+
+    def _int_values(self, field: str, rows: np.ndarray) -> list:
+        values, valid = self._ints(field)
+        out = [v if ok else None for v, ok in zip(values[rows].tolist(), valid[rows].tolist())]
+        sums = self._all_sums(field)
+        if sums is not None:
+            read = np.nonzero(valid[rows])[0]
+            check_digests(self.url, field, self.keys, rows[read], [checksum(out[i]) for i in read.tolist()],
+                          sums[rows[read]])
         return out
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
@@ -261,7 +256,12 @@ class ParquetShard:
         from Arrow buffers of the row groups."""
         direct = self.direct(field)
         if direct is not None:
-            return gather(self.buf, direct[0][rows], direct[1][rows], out, positions, (self.url, field))
+            rows, sums = np.asarray(rows, np.int64), self._all_sums(field)
+            present, digests = gather(self.buf, direct[0][rows], direct[1][rows], out, positions,
+                                      (self.url, field), sums is not None)
+            if sums is not None:
+                check_digests(self.url, field, self.keys, rows[present], digests, sums[rows[present]])
+            return present
         nbytes = out.shape[1]
         positions = np.asarray(positions)
         present = np.ones(len(rows), bool)
@@ -270,16 +270,27 @@ class ParquetShard:
             # fixed_size_binary: buffer 1 is the values, contiguous; a view, no copy.
             view = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * nbytes:(arr.offset + len(arr)) * nbytes]
             view = view.reshape(len(arr), nbytes)
+            sums = self._sums(g, field, local)
             if arr.null_count:
                 valid = arr.is_valid().to_numpy(zero_copy_only=False)[local]
                 present[sel] = valid
                 sel, local = sel[valid], local[valid]
+                sums = None if sums is None else sums[valid]
             out[positions[sel]] = view[local]
+            if sums is not None:  # on the bytes gathered, as any gather path would
+                digest = _bytes_digest()
+                digests = [digest(out[p]) for p in positions[sel].tolist()]  # row views: no copy
+                check_digests(self.url, field, self.keys, np.asarray(rows, np.int64)[sel], digests, sums)
         return present
 
     @functools.cached_property
     def keys(self) -> list[str]:
+        import pyarrow.parquet as pq
+
         try:
+            if self.checks:  # the keys column has no checksums of its own: its pages' CRCs cover it
+                return pq.read_table(self.path, columns=["__key__"], memory_map=True,
+                                     page_checksum_verification=True).column(0).to_pylist()
             return self.pf.read(columns=["__key__"]).column(0).to_pylist()
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
@@ -287,12 +298,13 @@ class ParquetShard:
 
 
 def open_shard(path: str, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,
-               cache: ByteLRU | None = None):
-    """A reader for one local shard file (tar or Parquet)."""
+               cache: ByteLRU | None = None, checks: bool = True):
+    """A reader for one local shard file (tar or Parquet); `checks`: verify each value read against
+    its recorded checksum (check_digests)."""
     if shard.format == "tar":
-        return TarShard(path, shard, specs, index_path, url)
+        return TarShard(path, shard, specs, index_path, url, checks)
     if shard.format == "parquet":
-        return ParquetShard(path, shard, specs, url, cache or ByteLRU(ROW_GROUP_CACHE_BYTES))
+        return ParquetShard(path, shard, specs, url, cache or ByteLRU(ROW_GROUP_CACHE_BYTES), checks)
     raise ShardError(f"shard {url} has format {shard.format!r}; this reader knows 'tar' and 'parquet'")
 
 
@@ -305,8 +317,17 @@ def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo) -> list[
         with fetch_to_temp(root, shard) as (path, index_path):
             return _read_all(open_shard(path, shard, manifest.fields, url, index_path=index_path))
     index_path = join(local_path(root), shard.index["path"]) if shard.index else None
-    return _read_all(open_shard(join(local_path(root), shard.path), shard, manifest.fields, url,
-                                index_path=index_path))
+    try:
+        return _read_all(open_shard(join(local_path(root), shard.path), shard, manifest.fields, url,
+                                    index_path=index_path))
+    except FileNotFoundError as e:
+        raise missing_shard(url, e) from e
+
+
+def missing_shard(url: str, error: FileNotFoundError) -> ShardError:
+    """The error for a local shard file that is not there."""
+    return ShardError(f"shard {url} is missing ({error.strerror}: {error.filename}); the dataset folder is "
+                      "incomplete: restore it or rebuild it with `shardkit build`")
 
 
 def _read_all(reader) -> list[Sample]:

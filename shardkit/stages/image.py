@@ -120,12 +120,22 @@ def process_image(data: bytes, cfg: BuildConfig) -> bytes:
     return encode(prepare(data, cfg), cfg.encode, cfg.quality)
 
 
+def keep_image(data: bytes) -> bytes:
+    """`--encode keep`: the input's own bytes, once they are known to decode (JPEG checked at 1/8
+    scale: every coefficient is still read, so truncation is caught at a fraction of the cost)."""
+    decode(data, draft_size=1)
+    return data
+
+
 def images(samples: Iterable[Sample], *, cfg: BuildConfig, log: RejectionLog) -> Iterator[Sample]:
-    """Stage: replace the original bytes under 'image' with the processed image under cfg.image_field."""
+    """Stage: replace the original bytes under 'image' with the processed image under cfg.image_field
+    (`--encode keep`: the original bytes, under the input's own extension)."""
 
     def one(sample: Sample) -> Sample:
         data = sample.fields.pop("image", None)
-        if data is not None:
+        if data is not None and cfg.encode == "keep":
+            sample.fields[sample.meta["image_ext"]] = keep_image(data)
+        elif data is not None:
             sample.fields[cfg.image_field] = process_image(data, cfg)
         return sample
 

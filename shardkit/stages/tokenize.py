@@ -1,4 +1,4 @@
-"""Tokenize stage: documents -> uint16/uint32 token ids (one row per document, or packed rows)."""
+"""Tokenize stage: documents -> uint16/uint32 token ids (one row per document, or one packed shard)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from shardkit.config import BuildConfig
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, RejectionLog
 from shardkit.sample import Sample
+from shardkit.stages import source_of
 
 TOKENIZER_NAME = "tokenizer.json"
-TOKENS_FIELD, STARTS_FIELD = "tokens", "doc_starts"
+TOKENS_FIELD, OFFSETS_FIELD = "tokens", "doc_offsets"
+# Token field layouts (spec["layout"]). "packed": a shard is one (rows, seq_len+1) id array plus the
+# offsets of its documents in the flattened rows (writers/tokens.py); "documents": one sample per
+# document. Datasets built before layouts existed have no "layout" and read as they always did.
+PACKED, DOCUMENTS = "packed", "documents"
 BPE_EOS = "<|endoftext|>"
 # Looked for, in this order, when --eos-token is not given: the usual end-of-document tokens.
 EOS_CANDIDATES = (BPE_EOS, "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]", "<EOS>")
@@ -44,17 +49,33 @@ class TokenizerInfo:
         return int(np.iinfo(self.dtype).max)
 
     def fields(self, seq_len: int | None) -> dict:
-        """Field specs of the tokens (and, packed, the document starts) for the manifest."""
+        """The tokens field spec for the manifest (packed rows of seq_len + 1 ids, or one per document)."""
         spec = {"kind": "tokens", "dtype": self.dtype, "eos_id": self.eos_id, "pad_id": self.pad_id,
-                "tokenizer": self.path, "tokenizer_sha256": self.sha256}
-        if seq_len is None:
-            return {TOKENS_FIELD: spec}
-        spec.update(seq_len=seq_len, shape=[seq_len + 1])
-        return {TOKENS_FIELD: spec, STARTS_FIELD: {"kind": "array", "dtype": "int32"}}
+                "tokenizer": self.path, "tokenizer_sha256": self.sha256, "layout": DOCUMENTS}
+        if seq_len is not None:
+            spec.update(layout=PACKED, seq_len=seq_len, shape=[seq_len + 1])
+        return {TOKENS_FIELD: spec}
 
     def to_dict(self) -> dict:
         return {"path": self.path, "sha256": self.sha256, "source": self.source, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "eos_token": self.eos_token}
+
+
+def token_fields(fields: dict, kinds: set, tok: TokenizerInfo, seq_len: int | None) -> dict:
+    """The build's field specs once text is tokenized: `txt` becomes `tokens`; packed rows hold many
+    documents, so per-document fields (json, cls) are not kept and nothing else may share the shards."""
+    if fields.pop("txt", None) is None:
+        return fields
+    if seq_len is not None and kinds & {"image", "array"}:
+        what = " and ".join(sorted(kinds & {"image", "array"}))
+        raise ConfigError(f"--seq-len {seq_len} packs documents into rows, but the source folder also holds "
+                          f"{what} samples (captions would lose their images): drop --seq-len to keep one "
+                          "token row per sample, or build the text on its own")
+    fields.update(tok.fields(seq_len))
+    if seq_len is not None:
+        fields.pop("json", None)
+        fields.pop("cls", None)
+    return fields
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, count: int | None = None):
@@ -181,66 +202,75 @@ def encode_ids(tok, texts: list[str], dtype: str, eos_id: int) -> tuple[np.ndarr
     return flat.astype(dtype), np.asarray(lengths, np.int64)
 
 
-def pack_rows(flat: np.ndarray, lengths: np.ndarray, row_len: int, tail: str, pad_id: int):
-    """Cut the document stream into rows of `row_len`; returns (rows, starts per row, stats).
+def pack_stream(flat: np.ndarray, lengths: np.ndarray, seq_len: int, tail: str, pad_id: int):
+    """Cut the document stream into rows of seq_len + 1 ids; returns (rows, offsets, stats).
 
-    starts[r] are the positions in row r where a segment begins: 0 (a row may open mid-document)
-    and every document start; in a padded last row, also where the padding begins.
+    Row r is stream[r * seq_len : r * seq_len + seq_len + 1]: consecutive rows share one id, so every
+    stored id is an input once and every id but the first a target once (the Megatron convention);
+    no transition between rows is lost. Document k is stream[offsets[k]:offsets[k + 1]]; offsets[-1]
+    is where the real ids end (padding after it, in the last row only). tail="drop" keeps full rows
+    only: the cut ids are counted, and a cut document keeps its stored part.
     """
     total = len(flat)
-    full, rest = divmod(total, row_len)
-    n_rows = full + (1 if rest and tail == "pad" else 0)
-    rows = np.full((n_rows, row_len), pad_id, dtype=flat.dtype)
-    rows.reshape(-1)[:min(total, n_rows * row_len)] = flat[:n_rows * row_len]
-    doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    if rest and tail == "pad":
-        doc_starts = np.concatenate([doc_starts, [total]])
-    row_of = doc_starts // row_len
-    bounds = np.searchsorted(row_of, np.arange(n_rows + 1))
-    starts = []
-    for r in range(n_rows):
-        s = (doc_starts[bounds[r]:bounds[r + 1]] - r * row_len).astype(np.int32)
-        starts.append(s if len(s) and s[0] == 0 else np.concatenate([[0], s]).astype(np.int32))
-    stats = {"pad_tokens": n_rows * row_len - total if tail == "pad" else 0,
-             "dropped_tokens": rest if tail == "drop" else 0}
-    return rows, starts, stats
+    if tail == "pad":
+        n_rows, kept = -(-total // seq_len), total
+    else:
+        n_rows = (total - 1) // seq_len if total > seq_len else 0
+        kept = n_rows * seq_len + 1 if n_rows else 0
+    stream = np.full(n_rows * seq_len + 1 if n_rows else seq_len + 1, pad_id, dtype=flat.dtype)
+    stream[:kept] = flat[:kept]
+    rows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[::seq_len][:n_rows].copy()
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    offsets = np.concatenate([starts[starts < kept], [kept]])
+    # uint32 holds any shard under 4G ids (8 GB of uint16 rows): 4 bytes per document, not 8
+    offsets = offsets.astype("<u4" if kept < 2**32 else "<u8")
+    stats = {"pad_tokens": n_rows * seq_len + 1 - kept if n_rows else 0, "dropped_tokens": total - kept}
+    return rows, offsets, stats
 
 
 def tokenize(samples: Iterable[Sample], *, spec: dict, root: str, tail: str, shard_id: int,
-             stats: dict) -> Iterator[Sample]:
+             stats: dict, log: RejectionLog | None = None) -> Iterator[Sample]:
     """Stage: the `txt` of every sample -> `tokens` (ids + EOS), per the manifest's tokens `spec`.
 
-    With spec["seq_len"], text samples become packed rows keyed `tokens-{shard}-{row}` (their other
-    fields are not carried over); samples without text pass through. `stats` receives documents,
-    tokens, rows, pad_tokens and dropped_tokens.
+    Packed (spec["layout"] == "packed"): the shard's documents become one sample
+    `tokens-{shard}` holding the rows and the document offsets (`pack_stream`); a sample without
+    text cannot be stored there and goes to `log` as rejected. Otherwise each text sample gets
+    its ids and keeps its other fields. `stats` receives documents, tokens, rows, pad_tokens and
+    dropped_tokens.
     """
     samples = list(samples)
     docs = [s for s in samples if "txt" in s.fields]
+    packed = spec.get("layout") == PACKED
+    if packed:
+        for s in samples:
+            if "txt" not in s.fields:
+                _reject(log, s, "no text: a packed build (--seq-len) stores token rows only")
     if not docs:
-        yield from samples
+        yield from ([] if packed else samples)
         return
     tok = load_tokenizer(os.path.join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
     flat, lengths = encode_ids(tok, [s.fields.pop("txt") for s in docs], spec["dtype"], spec["eos_id"])
     _add(stats, documents=len(docs), tokens=len(flat))
-    seq_len = spec.get("seq_len")
-    if seq_len is None:
-        ends = np.cumsum(lengths).tolist()
-        le = flat.astype(flat.dtype.newbyteorder("<"))  # stored little-endian whatever the machine
-        for s, lo, hi in zip(docs, [0] + ends[:-1], ends):
-            s.fields[TOKENS_FIELD] = le[lo:hi].tobytes()
-        _add(stats, rows=len(docs))
-        yield from samples
+    le = flat.dtype.newbyteorder("<")  # stored little-endian whatever the machine
+    if packed:
+        rows, offsets, pack_stats = pack_stream(flat, lengths, spec["seq_len"], tail, spec["pad_id"])
+        _add(stats, rows=len(rows), **pack_stats)
+        if len(rows):
+            yield Sample(f"tokens-{shard_id:05d}", {TOKENS_FIELD: rows.astype(le, copy=False),
+                                                     OFFSETS_FIELD: offsets})
         return
-    rows, starts, pack_stats = pack_rows(flat, lengths, seq_len + 1, tail, spec["pad_id"])
-    _add(stats, rows=len(rows), **pack_stats)
-    le = rows.dtype.newbyteorder("<")
-    doc_ids = {id(s) for s in docs}
-    out = [s for s in samples if id(s) not in doc_ids]
-    out += [Sample(f"tokens-{shard_id:05d}-{r:07d}",
-                   {TOKENS_FIELD: rows[r].astype(le).tobytes(), STARTS_FIELD: starts[r].astype("<i4").tobytes()})
-            for r in range(len(rows))]
-    out.sort(key=lambda s: s.key)
-    yield from out
+    ends = np.cumsum(lengths).tolist()
+    flat = flat.astype(le, copy=False)
+    for s, lo, hi in zip(docs, [0] + ends[:-1], ends):
+        s.fields[TOKENS_FIELD] = flat[lo:hi].tobytes()
+    _add(stats, rows=len(docs))
+    yield from samples
+
+
+def _reject(log: RejectionLog | None, sample: Sample, reason: str) -> None:
+    if log is None:
+        raise ConfigError(f"{source_of(sample)}: {reason}")
+    log.reject(source_of(sample), "tokenize", reason)
 
 
 def _add(stats: dict, **counts) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 def _writers():
     from shardkit.writers.parquet import write_parquet
     from shardkit.writers.tar import write_tar
+    from shardkit.writers.tokens import packed_or, write_rows_parquet, write_rows_tar
 
-    return {"tar": write_tar, "parquet": write_parquet}
+    # A dataset of packed token rows has its own layout per format (writers/tokens.py).
+    return {"tar": packed_or(write_tar, write_rows_tar), "parquet": packed_or(write_parquet, write_rows_parquet)}
 
 
 def get_writer(fmt: str):

@@ -6,7 +6,8 @@ import json
 import os
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import ShardInfo, fixed_nbytes, shard_relpath
+from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum,
+                               fixed_nbytes, shard_relpath, source_columns)
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
@@ -35,7 +36,12 @@ def _column_value(spec: dict, value):
 
 
 def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
-    """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column."""
+    """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column.
+
+    Each field column has a `<field>.xxh3` column beside it: the checksum of every stored value
+    (null where the value is), checked by readers on the values they read, however they read
+    them. Pages carry CRCs too (the Parquet standard's), for readers that check those.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -47,18 +53,21 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
         spec = fields[name]
         values = [_column_value(spec, s.fields.get(name)) for s in samples]
         columns[name] = pa.array(values, arrow_type(spec))
+        columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
+    columns.update(source_columns(samples))
     table = pa.table(columns)
     row_bytes = max(1, table.nbytes // max(1, len(samples)))
     rows_per_group = max(1, min(len(samples), ROW_GROUP_BYTES // row_bytes))
-    # Encoded media is already compressed: zstd there costs CPU on every read for nothing. Those
-    # columns are also written PLAIN, without a dictionary, so each value's bytes sit in the file
-    # as they are and readers slice them out by offset (reader/parquet_pages.py).
+    # Encoded media is already compressed: zstd there costs CPU on every read for nothing. Media and
+    # fixed-size columns are also written PLAIN, without a dictionary, so each value's bytes lie in
+    # the file as they are and readers slice them out by offset (reader/parquet_pages.py).
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
-    compression["__key__"] = "zstd"
+    compression.update({"__key__": "zstd", SOURCE_COLUMN: "zstd", SOURCE_ROW_COLUMN: "zstd"})
     dictionary = [n for n, codec in compression.items() if codec != "none"]
+    compression.update({n + CHECKSUM_SUFFIX: "none" for n in names})  # random bits: nothing to gain
     path = os.path.join(root, rel)
     with atomic_writer(path) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
-                       use_dictionary=dictionary)
+                       use_dictionary=dictionary, write_page_checksum=True)
     return ShardInfo(shard_id, "parquet", rel, len(samples), os.path.getsize(path), sha256_file(path))

@@ -1,96 +1,84 @@
-"""From per-document hashes to duplicate clusters: exact groups first, then near links, union-find."""
+"""Links between documents from the entries of one bucket range: exact groups, LSH candidates, image bands.
+
+Every function here sees only the entries it is given (one bucket task's hash range) and emits
+pairs of global ids; which pairs come out depends on the entries alone, never on how the corpus
+was cut into partitions or bucket ranges, so any cut gives the same links.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from shardkit.stages.dedup.lsh import band_keys, candidate_pairs
-from shardkit.stages.dedup.minhash import estimate_jaccard
-from shardkit.stages.dedup.unionfind import components
+from shardkit.stages.dedup.image import close_in_runs
+
+# A bucket with more members than this links each member to the bucket's first one instead of
+# emitting all pairs: boilerplate shared by thousands of documents must not cost millions of pairs.
+MAX_BUCKET_PAIRS = 64
+EMPTY_PAIRS = np.empty((0, 2), np.int64)
 
 
-@dataclass
-class Clusters:
-    """Per document (rows sorted by key): the row it duplicates (itself when kept), why, how similar."""
-
-    label: np.ndarray  # int64 row of the kept document of its cluster
-    exact: np.ndarray  # bool: identical content to the kept document
-    similarity: np.ndarray  # float64 similarity to the kept document (1.0 for exact and kept)
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def removed(self) -> np.ndarray:
-        return np.flatnonzero(self.label != np.arange(len(self.label)))
+def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each run of equal values in a sorted array (structured arrays too)."""
+    if not len(keys):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    return starts, np.diff(np.concatenate([starts, [len(keys)]]))
 
 
-def exact_groups(digests: np.ndarray, eligible: np.ndarray | None = None) -> np.ndarray:
-    """Row of the first (smallest-key) document with the same digest; rows not eligible map to themselves."""
-    n = len(digests)
-    rep = np.arange(n, dtype=np.int64)
-    rows = np.arange(n) if eligible is None else np.flatnonzero(eligible)
-    if not len(rows):
-        return rep
-    _, first, inverse = np.unique(np.asarray(digests)[rows], return_index=True, return_inverse=True)
-    rep[rows] = rows[first[inverse.ravel()]]
-    return rep
+def _star(starts: np.ndarray, lens: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """(first, member) for every other member of each run (runs given by start and length)."""
+    extra = lens - 1
+    run = np.repeat(np.arange(len(starts)), extra)
+    step = np.arange(int(extra.sum())) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+    return np.stack([ids[starts[run]], ids[starts[run] + step]], axis=1).astype(np.int64)
 
 
-def jaccard_exact(sets: list[np.ndarray], pairs: np.ndarray) -> np.ndarray:
-    """Exact Jaccard of the shingle-hash sets of each pair (sorted unique uint32 arrays)."""
-    out = np.empty(len(pairs))
-    for k, (i, j) in enumerate(pairs.tolist()):
-        a, b = sets[i], sets[j]
+def exact_links(h: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Pairs (first, other) within each group of equal 128-bit digests (h, x); first = smallest id."""
+    order = np.lexsort((ids, x, h))
+    h, x, ids = h[order], x[order], ids[order]
+    same = np.empty(len(h), bool)
+    same[:1] = False
+    same[1:] = (h[1:] == h[:-1]) & (x[1:] == x[:-1])
+    starts = np.flatnonzero(~same)
+    return _star(starts, np.diff(np.concatenate([starts, [len(h)]])), ids)
+
+
+def band_candidates(h: np.ndarray, ids: np.ndarray, max_pairs: int = MAX_BUCKET_PAIRS) -> np.ndarray:
+    """Unique pairs (i < j) of documents that share a band bucket.
+
+    Every member of a bucket pairs with the bucket's first (smallest) id — a star is enough for
+    connected components — and buckets of up to `max_pairs` members add all their other pairs, so
+    that the threshold check can keep a link when the first member is the odd one out.
+    """
+    order = np.lexsort((ids, h))
+    h, ids = h[order], ids[order]
+    starts, lens = run_starts(h)
+    multi = lens > 1
+    if not multi.any():
+        return EMPTY_PAIRS
+    out = [_star(starts[multi], lens[multi], ids)]
+    for s, ln in zip(starts[multi & (lens > 2) & (lens <= max_pairs)].tolist(),
+                     lens[multi & (lens > 2) & (lens <= max_pairs)].tolist()):
+        i, j = np.triu_indices(ln, k=1)
+        keep = i > 0  # pairs with the first member are already in the star
+        out.append(np.stack([ids[s + i[keep]], ids[s + j[keep]]], axis=1))
+    pairs = np.concatenate(out).astype(np.int64)
+    return np.unique(np.sort(pairs, axis=1), axis=0)
+
+
+def image_links(h: np.ndarray, hashes: np.ndarray, ids: np.ndarray, distance: int) -> np.ndarray:
+    """Unique pairs (i < j) sharing a band value whose 64-bit hashes differ in at most `distance` bits."""
+    order = np.lexsort((ids, h))
+    pairs = close_in_runs(h[order], hashes[order], ids[order], distance)
+    return np.unique(np.sort(pairs, axis=1), axis=0) if len(pairs) else EMPTY_PAIRS
+
+
+def jaccard_exact(sets_a: list[np.ndarray], sets_b: list[np.ndarray]) -> np.ndarray:
+    """Exact Jaccard of paired shingle-hash sets (sorted unique uint32 arrays)."""
+    out = np.empty(len(sets_a))
+    for k, (a, b) in enumerate(zip(sets_a, sets_b)):
         inter = len(np.intersect1d(a, b, assume_unique=True))
         union = len(a) + len(b) - inter
         out[k] = inter / union if union else 1.0
     return out
-
-
-def _finish(n: int, rep: np.ndarray, near: np.ndarray, digests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    links = np.concatenate([np.stack([np.flatnonzero(rep != np.arange(n)), rep[rep != np.arange(n)]], axis=1),
-                            near.reshape(-1, 2)]).astype(np.int64)
-    label = components(n, links)
-    exact = np.asarray(digests)[label] == np.asarray(digests)
-    return label, exact
-
-
-def text_clusters(digests, signatures, empty, *, threshold: float, bands: int, rows: int,
-                  sets: list[np.ndarray] | None = None) -> Clusters:
-    """Exact groups by digest, LSH candidates among their representatives, a threshold check on
-    each candidate (signature estimate, or exact Jaccard when `sets` is given), then components."""
-    n = len(digests)
-    rep = exact_groups(digests, ~np.asarray(empty, bool))
-    reps = np.flatnonzero((rep == np.arange(n)) & ~np.asarray(empty, bool))
-    local = candidate_pairs(band_keys(signatures, bands, rows, reps))
-    pairs = reps[local] if len(local) else np.empty((0, 2), np.int64)
-    est = estimate_jaccard(signatures[pairs[:, 0]], signatures[pairs[:, 1]])
-    score = jaccard_exact(sets, pairs) if sets is not None else est
-    near = pairs[score >= threshold]
-    label, exact = _finish(n, rep, near, digests)
-    removed = np.flatnonzero(label != np.arange(n))
-    similarity = np.ones(n)
-    if sets is not None:
-        similarity[removed] = jaccard_exact(sets, np.stack([removed, label[removed]], axis=1))
-    else:
-        similarity[removed] = estimate_jaccard(signatures[removed], signatures[label[removed]])
-    similarity[exact] = 1.0
-    stats = {"candidate_pairs": int(len(pairs)), "linked_pairs": int(len(near)),
-             "rejected_pairs": int(len(pairs) - len(near))}
-    return Clusters(label, exact, similarity, stats)
-
-
-def image_clusters(digests, hashes: np.ndarray, *, distance: int) -> Clusters:
-    """Exact groups by pixel digest, then pairs of representatives within `distance` bits."""
-    from shardkit.stages.dedup.image import hamming, near_pairs
-
-    n = len(digests)
-    rep = exact_groups(digests)
-    reps = np.flatnonzero(rep == np.arange(n))
-    local = near_pairs(hashes[reps], distance)
-    near = reps[local] if len(local) else np.empty((0, 2), np.int64)
-    label, exact = _finish(n, rep, near, digests)
-    similarity = 1.0 - hamming(hashes, hashes[label]) / 64.0
-    similarity[exact] = 1.0
-    return Clusters(label, exact, similarity, {"candidate_pairs": int(len(near)), "linked_pairs": int(len(near))})

@@ -1,98 +1,98 @@
-"""From the partition files alone to the dedup decision: exact groups, LSH / image bands, clusters, report."""
+"""From partition files to the dedup decision: bucket ranges, the bucket task, components.
+
+The bucket task owns one range of the mixed-hash space and reads only the entries of every
+partition that fall in it (exact digests, text band keys, image band bits), so a task holds
+1/Q of the corpus's entries whatever the corpus size. Its links go to one union-find over the
+linked ids alone.
+"""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardkit.config import DedupConfig
-from shardkit.errors import Rejection, count_by_reason
-from shardkit.stages.dedup import signatures as sigmod
-from shardkit.stages.dedup.cluster import image_clusters, text_clusters
-from shardkit.stages.dedup.image import band_masks
-from shardkit.stages.dedup.lsh import detection_curve, detection_probability, optimal_params
-from shardkit.stages.dedup.report import DedupResult, Removal, cluster_rows, number_clusters, write_report
+from shardkit.stages.dedup.cluster import (EMPTY_PAIRS, MAX_BUCKET_PAIRS, band_candidates, exact_links,
+                                           image_links, jaccard_exact)
+from shardkit.stages.dedup.partitions import PartitionSet
+from shardkit.stages.dedup.unionfind import linked_components
+
+# Entries one bucket task holds (~70 bytes each while sorting): ~70 MB a task, whatever the corpus.
+ENTRIES_PER_TASK = 1_000_000
+VERIFY_CHUNK = 65_536  # candidate pairs checked at once: bounds the gathered signature rows
 
 
-def load_partitions(paths: list[str]) -> tuple[dict, list[Rejection]]:
-    """All partition files merged in order (rows of each modality stay aligned with their keys)."""
-    arrays, rejections = [], []
-    for path in paths:
-        a, r = sigmod.load(path)
-        arrays.append(a)
-        rejections += r
-    if not arrays:
-        arrays.append(sigmod.compute([], sigmod.SignatureParams())[0])
-    cat = {k: np.concatenate([a[k] for a in arrays]) for k in
-           ("keys", "modality", "digests", "shingle_counts", "signatures", "image_hashes", "rejected_keys")}
-    cat["keys"] = cat["keys"].astype(str)
-    cat["utf8_replaced"] = sum(json.loads(str(a["stats"]))["utf8_replaced"] for a in arrays)
-    if "set_values" in arrays[0]:
-        cat["sets"] = [a["set_values"][lo:hi] for a in arrays
-                       for lo, hi in zip(a["set_offsets"][:-1].tolist(), a["set_offsets"][1:].tolist())]
-    return cat, sorted(rejections, key=lambda r: (r.path, r.stage, r.reason))
+@dataclass(frozen=True)
+class BucketParams:
+    threshold: float
+    verify: bool
+    image_distance: int
+    max_pairs: int = MAX_BUCKET_PAIRS
 
 
-def _lsh_params(cfg: DedupConfig) -> tuple[int, int]:
-    return (cfg.bands, cfg.rows) if cfg.bands else optimal_params(cfg.threshold, cfg.num_perm)
+@dataclass
+class BucketResult:
+    """One bucket range's output: checked text candidates (with their verdict) and other links."""
+
+    candidates: np.ndarray  # (m, 2) text candidate pairs, i < j
+    linked: np.ndarray  # (m,) bool: the candidate reached the threshold
+    links: np.ndarray  # (k, 2) exact-digest and image links
+    stats: dict = field(default_factory=dict)
 
 
-def _text(data: dict, cfg: DedupConfig) -> tuple[list[dict], dict]:
-    rows_of = np.flatnonzero(data["modality"] == sigmod.MODALITY_CODES["text"])
-    order = np.argsort(data["keys"][rows_of], kind="stable")  # sort by key: the keep rule needs it
-    keys = data["keys"][rows_of][order]
-    sets = [data["sets"][i] for i in order.tolist()] if cfg.verify else None
-    empty = data["shingle_counts"][order] == 0
-    bands, rows = _lsh_params(cfg)
-    signatures = data.pop("signatures")[order]  # the unordered copy is freed here: peak 2x, not 3x
-    c = text_clusters(data["digests"][rows_of][order], signatures, empty,
-                      threshold=cfg.threshold, bands=bands, rows=rows, sets=sets)
-    stats = {"documents": int(len(keys)), "empty": int(empty.sum()), "utf8_replaced": data["utf8_replaced"],
-             "bands": bands, "rows": rows,
-             "detection_at_threshold": round(float(detection_probability(cfg.threshold, bands, rows)), 4),
-             "detection_curve": detection_curve(bands, rows), "verify": cfg.verify,
-             "bytes_per_signature": int(signatures.itemsize * cfg.num_perm), **c.stats}
-    return cluster_rows(keys.tolist(), c, "text"), stats
+def bucket_count(rows: int, bands: int) -> int:
+    """How many bucket tasks for a corpus of `rows` inputs: ~ENTRIES_PER_TASK entries each (an
+    input gives one exact entry and at most `bands` band entries). Decided before the signature
+    stage, which files every partition's entries by bucket range."""
+    return max(1, -(-rows * (1 + bands) // ENTRIES_PER_TASK))
 
 
-def _image(data: dict, cfg: DedupConfig) -> tuple[list[dict], dict]:
-    rows_of = np.flatnonzero(data["modality"] == sigmod.MODALITY_CODES["image"])
-    order = np.argsort(data["keys"][rows_of], kind="stable")
-    keys = data["keys"][rows_of][order]
-    c = image_clusters(data["digests"][rows_of][order], data["image_hashes"][order], distance=cfg.image_distance)
-    stats = {"images": int(len(keys)), "hash": cfg.image_hash, "distance": cfg.image_distance,
-             "bands": len(band_masks(cfg.image_distance)), **c.stats}
-    return cluster_rows(keys.tolist(), c, "image"), stats
+def check_text_pairs(parts: PartitionSet, pairs: np.ndarray, threshold: float, verify: bool) -> np.ndarray:
+    """Similarity of each candidate pair: the MinHash estimate, or exact Jaccard of the shingle sets."""
+    scores = np.empty(len(pairs))
+    for lo in range(0, len(pairs), VERIFY_CHUNK):
+        chunk = pairs[lo:lo + VERIFY_CHUNK]
+        if verify:
+            scores[lo:lo + len(chunk)] = jaccard_exact(parts.sets(chunk[:, 0]), parts.sets(chunk[:, 1]))
+        else:
+            a, b = parts.signatures(chunk[:, 0]), parts.signatures(chunk[:, 1])
+            scores[lo:lo + len(chunk)] = np.count_nonzero(a == b, axis=1) / a.shape[1]
+    return scores
 
 
-def cluster_stage(paths: list[str], cfg: DedupConfig, report_dir: str | None,
-                  extra_rejections: list[Rejection] = ()) -> DedupResult:
-    """Stage 2, from the partition files alone: exact groups, LSH / image bands, clusters, report."""
-    data, rejections = load_partitions(paths)
-    rejections = sorted(list(extra_rejections) + rejections, key=lambda r: (r.path, r.stage, r.reason))
-    keys = data["keys"]
-    if len(np.unique(keys)) != len(keys):
-        dup = next(k for k, n in zip(*np.unique(keys, return_counts=True)) if n > 1)
-        raise ValueError(f"sample key {dup!r} occurs more than once in the dedup input; keys must be unique "
-                         "(build the dataset with `shardkit build`, which makes them unique)")
-    rows, summary = [], {}
-    for name, fn in (("text", _text), ("image", _image)):
-        if np.any(data["modality"] == sigmod.MODALITY_CODES[name]):
-            more, summary[name] = fn(data, cfg)
-            rows += more
-    rows = number_clusters(rows)
-    removed = [Removal(r["key"], r["duplicate_of"], r["similarity"], r["reason"], r["modality"])
-               for r in rows if not r["kept"]]
-    inputs = len(keys) + len(rejections)
-    summary.update({
-        "inputs": inputs, "considered": int(np.count_nonzero(data["modality"])),
-        "no_content": int(np.count_nonzero(data["modality"] == 0)),
-        "exact_duplicates": sum(r.reason == "exact" for r in removed),
-        "near_duplicates": sum(r.reason == "near" for r in removed),
-        "removed": len(removed), "kept": len(keys) - len(removed), "clusters": len({r["cluster"] for r in rows}),
-        "rejected": len(rejections), "rejected_by_reason": count_by_reason(rejections),
-        "parameters": cfg.recorded()})
-    if report_dir:
-        write_report(report_dir, rows, summary)
-    return DedupResult(inputs, removed, rows, summary, rejections, sorted(data["rejected_keys"].astype(str).tolist()))
+def bucket_task(task: int, parts: PartitionSet, params: BucketParams) -> BucketResult:
+    """Links among the entries of bucket range `task`, read from every partition."""
+    parts = PartitionSet(parts.refs)  # this task's own open files, released when it returns
+    exact, exact_ids = parts.entries("exact", task)
+    links = [exact_links(exact["h"], exact["x"], exact_ids)]
+    n_entries = len(exact)
+    del exact, exact_ids
+    image, image_ids = parts.entries("image", task)
+    links.append(image_links(image["h"], image["x"], image_ids, params.image_distance))
+    n_entries += len(image)
+    del image, image_ids
+    text, text_ids = parts.entries("text", task)
+    candidates = band_candidates(text["h"], text_ids, params.max_pairs)
+    n_entries += len(text)
+    del text, text_ids
+    linked = check_text_pairs(parts, candidates, params.threshold, params.verify) >= params.threshold
+    return BucketResult(candidates, linked, np.concatenate(links), {"entries": n_entries})
+
+
+def merge_links(results: list[BucketResult]) -> tuple[np.ndarray, dict]:
+    """Every link of every bucket task, once; candidate counts over unique pairs."""
+    candidates = np.concatenate([r.candidates for r in results] or [EMPTY_PAIRS])
+    linked = np.concatenate([r.linked for r in results] or [np.empty(0, bool)])
+    candidates, first = np.unique(candidates, axis=0, return_index=True) if len(candidates) else (candidates, [])
+    linked = linked[first] if len(candidates) else linked
+    other = np.concatenate([r.links for r in results] or [EMPTY_PAIRS])
+    links = np.concatenate([candidates[linked], np.sort(other, axis=1)])
+    links = np.unique(links, axis=0) if len(links) else EMPTY_PAIRS
+    stats = {"candidate_pairs": int(len(candidates)), "linked_pairs": int(linked.sum()),
+             "rejected_pairs": int(len(candidates) - linked.sum())}
+    return links, stats
+
+
+def decide(links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nodes, labels) of every clustered id: the label is the smallest id of its cluster (kept)."""
+    return linked_components(links)

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
-# Weights (false positive, false negative) handed to datasketch's parameter search. Candidates are
-# checked against the threshold afterwards (signature estimate, or exact Jaccard with --verify),
-# so an LSH false positive costs one cheap comparison while a false negative is a duplicate lost
-# for good: weight misses 9:1. At t=0.8, 128 perms this gives 14 x 9 (found: 87% at J=0.8,
-# 97.5% at 0.85) where the symmetric (0.5, 0.5) gives 9 x 13 (40% at 0.8, 69% at 0.85).
-LSH_WEIGHTS = (0.1, 0.9)
-# A bucket with more members than this links each member to the bucket's first one instead of
-# emitting all pairs: boilerplate shared by thousands of documents must not cost millions of pairs.
-MAX_BUCKET_PAIRS = 64
+from shardkit.config import LSH_WEIGHTS, optimal_lsh_params  # noqa: F401  (LSH_WEIGHTS: re-exported)
 
-
-@lru_cache(maxsize=64)
-def optimal_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
-    """(bands, rows) minimising datasketch's weighted false positive + false negative area."""
-    from datasketch.lsh import _optimal_param
-
-    return _optimal_param(threshold, num_perm, *weights)
+optimal_params = optimal_lsh_params  # (bands, rows) for a threshold: see shardkit.config
 
 
 def detection_probability(similarity, bands: int, rows: int):
@@ -58,37 +42,11 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int, subset: np.ndarray 
     return keys
 
 
-def _bucket_pairs(order: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs (i, j) of documents that share a key; `order` sorts `keys` stably."""
-    sk = keys[order]
-    same = np.flatnonzero(sk[1:] == sk[:-1]) + 1  # positions whose key equals the previous one
-    if not len(same):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    # Each run of equal keys starts at `first`; every member pairs with the run's first member
-    # (a star is enough for connected components), and small runs add all their other pairs so
-    # that --verify can keep a link even when the first member is the odd one out.
-    starts = np.flatnonzero(np.concatenate([[True], sk[1:] != sk[:-1]]))
-    run_of = np.searchsorted(starts, same, side="right") - 1
-    first = starts[run_of]
-    left, right = [order[first]], [order[same]]
-    run_len = np.diff(np.concatenate([starts, [len(sk)]]))
-    small = (run_len > 2) & (run_len <= MAX_BUCKET_PAIRS)
-    for s, ln in zip(starts[small], run_len[small]):
-        i, j = np.triu_indices(int(ln), k=1)
-        keep = i > 0  # pairs with the first member are already in the star
-        left.append(order[s + i[keep]])
-        right.append(order[s + j[keep]])
-    return np.concatenate(left), np.concatenate(right)
-
-
 def candidate_pairs(keys: np.ndarray) -> np.ndarray:
-    """Unique (m, 2) int64 pairs (i < j) of rows that share at least one band key."""
-    out = []
-    for band in range(keys.shape[1]):
-        col = keys[:, band]
-        i, j = _bucket_pairs(np.argsort(col, kind="stable"), col)
-        out.append(np.stack([np.minimum(i, j), np.maximum(i, j)], axis=1))
-    if not out:
-        return np.empty((0, 2), np.int64)
-    pairs = np.concatenate(out).astype(np.int64)
-    return np.unique(pairs, axis=0) if len(pairs) else pairs.reshape(0, 2)
+    """Unique (m, 2) int64 pairs (i < j) of rows that share at least one band key (in memory: the
+    bucket tasks do the same over their hash range of the whole corpus)."""
+    from shardkit.stages.dedup.cluster import band_candidates
+
+    n, bands = keys.shape
+    h = (keys ^ (np.arange(1, bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))[None, :]).ravel()
+    return band_candidates(h, np.repeat(np.arange(n, dtype=np.int64), bands))

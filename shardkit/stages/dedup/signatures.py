@@ -1,24 +1,34 @@
-"""Per-partition dedup inputs: samples → text signatures / image hashes, saved to one .npz file."""
+"""Per-partition dedup inputs: samples → digests, text signatures, image hashes; then band entries.
+
+One partition file per signature task, one band file per (partition, LSH parameters): a new
+threshold recomputes band entries from the stored signatures, never the signatures. Rows keep
+the input order; a row's global id is its partition's base + its row.
+"""
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit.config import MAX_MIN_SHINGLES
 from shardkit.contract import IMAGE_FIELDS as DATASET_IMAGE_FIELDS
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
-from shardkit.fs import atomic_writer
 from shardkit.stages.dedup import image as image_mod
+from shardkit.stages.dedup.lsh import band_keys
 from shardkit.stages.dedup.minhash import MinHasher
-from shardkit.stages.dedup.text import content_hash, shingle_hashes, words
+from shardkit.stages.dedup.store import pack_strings, save_arrays
+from shardkit.stages.dedup.text import content_hash, distinct_counts, fmix64, shingle_hashes, tokens
 
 # "image": a raw-folder sample before the image stage; then the dataset's own image fields.
 IMAGE_FIELDS = ("image",) + DATASET_IMAGE_FIELDS
-MODALITY_CODES = {"none": 0, "text": 1, "image": 2}
+MODALITY_CODES = {"none": 0, "text": 1, "image": 2, "rejected": 3}
+MODALITY_NAMES = {v: k for k, v in MODALITY_CODES.items()}
+EXACT_ENTRY = np.dtype([("h", "<u8"), ("x", "<u8"), ("row", "<u4")])  # digest halves, row
+BAND_ENTRY = np.dtype([("h", "<u8"), ("row", "<u4")])  # mixed (band, band key), row
+IMAGE_ENTRY = np.dtype([("h", "<u8"), ("x", "<u8"), ("row", "<u4")])  # mixed (band, bits), hash, row
+_TEXT_SALT, _IMAGE_SALT = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
 
 
 @dataclass(frozen=True)
@@ -33,78 +43,219 @@ class SignatureParams:
     keep_sets: bool = False  # store shingle sets for exact-Jaccard --verify
 
 
-def modality_of(sample, modality: str) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class Unreadable:
+    """An input the reader could not turn into a sample: it still takes a row (counted, never lost)."""
+
+    key: str
+    source: str
+    reason: str
+    source_row: int | None = None
+
+
+def image_fields(modality: str, specs: dict | None) -> tuple[str, ...]:
+    """The fields looked at for an image, in order (none when only text is compared)."""
+    if modality not in ("auto", "image"):
+        return ()
+    extra = sorted(n for n, s in (specs or {}).items() if s.get("kind") == "image" and n not in IMAGE_FIELDS)
+    return IMAGE_FIELDS + tuple(extra)
+
+
+def modality_of(sample, modality: str, images: tuple[str, ...]) -> tuple[str, str | None]:
     """('image'|'text'|'none', field): a sample with an image is compared as an image under 'auto'."""
-    if modality in ("auto", "image"):
-        for name in IMAGE_FIELDS:
-            if name in sample.fields:
-                return "image", name
+    for name in images:
+        if name in sample.fields:
+            return "image", name
     if modality in ("auto", "text") and "txt" in sample.fields:
         return "text", "txt"
     return "none", None
 
 
-def _image_row(sample, name: str, specs: dict | None, params: SignatureParams):
-    spec = (specs or {}).get(name)
-    img = image_mod.decode(sample.fields[name], spec)
-    return image_mod.pixel_hash(img), image_mod.perceptual_hash(img, params.image_hash)
+def _where(sample) -> str:
+    """How errors.jsonl names a sample: its recorded source (path:line), else its key."""
+    path, row = sample.meta.get("source_path"), sample.meta.get("source_row")
+    if path is not None:
+        return path if row is None else f"{path}:{row}"
+    return sample.key if "shard_row" in sample.meta else sample.meta.get("source", sample.key)
 
 
-def compute(samples, params: SignatureParams, specs: dict | None = None) -> tuple[dict, list[Rejection]]:
-    """Arrays for one partition: keys, modality, digests, text signatures, image hashes, stats."""
-    keys, mods, digests, text_words, img_hashes = [], [], [], [], []
-    rejections, rejected_keys, replaced = [], [], 0
+def _source_of(sample) -> tuple[str, int]:
+    meta = sample.meta
+    path = meta.get("source_path") or meta.get("source") or sample.key
+    row = meta.get("source_row", meta.get("shard_row"))
+    return path, -1 if row is None else int(row)
+
+
+# Texts tokenised, shingled and signed together: their word lists (the bulkiest thing a signature
+# task holds, ~40 bytes per word) are dropped once signed, so a task's memory follows this, not its
+# partition size.
+TEXT_BATCH = 4096
+
+
+class _Rows:
+    """Column builders for one partition, one row per input; texts are signed in batches."""
+
+    def __init__(self, params: SignatureParams):
+        self.keys, self.sources, self.source_rows, self.kind, self.digests = [], [], [], [], []
+        self.image_hashes, self.text_rows, self.symbolic = [], [], []
+        self.rejections, self.utf8_replaced = [], 0
+        self.params, self.hasher = params, MinHasher(params.num_perm, params.seed)
+        self.pending: list = []  # token lists of texts not signed yet
+        self.counts, self.signatures, self.sets = [], [], []
+
+    def add(self, key: str, source: tuple[str, int], kind: str, digest: bytes = b"\0" * 16, phash: int = 0):
+        self.keys.append(key)
+        self.sources.append(source[0])
+        self.source_rows.append(source[1])
+        self.kind.append(MODALITY_CODES[kind])
+        self.digests.append(digest)
+        self.image_hashes.append(phash)
+
+    def add_text(self, toks: list[bytes], symbolic: bool) -> None:
+        self.text_rows.append(len(self.keys))
+        self.symbolic.append(symbolic)
+        self.pending.append(toks)
+        if len(self.pending) >= TEXT_BATCH:
+            self.sign()
+
+    def sign(self) -> None:
+        """Shingle and sign the pending texts; keep their distinct counts, signatures (and sets)."""
+        hashes, offsets = shingle_hashes(self.pending, self.params.ngram)
+        counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
+        nonempty = np.flatnonzero(counts > 0)
+        self.counts.append(counts)
+        self.signatures.append(self.hasher.signatures(hashes, offsets)[nonempty])
+        if self.params.keep_sets:
+            self.sets += [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in nonempty.tolist()]
+        self.pending = []
+
+
+def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
+    rows, images = _Rows(params), image_fields(params.modality, specs)
     for s in samples:
-        kind, name = modality_of(s, params.modality)
+        if isinstance(s, Unreadable):
+            rows.rejections.append(Rejection(s.source if s.source_row is None else f"{s.source}:{s.source_row}",
+                                             "read", s.reason))
+            rows.add(s.key, (s.source, -1 if s.source_row is None else s.source_row), "rejected")
+            continue
+        kind, name = modality_of(s, params.modality, images)
         if kind == "image":
             try:
-                digest, phash = _image_row(s, name, specs, params)
+                digest, phash = image_mod.image_signature(s.fields[name], (specs or {}).get(name), params.image_hash)
             except RejectedInput as e:
-                rejections.append(Rejection(s.meta.get("source", s.key), "dedup", e.reason))
-                rejected_keys.append(s.key)
+                rows.rejections.append(Rejection(_where(s), "dedup", e.reason))
+                rows.add(s.key, _source_of(s), "rejected")
                 continue
-            img_hashes.append(phash)
+            rows.add(s.key, _source_of(s), "image", digest, phash)
         elif kind == "text":
             text, bad = decode_text(s.fields[name])
-            replaced += bad + s.meta.get("utf8_replaced", 0)
-            doc = words(text)
-            text_words.append(doc)
-            digest = content_hash(doc)
+            rows.utf8_replaced += bad + s.meta.get("utf8_replaced", 0)
+            toks, symbolic = tokens(text)
+            rows.add_text(toks, symbolic)
+            rows.add(s.key, _source_of(s), "text", content_hash(toks, symbolic))
         else:
-            digest = b"\0" * 16
-        keys.append(s.key)
-        mods.append(MODALITY_CODES[kind])
-        digests.append(digest)
-    hashes, offsets = shingle_hashes(text_words, params.ngram)
-    hasher = MinHasher(params.num_perm, params.seed)
-    arrays = {
-        "keys": np.array(keys, dtype=str),
-        "modality": np.array(mods, np.uint8),
-        "digests": np.array(digests, dtype="S16"),
-        "signatures": hasher.signatures(hashes, offsets),
-        "image_hashes": np.array(img_hashes, np.uint64),
-        "rejected_keys": np.array(rejected_keys, dtype=str),
-        "stats": np.array(json.dumps({"utf8_replaced": replaced})),
-    }
-    if params.keep_sets:
-        sets = [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
-        arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in sets])]).astype(np.int64)
-        arrays["set_values"] = np.concatenate(sets) if sets else np.empty(0, np.uint32)
-    arrays["shingle_counts"] = np.diff(offsets)
-    return arrays, rejections
+            rows.add(s.key, _source_of(s), "none")
+    rows.sign()
+    return rows
 
 
-def save(path: str, arrays: dict, rejections: list[Rejection]) -> None:
+def _text_arrays(rows: _Rows, n: int) -> tuple[dict, dict]:
+    """Every text's distinct shingle count, and the signature of each with a shingle (whether it
+    has enough to be compared by similarity is decided with the LSH parameters, in `band_entries`)."""
+    counts = np.concatenate(rows.counts)
+    text_rows = np.asarray(rows.text_rows, np.int64)
+    nonempty = np.flatnonzero(counts > 0)
+    distinct = np.zeros(n, np.int32)
+    distinct[text_rows] = counts
+    sig_row = np.full(n, -1, np.int32)
+    sig_row[text_rows[nonempty]] = np.arange(len(nonempty), dtype=np.int32)
+    arrays = {"distinct_shingles": distinct, "sig_row": sig_row, "signatures": np.concatenate(rows.signatures)}
+    if rows.params.keep_sets:
+        arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in rows.sets])]).astype(np.int64)
+        arrays["set_values"] = np.concatenate(rows.sets) if rows.sets else np.empty(0, np.uint32)
+    symbolic = np.asarray(rows.symbolic, bool)
+    stats = {"texts": len(text_rows), "empty": int(np.sum(counts == 0)), "symbolic": int(np.sum(symbolic & (counts > 0))),
+             "utf8_replaced": rows.utf8_replaced}
+    return arrays, stats
+
+
+def compute(samples, params: SignatureParams, specs: dict | None = None) -> tuple[dict, dict]:
+    """Arrays for one partition (keys, sources, kinds, digests, signatures, image hashes, distinct
+    shingle counts) and its meta (counts, rejections, key order)."""
+    rows = _read_rows(samples, params, specs)
+    n = len(rows.keys)
+    kind = np.asarray(rows.kind, np.uint8)
+    arrays, stats = _text_arrays(rows, n)
+    digests = np.frombuffer(b"".join(rows.digests), "<u8").reshape(n, 2) if n else np.empty((0, 2), "<u8")
+    keys, sources = pack_strings(rows.keys), pack_strings(rows.sources)
+    arrays.update({"kind": kind, "digests": digests, "image_hashes": np.asarray(rows.image_hashes, np.uint64),
+                   "source_rows": np.asarray(rows.source_rows, np.int64),
+                   "keys.data": keys["data"], "keys.offsets": keys["offsets"],
+                   "sources.data": sources["data"], "sources.offsets": sources["offsets"]})
+    stats.update(images=int(np.sum(kind == MODALITY_CODES["image"])), none=int(np.sum(kind == MODALITY_CODES["none"])),
+                 rejected=int(np.sum(kind == MODALITY_CODES["rejected"])), rows=n)
+    in_order = all(a < b for a, b in zip(rows.keys, rows.keys[1:]))
+    meta = {"stats": stats, "rejections": [[r.path, r.stage, r.reason] for r in rows.rejections],
+            "first_key": rows.keys[0] if n else None, "last_key": rows.keys[-1] if n else None,
+            "key_order": in_order}
+    return arrays, meta
+
+
+def save(path: str, arrays: dict, meta: dict) -> None:
     """Write the partition file atomically: a rerun sees it whole or not at all."""
-    payload = dict(arrays, rejections=np.array(json.dumps([[r.path, r.stage, r.reason] for r in rejections])))
-    buf = io.BytesIO()
-    np.savez(buf, **payload)
-    with atomic_writer(path) as f:
-        f.write(buf.getvalue())
+    save_arrays(path, arrays, meta)
 
 
-def load(path: str) -> tuple[dict, list[Rejection]]:
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    rejections = [Rejection(*r) for r in json.loads(str(arrays.pop("rejections")))]
-    return arrays, rejections
+def range_starts(tasks: int) -> np.ndarray:
+    """Where each of `tasks` equal ranges of the 64-bit mixed-hash space begins (the first at 0)."""
+    return np.array([(i * 2**64) // tasks for i in range(tasks)], np.uint64)
+
+
+def _sorted(entries: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries sorted by (mixed hash, row), and the position where each bucket range starts in them
+    (plus the end): a bucket task reads its two bounds and one slice, whatever the file's size."""
+    entries = entries[np.lexsort((entries["row"], entries["h"]))]
+    bounds = np.searchsorted(entries["h"], range_starts(tasks), side="left").astype(np.int64)
+    return entries, np.append(bounds, len(entries))
+
+
+def _exact_entries(part) -> np.ndarray:
+    kind, distinct = np.asarray(part["kind"]), np.asarray(part["distinct_shingles"])
+    rows = np.flatnonzero(((kind == MODALITY_CODES["text"]) & (distinct > 0)) | (kind == MODALITY_CODES["image"]))
+    digests = np.asarray(part["digests"])
+    exact = np.empty(len(rows), EXACT_ENTRY)
+    exact["h"], exact["x"], exact["row"] = digests[rows, 0], digests[rows, 1], rows
+    return exact
+
+
+def band_entries(part, lsh: tuple[int, int, int, int], tasks: int) -> tuple[dict, dict]:
+    """The entries one partition gives the bucket stage (from its ArrayFile): exact digests (two
+    halves, row), text bands (mixed band key, row), image bands (mixed band bits, hash, row), each
+    sorted by the mixed hash that picks its bucket task, with the bounds of the `tasks` ranges.
+
+    `lsh` = (bands, rows, image distance, min shingles). Texts with fewer than `min_shingles`
+    distinct shingles get no band entries: compared for exact equality only (`too_few_shingles`).
+    """
+    bands, rows, image_distance, min_shingles = lsh
+    distinct = np.asarray(part["distinct_shingles"])
+    compared = np.flatnonzero(distinct >= min_shingles).astype(np.uint32)
+    text = np.empty(len(compared) * bands, BAND_ENTRY)
+    if len(compared):
+        sig = np.asarray(part["signatures"])[np.asarray(part["sig_row"])[compared]]
+        salt = (np.arange(1, bands + 1, dtype=np.uint64) * np.uint64(_TEXT_SALT))
+        text["h"] = fmix64(band_keys(sig, bands, rows) ^ salt[None, :]).ravel()
+        text["row"] = np.repeat(compared, bands)
+    image_rows = np.flatnonzero(np.asarray(part["kind"]) == MODALITY_CODES["image"]).astype(np.uint32)
+    masks = image_mod.band_masks(image_distance)
+    image = np.empty(len(image_rows) * len(masks), IMAGE_ENTRY)
+    if len(image_rows):
+        hashes = np.asarray(part["image_hashes"])[image_rows]
+        for j, (shift, width) in enumerate(masks):
+            bits = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+            sl = slice(j * len(image_rows), (j + 1) * len(image_rows))
+            image["h"][sl] = fmix64(bits ^ np.uint64((j + 1) * _IMAGE_SALT % 2**64))
+            image["x"][sl], image["row"][sl] = hashes, image_rows
+    out = {}
+    for name, entries in (("exact", _exact_entries(part)), ("text", text), ("image", image)):
+        out[name], out[f"{name}.bounds"] = _sorted(entries, tasks)
+    return out, {"too_few_shingles": int(np.sum((distinct > 0) & (distinct < min_shingles)))}

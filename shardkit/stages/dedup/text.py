@@ -38,9 +38,38 @@ def words(text: str) -> list[bytes]:
     return normalise(text).encode("utf-8").split()
 
 
-def content_hash(doc_words: list[bytes]) -> bytes:
+# ASCII bytes that are not letters or digits, and ASCII whitespace: deleted to count the others.
+_ASCII_NON_ALNUM = bytes(c for c in range(256) if not (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122))
+_ASCII_SPACE = b" \t\n\r\x0b\x0c"  # what bytes.split() splits on
+
+
+def tokens(text: str) -> tuple[list[bytes], bool]:
+    """The tokens a document's shingles are made of, and whether it is mostly symbols.
+
+    Prose: the normalised words (`words`). A document whose letters and digits are under half of
+    its non-space characters (ASCII art, punctuation rows, tables of symbols) would fold to a few
+    stray words, and two unrelated ones would then look identical; it keeps its punctuation
+    instead: NFKC, lowercase, split on whitespace. A document with no visible character at all
+    has no tokens.
+    """
+    if text.isascii():
+        raw = text.encode("ascii")
+        visible = len(raw.translate(None, _ASCII_SPACE))
+        alnum = len(raw.translate(None, _ASCII_NON_ALNUM))
+        if 2 * alnum >= visible:
+            return raw.translate(_ASCII_TABLE).split(), False
+        return raw.lower().split(), True
+    folded = unicodedata.normalize("NFKC", text).lower()
+    visible = sum(map(len, folded.split()))
+    alnum = len(_NON_WORD.sub("", folded))
+    if 2 * alnum >= visible:
+        return _NON_WORD.sub(" ", folded).strip().encode("utf-8").split(), False
+    return folded.encode("utf-8").split(), True
+
+
+def content_hash(doc_words: list[bytes], symbolic: bool = False) -> bytes:
     """16-byte digest of the normalised text: equal digests are exact duplicates."""
-    return hashlib.blake2b(b" ".join(doc_words), digest_size=16).digest()
+    return hashlib.blake2b(b" ".join(doc_words), digest_size=16, person=b"symbols" if symbolic else b"").digest()
 
 
 def _fmix64_py(h: int) -> int:
@@ -52,7 +81,8 @@ def _fmix64_py(h: int) -> int:
     return h ^ (h >> s3)
 
 
-def _fmix64_np(h: np.ndarray) -> np.ndarray:
+def fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser, element-wise: spreads any input over all 64 bits."""
     s1, m1, s2, m2, s3 = (np.uint64(v) for v in _FMIX64)
     h = h ^ (h >> s1)
     h = h * m1
@@ -117,4 +147,33 @@ def shingle_hashes(docs: list[list[bytes]], ngram: int) -> tuple[np.ndarray, np.
         for t in tok[starts[i]:starts[i + 1]].tolist():
             acc = (acc * _K + t) & _MASK64
         out[offsets[i]] = acc
-    return (_fmix64_np(out) & np.uint64(0xFFFFFFFF)).astype(np.uint32), offsets
+    return (fmix64(out) & np.uint64(0xFFFFFFFF)).astype(np.uint32), offsets
+
+
+def distinct_counts(hashes: np.ndarray, offsets: np.ndarray, cap: int = 32) -> np.ndarray:
+    """Distinct shingle hashes per document (repeated shingles count once), counted up to `cap`.
+
+    Each document's count comes from `cap` + 1 of its hashes spread over it: when those hold
+    `cap` distinct values the document has at least that many and is done. Only documents with
+    fewer (short, or repetitive like 'ha ha ha …') are counted exactly, by one sort of theirs.
+    """
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    out = np.zeros(n, np.int64)
+    if not len(hashes):
+        return out
+    k = cap + 1
+    docs = np.flatnonzero(lengths > 0)
+    pos = offsets[docs][:, None] + (np.arange(k)[None, :] * lengths[docs][:, None]) // k
+    sample = np.sort(hashes[pos], axis=1)
+    seen = 1 + np.count_nonzero(sample[:, 1:] != sample[:, :-1], axis=1)
+    out[docs] = np.minimum(seen, cap)
+    exact = docs[(seen < cap) & (lengths[docs] > k)]  # the sample may have missed some: count them all
+    if len(exact):
+        idx = np.concatenate([np.arange(offsets[d], offsets[d + 1]) for d in exact.tolist()])
+        doc = np.repeat(np.arange(len(exact), dtype=np.uint64), lengths[exact])
+        keyed = np.sort((doc << np.uint64(32)) | hashes[idx].astype(np.uint64))
+        first = np.concatenate([[True], keyed[1:] != keyed[:-1]])
+        counts = np.bincount((keyed[first] >> np.uint64(32)).astype(np.int64), minlength=len(exact))
+        out[exact] = np.minimum(counts, cap)
+    return out

@@ -1,36 +1,42 @@
-"""Connected components over duplicate links (union-find with path halving)."""
+"""Connected components over duplicate links, on the linked documents only (numpy, no Python dict)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def components(n: int, pairs: np.ndarray) -> np.ndarray:
-    """Component label of each of n nodes given (m, 2) links: the smallest node index in it.
+def linked_components(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nodes, labels): every id that occurs in a link, sorted, and the smallest id of its component.
 
-    Labelling by the smallest member makes the result independent of link order, and, with
-    nodes sorted by key, the label is the row of the key a cluster keeps.
+    Memory is a few arrays the size of the linked ids: a corpus with few duplicates costs nothing
+    per document. Labelling by the smallest member makes the result independent of link order;
+    with ids in key order, the label is the row of the key a cluster keeps.
     """
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    nodes = np.unique(pairs)
+    if not len(nodes):
+        return nodes, nodes.copy()
+    a, b = np.searchsorted(nodes, pairs[:, 0]), np.searchsorted(nodes, pairs[:, 1])
+    parent = np.arange(len(nodes), dtype=np.int64)
+    while True:
+        # Hook: each link's larger root points at the smaller one (roots only ever decrease, so
+        # the smallest member of a component stays a root and ends up as everyone's label) …
+        ra, rb = parent[a], parent[b]
+        if np.array_equal(ra, rb):
+            break
+        np.minimum.at(parent, np.maximum(ra, rb), np.minimum(ra, rb))
+        # … then compress every path to its root (pointer jumping: O(log depth) passes).
+        while True:
+            grand = parent[parent]
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+    return nodes, nodes[parent]
+
+
+def components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """Component label of each of n nodes given (m, 2) links: the smallest node index in it."""
     labels = np.arange(n, dtype=np.int64)
-    if not len(pairs):
-        return labels
-    parent = {}  # only linked nodes: a corpus with few duplicates costs nothing per document
-
-    def find(x: int) -> int:
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])  # path halving: shallow trees, no recursion
-            x = parent[x]
-        return x
-
-    for a, b in pairs.tolist():
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            # The smaller root wins, so every root is its component's smallest index.
-            if ra < rb:
-                parent[rb] = ra
-            else:
-                parent[ra] = rb
-    touched = np.unique(pairs)
-    labels[touched] = [find(int(x)) for x in touched]
+    nodes, roots = linked_components(pairs)
+    labels[nodes] = roots
     return labels

@@ -1,0 +1,127 @@
+"""Every CLI failure is one line on stderr with a documented exit status; tasks that cannot pass are not retried."""
+
+import errno
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit.cli import main
+
+
+def one_line(result) -> str:
+    err = result.stderr
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_disk_full_during_build_is_one_line_and_not_retried(raw_folder, tmp_path, monkeypatch):
+    import shardkit.executor as executor
+
+    calls = []
+
+    def full_disk(fmt):
+        def write(samples, root, shard_id, fields):
+            calls.append(shard_id)
+            raise OSError(errno.ENOSPC, "No space left on device", f"{root}/shards/data-{shard_id:05d}.tar")
+        return write
+
+    monkeypatch.setattr(executor, "get_writer", full_disk)
+    result = run("build", raw_folder, tmp_path / "out", "--workers", "0", "--no-progress")
+    assert result.exit_code == 4
+    err = one_line(result)
+    assert "No space left on device" in err and "data-00000.tar" in err and "free space" in err
+    assert calls == [0]
+
+
+def test_dedup_into_itself(tmp_path):
+    (tmp_path / "x").mkdir()
+    result = run("dedup", tmp_path / "x", tmp_path / "x", "--workers", "0")
+    assert result.exit_code == 1
+    assert "is SRC: dedup writes a new dataset; choose another OUT folder" in one_line(result)
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for command in ("build", "dedup"):
+        result = run(command, tmp_path / "empty", tmp_path / command, "--workers", "0", "--no-progress")
+        assert result.exit_code == 1
+        assert "holds no input shardkit can read" in one_line(result)
+    result = run("build", tmp_path / "empty", tmp_path / "out", "--workers", "0", "--no-progress", "--allow-empty")
+    assert result.exit_code == 0 and "samples written 0" in result.output
+    result = run("dedup", tmp_path / "out", tmp_path / "dedup2", "--workers", "0", "--no-progress")
+    assert result.exit_code == 1 and "this dataset is empty (0 samples, no shards)" in one_line(result)
+
+
+def test_http_without_its_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "aiohttp", None)
+    result = run("inspect", "http://127.0.0.1:9/data")
+    assert result.exit_code == 1 and "pip install 'shardkit[http]'" in one_line(result)
+
+
+def test_a_bug_is_one_line_and_debug_shows_the_traceback(raw_folder, tmp_path, monkeypatch):
+    import shardkit.executor as executor
+
+    def broken(cfg):
+        raise KeyError("unexpected")
+
+    monkeypatch.setattr(executor, "plan_shards", lambda records, cfg: broken(cfg))
+    result = run("build", raw_folder, tmp_path / "out", "--workers", "0", "--no-progress")
+    assert result.exit_code == 70 and "internal error: KeyError: 'unexpected'" in one_line(result)
+    assert "--debug" in result.stderr
+    result = run("--debug", "build", raw_folder, tmp_path / "out", "--workers", "0", "--no-progress")
+    assert isinstance(result.exception, KeyError)  # re-raised whole: click's runner keeps the traceback
+
+
+def test_exit_codes_are_documented():
+    result = run("--help")
+    assert "3 OUT is being written by another build or dedup" in result.output
+    assert "70 internal error" in result.output
+
+
+def test_a_real_process_prints_one_line(tmp_path):
+    (tmp_path / "x").mkdir()
+    p = subprocess.run([sys.executable, "-m", "shardkit.cli", "dedup", str(tmp_path / "x"), str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: OUT")
+
+
+# --- the task loop: no retry for errors that cannot pass ------------------------------------------
+
+def _attempt(item, log):
+    with open(log, "a") as f:
+        f.write(f"{item}\n")
+    if item == "full":
+        raise OSError(errno.ENOSPC, "No space left on device", "/out/shards/data-00000.tar")
+    if item == "flaky":
+        raise RuntimeError("the worker's disk hiccupped")
+    return item
+
+
+@pytest.fixture(scope="module")
+def client():
+    import cloudpickle
+
+    from shardkit.tasks import dask_client
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    with dask_client(None, 1) as c:
+        yield c
+
+
+@pytest.mark.parametrize("item,error,tries", [("full", OSError, 1), ("flaky", RuntimeError, 3)])
+def test_run_tasks_retries_only_what_may_pass(client, tmp_path, item, error, tries):
+    from shardkit.tasks import run_tasks
+
+    log = tmp_path / "attempts"
+    with pytest.raises(error) as caught:
+        run_tasks(_attempt, [item], client=client, name=f"t-{item}", shared=(str(log),))
+    assert log.read_text().splitlines() == [item] * tries
+    if item == "full":
+        assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/out/shards/data-00000.tar"
+    assert run_tasks(_attempt, ["ok"], client=client, name="t-ok", shared=(str(log),)) == ["ok"]
