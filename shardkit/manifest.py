@@ -16,8 +16,8 @@ VERSION = 2  # 2: the shard list may live only in the shard table; 1: always inl
 MANIFEST_NAME = "manifest.json"
 TABLE_NAME = "manifest.shards.parquet"
 # Up to this many shard records stay inline in manifest.json too (version 1, which older
-# shardkit reads); beyond it parsing them dominates start-up (100k inline: 2.2 s and a 288 MB
-# peak, against 0.1 s and 163 MB from the table; bench/scale_bench.py), so the list lives only
+# shardkit reads); beyond it parsing them dominates start-up (100k inline: 2.2 s and a 292 MB
+# peak, against 0.1 s and 172 MB from the table; bench/scale_bench.py), so the list lives only
 # in the columnar table (version 2).
 INLINE_SHARDS = 10_000
 

@@ -103,10 +103,10 @@ def test_a_damaged_page_header_falls_back_and_names_the_shard(tmp_path):
         list(StreamingDataset(root, format="parquet", shuffle=False).batches(4))
 
 
-def test_both_formats_stream_the_faster_one_for_the_fields(tmp_path):
+def test_both_formats_stream_from_tar_unless_asked(tmp_path):
     root, _ = make_dataset(tmp_path, 12, shards=2, fmt="both", fields=("raw", "cls", "txt"))
-    assert StreamingDataset(root).shards.formats == ["tar"]  # media: tar
+    assert StreamingDataset(root).shards.formats == ["tar"]
+    assert StreamingDataset(root, fields=["txt", "cls"]).shards.formats == ["tar"]
     assert StreamingDataset(root, format="parquet").shards.formats == ["parquet"]
-    assert StreamingDataset(root, fields=["txt", "cls"]).shards.formats == ["parquet"]  # text only
     only, _ = make_dataset(tmp_path / "p", 12, shards=2, fmt="parquet", fields=("raw", "cls"))
     assert StreamingDataset(only).shards.formats == ["parquet"]

@@ -49,7 +49,7 @@ class StreamingDataset(IterableDataset):
         self.manifest = load_manifest(self.src, self.config.remote_policy())
         token_options, requested = resolve_tokens(self.manifest.fields, self.config, self.config.fields)
         self.fields = resolve_fields(self.manifest.fields, requested, self.config.fields)
-        self.shards = self.manifest.shards_of(read_format(self.manifest, self.fields, self.config.format))
+        self.shards = self.manifest.shards_of(read_format(self.manifest, self.config.format))
         self.counts = self.shards.samples.astype(np.int64)  # columns: no object per shard
         # Token datasets build their batches in reader/tokens.py (packed rows: all of it).
         self.tokens = None if token_options is None else TokenBatches(
@@ -188,24 +188,18 @@ class StreamingDataset(IterableDataset):
                 yield self.transform(sample) if self.transform else sample
 
 
-def read_format(manifest, fields: list[str], asked: str | None = None) -> str:
-    """The shard format to stream: `asked`, else the faster one for these fields when the
-    dataset has both (measured with 2 workers, shuffled, bench/RESULTS.md):
+def read_format(manifest, asked: str | None = None) -> str:
+    """The shard format to stream: `asked`, else tar when the dataset has both.
 
-    - media and fixed-size fields (images, bytes, arrays) and token rows: tar. Tar slices them
-      by offset whoever wrote the shards; Parquet matches it (raw 1.04-1.15x, JPEG 0.92-0.98x)
-      only for shards written by this version, which stores those columns uncompressed and
-      PLAIN (older Parquet shards decode row groups: 0.69-0.79x); packed token rows read from
-      the tar's one member by a gather, about 2x their Parquet read.
-    - only text, json and ints: Parquet (1.13-1.41x tar): row groups of compressed text decode
-      at C speed, where tar decodes each member in Python.
+    Tar is the faster or level for every field kind, measured with 2 workers under shuffle with
+    checksums checked (bench/RESULTS.md): this version's Parquet is level for raw images and JPEG
+    (0.97x, 0.98x: its media are sliced by offset too), 0.86x for text (compressed row groups, and a
+    checksum per decoded value), and packed token rows are one gather from the tar's member (about
+    2x their Parquet read); Parquet written by an older shardkit decodes row groups (0.67-0.79x).
     """
     if asked is not None:
         return asked
-    if len(manifest.formats) == 1:
-        return manifest.formats[0]
-    kinds = {manifest.fields[f]["kind"] for f in fields}
-    return "tar" if kinds & {"image", "bytes", "array", "tokens"} else "parquet"
+    return "tar" if "tar" in manifest.formats else manifest.formats[0]
 
 
 def resolve_fields(known: dict, requested, asked=None) -> list[str]:
