@@ -48,7 +48,7 @@ def epoch_seconds(loader) -> float:
     start, n = time.perf_counter(), 0
     for batch in loader:
         n += len(batch["__key__"])
-    assert n == len(loader.dataset)
+    assert n == len(loader.source)
     return time.perf_counter() - start
 
 

@@ -178,7 +178,7 @@ class StreamConfig:
     shuffle: bool = True
     shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
     fields: tuple[str, ...] | None = None
-    format: str | None = None  # "tar" or "parquet"; None: parquet when the dataset has it (tar for packed token rows)
+    format: str | None = None  # "tar" or "parquet"; None: tar when the dataset has it (reader.dataset.read_format)
     drop_remainder: bool = False
     cache_dir: str | None = None
     cache_limit: int | str | None = None

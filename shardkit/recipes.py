@@ -195,7 +195,7 @@ def evaluate(s: Session) -> float:
 
     from shardkit.train import autocast, to_device
 
-    s.val_loader.dataset.set_position(0, 0)  # a full pass in one fixed order, every time
+    s.val_loader.source.restart(0)  # a full pass in one fixed order, every time
     s.model.eval()
     total = count = 0.0
     with torch.no_grad(), autocast(s.precision):
@@ -250,7 +250,7 @@ def train_steps(s: Session, step: int, ckpt_dir: str, trace: Trace) -> int:
             log.info("step %d: train loss %.4f, val loss %.4f", step, float(loss.detach()), val)
         if step % r.ckpt_every == 0 or step >= r.max_steps or s.early.should_stop:
             # Only at optimizer-step boundaries: gradients mid-accumulation are not saved.
-            save_checkpoint(ckpt_dir, s.stateful, step=step, epoch=s.loader.dataset.epoch, keep=r.keep)
+            save_checkpoint(ckpt_dir, s.stateful, step=step, epoch=s.loader.source.epoch, keep=r.keep)
         if step >= r.max_steps or s.early.should_stop:
             break
     return step

@@ -89,3 +89,21 @@ def make_dataset(root, n: int = 40, *, shards: int = 4, fmt: str = "tar", fields
     samples = make_samples(n, fields=fields, size=size, text_only_every=text_only_every)
     write_dataset(root, samples, shards=shards, fmt=fmt, size=size)
     return str(root), {s.key: s for s in samples}
+
+
+def keys_of(batches) -> list[str]:
+    return [k for b in batches for k in b["__key__"]]
+
+
+def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, **options):
+    """(StreamingDataset, make_loader) over raw+cls as rank `rank` of `world`; shuffle blocks of 16."""
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    options.setdefault("shuffle_buffer", 16)
+    context = options.pop("multiprocessing_context", None)
+    ds = StreamingDataset(root, fields=["raw", "cls"], **options)
+    return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2,
+                           multiprocessing_context=context)

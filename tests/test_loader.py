@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from factory import make_dataset
+from factory import keys_of, loader_for, make_dataset
+from resume import check_save_load_state
 
 from shardkit.errors import ConfigError
 from shardkit.loader import make_loader
@@ -13,17 +14,6 @@ from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import rank_sequence
 
 BS = 4
-
-
-def keys_of(batches):
-    return [k for b in batches for k in b["__key__"]]
-
-
-def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=BS, **options):
-    monkeypatch.setenv("RANK", str(rank))
-    monkeypatch.setenv("WORLD_SIZE", str(world))
-    ds = StreamingDataset(root, fields=["raw", "cls"], shuffle_buffer=16, **options)
-    return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2)
 
 
 @pytest.fixture(scope="module")
@@ -81,38 +71,28 @@ def test_epochs_deterministic_and_different(datasets, monkeypatch):
     assert keys_of(c) != a0
 
 
-def run_epochs(loader, epochs, stop_after=None):
-    """Keys per epoch; with stop_after, stop after that many batches in total (mid-run)."""
-    out, n = [], 0
-    for _ in range(epochs):
-        got = []
+def key_stream(loader, start=0):
+    """Each batch's keys, epoch after epoch, as the training loop sees them."""
+    while True:
         for batch in loader:
-            got.append(batch["__key__"])
-            n += 1
-            if stop_after is not None and n == stop_after:
-                out.append(got)
-                return out
-        out.append(got)
-    return out
+            yield batch["__key__"]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("stop", [5, 16, 20])  # mid-epoch 0, the epoch boundary, mid-epoch 1
 def test_resume_equals_uninterrupted(datasets, monkeypatch, workers, stop):
     root, _ = datasets["many"]
-    _, ref = loader_for(root, monkeypatch, workers=workers, seed=3)
-    full = [k for epoch in run_epochs(ref, 3) for k in epoch]
-    _, first = loader_for(root, monkeypatch, workers=workers, seed=3)
-    done = [k for epoch in run_epochs(first, 3, stop_after=stop) for k in epoch]
-    state = first.state_dict()
-    _, fresh = loader_for(root, monkeypatch, workers=workers, seed=3)
-    fresh.load_state_dict(state)
-    rest = []
-    while len(done) + len(rest) < len(full):
-        before = len(rest)
-        rest += [b["__key__"] for b in fresh]
-        assert len(rest) > before
-    assert done + rest == full
+    check_save_load_state(lambda: loader_for(root, monkeypatch, workers=workers, seed=3)[1], key_stream,
+                          total=3 * 16, stop=stop)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("before, after", [(2, 0), (0, 3)])
+def test_resume_contract_across_worker_counts(datasets, monkeypatch, before, after):
+    root, _ = datasets["many"]
+    check_save_load_state(lambda: loader_for(root, monkeypatch, workers=before, seed=4)[1], key_stream,
+                          total=20, stop=7, make_restored=lambda: loader_for(root, monkeypatch, workers=after,
+                                                                             seed=4)[1])
 
 
 def test_resume_with_set_epoch_loop_at_boundary(datasets, monkeypatch):
@@ -156,7 +136,7 @@ def test_skipped_shard_count_reaches_the_main_process(tmp_path, monkeypatch):
     (tmp_path / "shards" / "data-00001.tar").write_bytes(b"not a tar")
     _, loader = loader_for(root, monkeypatch, workers=2, on_error="skip")
     got = keys_of(loader)
-    assert loader.dataset.skipped_shards == ["shards/data-00001.tar"]
+    assert loader.source.skipped_shards == ["shards/data-00001.tar"]
     assert 0 < len(got) < 30 and set(got) < set(expected)
     assert loader.state_dict()["consumed"] == 30  # planned samples: resume is not shifted
 
@@ -168,9 +148,12 @@ def test_state_mismatch_is_explained(datasets, monkeypatch):
     _, b = loader_for(root, monkeypatch, seed=2)
     with pytest.raises(ConfigError, match="seed=1"):
         b.load_state_dict(a.state_dict())
-    _, c = loader_for(root, monkeypatch, seed=1, world=2)
-    with pytest.raises(ConfigError, match="world size"):
+    _, c = loader_for(root, monkeypatch, seed=1, shuffle_buffer=8)
+    with pytest.raises(ConfigError, match="shuffle_buffer=16 then, 8 now"):
         c.load_state_dict(a.state_dict())
+    _, d = loader_for(datasets["few"][0], monkeypatch, seed=1)
+    with pytest.raises(ConfigError, match="samples=61 then, 11 now"):
+        d.load_state_dict(a.state_dict())
 
 
 def test_worker_identity_override(datasets, monkeypatch):
@@ -180,7 +163,7 @@ def test_worker_identity_override(datasets, monkeypatch):
     for w in range(3):
         monkeypatch.setenv("SHARDKIT_WORKER", str(w))
         monkeypatch.setenv("SHARDKIT_NUM_WORKERS", "3")
-        parts.append(keys_of(ds))
+        parts.append(keys_of(ds.batches(BS)))
     assert [len(p) for p in parts] == [4, 4, 3]  # batches 0,3 / 1 / 2 of 11 samples in batches of 4
     assert sorted(sum(parts, [])) == sorted(datasets["few"][1])
 

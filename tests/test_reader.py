@@ -54,8 +54,7 @@ def test_dataset_yields_decoded_samples(tmp_path, fmt):
 def test_batches_hold_one_tensor_per_field(tmp_path, fmt):
     root, expected = make_dataset(tmp_path, 20, shards=3, fmt=fmt)
     ds = StreamingDataset(root, seed=1, fields=["raw", "cls"])
-    ds.set_batching(8)
-    batches = list(ds)
+    batches = list(ds.batches(8))
     assert [len(b["__key__"]) for b in batches] == [8, 8, 4]
     b = batches[0]
     assert set(b) == {"__key__", "raw", "cls"}
@@ -81,8 +80,7 @@ def test_transforms(tmp_path):
     root, expected = make_dataset(tmp_path, 10, shards=2, fields=("raw", "cls"))
     ds = StreamingDataset(root, seed=2, transform=lambda s: {**s, "cls": s["cls"] * 10 + 1},
                           batch_transform=lambda b: {**b, "n": len(b["__key__"])})
-    ds.set_batching(4)
-    batches = list(ds)
+    batches = list(ds.batches(4))
     assert [b["n"] for b in batches] == [4, 4, 2]
     for b in batches:
         assert b["cls"].tolist() == [expected[k].fields["cls"] * 10 + 1 for k in b["__key__"]]
@@ -133,8 +131,7 @@ def test_on_error_skip_skips_and_counts(tmp_path, fmt):
     lost = {s.key for s in read_shard_samples(root, manifest, bad)}
     (tmp_path / bad.path).write_bytes(b"garbage")
     ds = StreamingDataset(root, on_error="skip", seed=3)
-    ds.set_batching(6)
-    keys = [k for b in ds for k in b["__key__"]]
+    keys = [k for b in ds.batches(6) for k in b["__key__"]]
     assert sorted(keys) == sorted(set(expected) - lost)
     assert ds.skipped_shards == [bad.path]
 

@@ -273,9 +273,8 @@ def test_with_pinned_memory_rows_cross_as_stored_and_widen_once_into_pinned_memo
                             batch_size=4, num_workers=0)
     expected = [b for _, b in zip(range(3), reference)]
     ds = StreamingDataset(str(packed), shuffle=False, fields=TRAIN_FIELDS, keys=True)
-    worker_side = {"pin": True, "alloc": staticmethod(_np_empty), "pack": staticmethod(lambda batch: batch)}
-    ds.transport = type("PinningTransport", (), worker_side)()
-    item = ds.load_batch(np.arange(12))  # what a worker sends for a group of three batches of 4
+    # What a worker with a pinning transport sends for a group of three batches of 4: rows as stored.
+    item = ds.load(np.arange(12), epoch=0, alloc=_np_empty, cross=True)
     assert item["__ids__"].dtype == torch.uint16 and item["__ids__"].shape == (12, SEQ + 1)
     assert set(item) == {"__key__", "__ids__", "__docs__", "__starts__"}
     item["__batches__"] = [4, 4, 4]

@@ -46,7 +46,7 @@ class DataProfile:
 def profile_of(loader) -> DataProfile:
     """The DataProfile of a shardkit loader (or StreamingDataset) from its manifest's image fields;
     an empty profile for anything else."""
-    dataset = getattr(loader, "dataset", loader)
+    dataset = getattr(loader, "source", None) or getattr(loader, "dataset", loader)  # make_loader: .source
     fields = getattr(getattr(dataset, "manifest", None), "fields", None)
     if not isinstance(fields, dict):
         return DataProfile()

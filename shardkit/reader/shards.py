@@ -1,92 +1,23 @@
-"""Shard readers: tar members sliced by index offsets, Parquet row groups; stored values, no decode."""
+"""Shard readers: tar members sliced by index offsets, Parquet values by page offsets or row groups; no decode."""
 
 from __future__ import annotations
 
 import functools
 import json
 import mmap
-import os
-from collections import OrderedDict
 
 import numpy as np
 
-from shardkit.errors import ChecksumMismatch, ShardError
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes
+from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
+from shardkit.reader import parquet_pages
+from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401
+                                    check_digests, gather, stored_value)
 from shardkit.sample import Sample
-from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum
 
 BLOCK = 512
-ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups
-
-
-def stored_value(spec: dict, data):
-    """Tar member bytes -> the stored Python form: bytes, int, str or dict."""
-    kind = spec["kind"]
-    if kind == "int":
-        return int(bytes(data))
-    if kind == "text":
-        return bytes(data).decode("utf-8")
-    if kind == "json":
-        return json.loads(bytes(data))
-    return data
-
-
-def _bytes_digest():
-    """contract.checksum for bytes-like values, without its type dispatch: the tar loops call it
-    on every member they read."""
-    import xxhash
-
-    return xxhash.xxh3_64_intdigest
-
-
-def check_digests(url: str, field: str, keys, rows, digests, expected) -> None:
-    """The one check of values read against the checksums the writer recorded, whatever the format
-    and however the values were gathered: `digests[i]` (contract.checksum of the bytes read) must
-    equal `expected[i]` for the value of `field` at shard row `rows[i]`.
-
-    `expected` None means nothing to check against: a dataset written before checksums were
-    recorded, or checks turned off (StreamingDataset(checksums=False)). A mismatch raises
-    ChecksumMismatch naming the shard, the field and the keys.
-    """
-    if expected is None or not len(digests):
-        return
-    expected = np.asarray(expected, np.uint64)
-    if expected.tolist() == list(digests):  # the common case, as cheap as it gets per batch
-        return
-    bad = np.nonzero(np.fromiter(digests, np.uint64, len(digests)) != expected)[0]
-    bad_rows = np.asarray(rows, np.int64)[bad]
-    named = ", ".join(repr(keys[r]) for r in bad_rows[:3].tolist()) + (" …" if len(bad) > 3 else "")
-    raise ChecksumMismatch(
-        f"shard {url}: field {field!r} of {len(bad)} sample(s) ({named}) differs from the checksum recorded "
-        "at build time: the shard is corrupt; restore or rebuild it (StreamingDataset(on_error='skip') leaves "
-        "such samples out and counts them)", bad_rows)
-
-
-class ByteLRU:
-    """A least-recently-used cache bounded by the bytes of what it holds."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.bytes, self.items = max_bytes, 0, OrderedDict()
-
-    def get(self, key, load):
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key][0]
-        value, size = load()
-        self.items[key] = (value, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes and len(self.items) > 1:
-            _, (_, old) = self.items.popitem(last=False)
-            self.bytes -= old
-        return value
-
-
-def _check_size(path: str, shard: ShardInfo, url: str) -> None:
-    size = os.path.getsize(path)
-    if size != shard.bytes:
-        raise ShardError(f"shard {url} has {size} bytes, the manifest says {shard.bytes}: it is truncated or "
-                         "was replaced; rebuild the dataset (or delete the cached copy to refetch it)")
 
 
 def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
@@ -182,32 +113,20 @@ class TarShard:
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
-        nbytes = out.shape[1]
-        offs, sizes = self.offsets[field][rows], self.sizes[field][rows]
-        present = offs >= 0
-        if np.any(sizes[present] != nbytes):
-            raise ShardError(f"shard {self.url}: field {field!r} has a member that is not {nbytes} bytes; "
-                             "rebuild the dataset")
-        buf, sums = self.buf, self.sums.get(field)
-        pairs = zip(offs[present].tolist(), np.asarray(positions)[present].tolist())
-        if sums is None:
-            for o, p in pairs:
-                out[p] = buf[o:o + nbytes]
-            return present
-        digest, digests = _bytes_digest(), []
-        for o, p in pairs:
-            member = buf[o:o + nbytes]
-            # Copied, then hashed while it is still in the CPU cache: the copy streams it in from
-            # memory once; hashing first measured 2-3x the cost (bench/checksum_bench.py).
-            out[p] = member
-            digests.append(digest(member))
-        read = np.asarray(rows)[present]
-        check_digests(self.url, field, self.keys, read, digests, sums[read])
+        sums = self.sums.get(field)
+        present, digests = gather(self.buf, self.offsets[field][rows], self.sizes[field][rows], out, positions,
+                                  (self.url, field), sums is not None)
+        if sums is not None:
+            read = np.asarray(rows)[present]
+            check_digests(self.url, field, self.keys, read, digests, sums[read])
         return present
 
 
 class ParquetShard:
-    """One Parquet shard; row groups are read on demand (only the needed columns) into an LRU."""
+    """One Parquet shard. Uncompressed PLAIN media and fixed-size columns (what shardkit writes)
+    are sliced out of the memory-mapped file by value offsets, as tar members are; int columns are
+    read whole once (8 bytes a row); any other column is read a row group at a time (only the
+    needed column) into an LRU."""
 
     def __init__(self, path: str, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU, checks: bool = True):
         import pyarrow.parquet as pq
@@ -219,14 +138,45 @@ class ParquetShard:
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
+            with open(path, "rb") as f:
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
             raise
         except Exception as e:
             raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
+        self.buf = np.frombuffer(self.mm, np.uint8)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if self.starts[-1] != shard.samples:
             raise ShardError(f"shard {url} holds {self.starts[-1]} rows, the manifest says {shard.samples}; "
                              "rebuild the dataset")
+        self._direct: dict = {}  # field -> (offsets, sizes) of every row's value, or None
+        self._whole: dict = {}   # int column -> (values, validity), read once
+
+    def direct(self, field: str):
+        """(offsets, sizes) of each row's value in the file (-1 where null), or None when the column
+        is not stored uncompressed and PLAIN; computed once per field from the page headers."""
+        if field not in self._direct:
+            spec = self.specs[field]
+            self._direct[field] = None if spec["kind"] in ("int", "text", "json") else parquet_pages.field_offsets(
+                self.pf.metadata, self.mm, field, fixed_nbytes(spec))
+        return self._direct[field]
+
+    def _ints(self, name: str):
+        """A whole integer column as numpy (values, validity), read once: 8 bytes a row, where a row
+        group per sample under shuffle would cost a decode each."""
+        if name not in self._whole:
+            try:
+                col = self.pf.read(columns=[name]).column(0).combine_chunks()
+            except Exception as e:
+                raise ShardError(f"shard {self.url}: cannot read column {name!r} ({type(e).__name__}: {e}); "
+                                 "rebuild the dataset") from e
+            self._whole[name] = (col.fill_null(0).to_numpy(), col.is_valid().to_numpy(zero_copy_only=False))
+        return self._whole[name]
+
+    def _all_sums(self, field: str):
+        """Recorded checksums of every row of `field` (None: none recorded, or checks off)."""
+        name = field + CHECKSUM_SUFFIX
+        return self._ints(name)[0] if self.checks and name in self.columns else None
 
     def has(self, field: str) -> bool:
         return field in self.columns
@@ -260,9 +210,13 @@ class ParquetShard:
 
     def values(self, field: str, rows) -> list:
         """Stored values of `field` at `rows` (binary as bytes, json parsed); None where null."""
+        rows = np.asarray(rows, np.int64)
+        if self.direct(field) is not None:
+            return self._sliced(field, rows)
+        if self.specs[field]["kind"] == "int":
+            return self._int_values(field, rows)
         out: list = [None] * len(rows)
         json_field = self.specs[field]["kind"] == "json"
-        rows = np.asarray(rows, np.int64)
         for g, sel, local in self._by_group(rows):
             arr, sums = self._group(g, field), self._sums(g, field, local)
             read, digests = [], []
@@ -276,8 +230,38 @@ class ParquetShard:
                 check_digests(self.url, field, self.keys, rows[sel[read]], digests, sums[read])
         return out
 
+    def _sliced(self, field: str, rows: np.ndarray) -> list:
+        offsets, sizes = self.direct(field)
+        offs, lens, sums = offsets[rows], sizes[rows], self._all_sums(field)
+        out = [None if o < 0 else self.mm[o:o + n] for o, n in zip(offs.tolist(), lens.tolist())]
+        if sums is not None:
+            read = np.nonzero(offs >= 0)[0]
+            digest = _bytes_digest()
+            check_digests(self.url, field, self.keys, rows[read], [digest(out[i]) for i in read.tolist()],
+                          sums[rows[read]])
+        return out
+
+    def _int_values(self, field: str, rows: np.ndarray) -> list:
+        values, valid = self._ints(field)
+        out = [v if ok else None for v, ok in zip(values[rows].tolist(), valid[rows].tolist())]
+        sums = self._all_sums(field)
+        if sums is not None:
+            read = np.nonzero(valid[rows])[0]
+            check_digests(self.url, field, self.keys, rows[read], [checksum(out[i]) for i in read.tolist()],
+                          sums[rows[read]])
+        return out
+
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
-        """Gather fixed-size binary values into out[positions] straight from Arrow buffers."""
+        """Gather fixed-size binary values into out[positions]: by offset from the mapped file, else
+        from Arrow buffers of the row groups."""
+        direct = self.direct(field)
+        if direct is not None:
+            rows, sums = np.asarray(rows, np.int64), self._all_sums(field)
+            present, digests = gather(self.buf, direct[0][rows], direct[1][rows], out, positions,
+                                      (self.url, field), sums is not None)
+            if sums is not None:
+                check_digests(self.url, field, self.keys, rows[present], digests, sums[rows[present]])
+            return present
         nbytes = out.shape[1]
         positions = np.asarray(positions)
         present = np.ones(len(rows), bool)

@@ -94,13 +94,16 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
     table = table.combine_chunks()  # row groups are sized from nbytes, which counts each chunk's offsets
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     rows_per_group = max(1, min(table.num_rows, ROW_GROUP_BYTES // row_bytes))
-    # Encoded media is already compressed: zstd there costs CPU on every read for nothing.
+    # Encoded media is already compressed: zstd there costs CPU on every read for nothing. Media and
+    # fixed-size columns are also written PLAIN, without a dictionary, so each value's bytes lie in
+    # the file as they are and readers slice them out by offset (reader/parquet_pages.py).
     compression = {n: "zstd" if fields[n]["kind"] in ("text", "json", "int", "tokens") else "none"
                    for n in names}
     compression.update({"__key__": "zstd", SOURCE_COLUMN: "zstd", SOURCE_ROW_COLUMN: "zstd"})
+    dictionary = [n for n, codec in compression.items() if codec != "none"]
     compression.update({n + CHECKSUM_SUFFIX: "none" for n in names})  # random bits: nothing to gain
     path = os.path.join(root, rel)
     with atomic_writer(path, durable=durable) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
-                       write_page_checksum=True)
+                       use_dictionary=dictionary, write_page_checksum=True)
     return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path))

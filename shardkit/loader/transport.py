@@ -1,138 +1,15 @@
-"""make_loader: a DataLoader over StreamingDataset with batches built in workers and resumable state."""
+"""Shared-slot transport: worker batches reach the main process through reusable shared memory."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
+import sys
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from shardkit.errors import ConfigError
 from shardkit.identity import worker_info
-from shardkit.reader.dataset import StreamingDataset
-from shardkit.reader.partition import batch_sizes, num_batches
-
-STATE_VERSION = 1
-
-
-class StreamingLoader(DataLoader):
-    """DataLoader whose workers yield whole batches, in sequence order for any worker count.
-
-    Progress is (seed, epoch, samples consumed) on the dataset; `state_dict()` saves it and
-    `load_state_dict()` on a fresh loader continues with exactly the samples not yet yielded.
-    A new `iter()` after a finished epoch starts the next epoch, unless set_epoch() chose one;
-    after a `break` it continues the epoch.
-    """
-
-    def __init__(self, dataset: StreamingDataset, *, batch_size: int, drop_last: bool,
-                 num_workers: int, prefetch_factor: int, pin_memory: bool):
-        dataset.set_batching(batch_size, drop_last)
-        self._transport = None
-        if num_workers:
-            # Per field that fills a slot (images, fixed-shape rows: raw images, token rows,
-            # arrays): every batch DataLoader can have in flight, plus a few the training loop
-            # still holds; beyond that a worker falls back to DataLoader's own (slower) path.
-            slots = (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
-            self._transport = SlotTransport(num_workers, slots, pin=pin_memory)
-        dataset.transport = self._transport
-        # batch_size=None: the dataset already yields batches; in_order keeps the round-robin
-        # over workers that makes the batch order independent of num_workers. With workers,
-        # the transport pins while copying out of the slots, so DataLoader's pin thread is off.
-        super().__init__(dataset, batch_size=None, num_workers=num_workers,
-                         pin_memory=pin_memory and not num_workers,
-                         prefetch_factor=prefetch_factor if num_workers else None,
-                         persistent_workers=num_workers > 0, in_order=True)
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
-        return num_batches(len(self.dataset), self.dataset.batch_size, self.dataset.drop_last)
-
-    def _remaining_sizes(self) -> list[int]:
-        ds = self.dataset
-        return batch_sizes(len(ds) - ds.consumed, ds.batch_size, ds.drop_last)
-
-    def __iter__(self):
-        ds = self.dataset
-        if ds.consumed and not self._remaining_sizes() and not ds.epoch_pinned:
-            ds.set_position(ds.epoch + 1, 0)  # the last epoch ran out: start the next one
-        ds.epoch_pinned = False
-        ds.publish()
-        sizes = self._remaining_sizes()
-        if self._transport is None:
-            return self._count(super().__iter__(), sizes, ds.epoch)
-        self._transport.new_iteration()
-        batches = super().__iter__()  # returns once the workers dropped the previous iteration
-        self._transport.reclaim()
-        return self._count(batches, sizes, ds.epoch)
-
-    def _count(self, items, sizes: list[int], epoch: int):
-        ds, j = self.dataset, 0
-        for item in items:
-            # A worker item is one batch, or a group of consecutive batches (packed token rows).
-            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
-                if j >= len(sizes) or ds.epoch != epoch:
-                    raise RuntimeError(f"loader got batch {j} of epoch {epoch}, expected {len(sizes)} batches of "
-                                       f"epoch {ds.epoch}: set_epoch() was called during an epoch")
-                # Count the planned size (not len(batch)): a skipped shard must not shift resume.
-                ds.advance(sizes[j])
-                j += 1
-                yield batch
-
-    def state_dict(self) -> dict:
-        """Small and elastic: the position does not depend on num_workers or batch_size."""
-        ds = self.dataset
-        return {"version": STATE_VERSION, "seed": ds.config.seed, "epoch": ds.epoch, "consumed": ds.consumed,
-                "world_size": ds.world_size, "samples_per_rank": len(ds)}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved position (call before iterating)."""
-        ds = self.dataset
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')!r}; this shardkit reads {STATE_VERSION}")
-        if state["seed"] != ds.config.seed:
-            raise ConfigError(f"loader state was saved with seed={state['seed']}, this dataset has "
-                              f"seed={ds.config.seed}: build the dataset with the same seed to resume")
-        if state["consumed"] and (state["world_size"], state["samples_per_rank"]) != (ds.world_size, len(ds)):
-            raise ConfigError(
-                f"loader state is {state['consumed']} samples into an epoch of {state['samples_per_rank']} per rank "
-                f"over {state['world_size']} ranks; this run has {len(ds)} over {ds.world_size}: resume mid-epoch "
-                "with the same world size and dataset, or from an epoch boundary")
-        ds.set_position(state["epoch"], state["consumed"])
-
-
-def default_workers() -> int:
-    """Leave one core to the training loop; at least one worker."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
-
-
-def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
-                prefetch_factor: int = 4, pin_memory: bool | None = None,
-                drop_last: bool = False) -> StreamingLoader:
-    """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
-    only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
-    state_dict/load_state_dict."""
-    import torch
-
-    if not isinstance(dataset, StreamingDataset):
-        raise ConfigError(f"make_loader needs a shardkit StreamingDataset, got {type(dataset).__name__}")
-    if num_workers is None:
-        num_workers = default_workers()
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigError(f"num_workers={num_workers!r}: expected 0 (main process) or more")
-    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-        raise ConfigError(f"prefetch_factor={prefetch_factor!r}: expected a positive integer (batches per worker)")
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
-    elif pin_memory and not torch.cuda.is_available():
-        # Pinned host memory needs a CUDA runtime; DataLoader would warn and skip it too.
-        logging.getLogger(__name__).warning("pin_memory=True ignored: CUDA is not available")
-        pin_memory = False
-    return StreamingLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
-                           prefetch_factor=prefetch_factor, pin_memory=pin_memory)
-
 
 SMALL_BYTES = 1 << 16  # tensors below this travel inside the pickled batch, by value
 
@@ -167,9 +44,12 @@ class SlotTransport:
     file descriptor through the worker's resource-sharer thread: page faults on fresh shmem
     pages plus a GIL round trip cost ~10 ms per 10 MB batch here, more than reading it. Instead
     each worker decodes straight into one of its slots (a storage sent to the main process
-    once) and sends only a SlotRef. The main process hands out a tensor over the slot (or a
-    pinned copy when pin_memory) and frees the slot through a shared flag once nothing refers
-    to that tensor any more. A worker with no free slot falls back to DataLoader's own path.
+    once) and sends only a SlotRef. The main process hands out a tensor over the slot and frees
+    the slot through a shared flag once nothing refers to that tensor any more. It hands out a
+    copy instead (and frees the slot at once) when pin_memory asks for pinned memory, or when
+    this torch cannot count a storage's users (`torch._C._storage_Use_Count` is private): a
+    slot must never be reused under a tensor the training loop may still hold. A worker with no
+    free slot falls back to DataLoader's own path.
     """
 
     def __init__(self, num_workers: int, slots: int, pin: bool = False):
@@ -182,6 +62,7 @@ class SlotTransport:
         self._versions = 0
         self._gen = 0  # worker side: the generation of the iteration being produced
         self.pin = pin
+        self.copy_out = pin or _use_count() is None  # decided in the main process, which unpacks
         self._slots: dict[int, list] = {}  # worker side: slot -> [storage, nbytes, version]
         self._pending: list[int] = []      # slots handed out for the batch being built
         self._main: dict[tuple, object] = {}  # main side: (pid, slot) -> storage
@@ -190,7 +71,7 @@ class SlotTransport:
 
     def __getstate__(self):
         return {"flags": self.flags, "generation": self.generation, "known": self.known, "_versions": 0,
-                "_gen": 0, "pin": self.pin,
+                "_gen": 0, "pin": self.pin, "copy_out": self.copy_out,
                 "_slots": {}, "_pending": [], "_main": {}, "_lent": [], "_baseline": None}
 
     def new_iteration(self) -> None:
@@ -227,7 +108,8 @@ class SlotTransport:
         if not fits:  # allocate (or grow) once; reused for every later batch
             # Unique across worker processes too, in case DataLoader ever replaces one.
             self._versions = max(self._versions + 1, os.getpid() << 24)
-            self._slots[slot] = [torch.UntypedStorage._new_shared(max(n, 1)), max(n, 1), self._versions]
+            storage = torch.UntypedStorage(max(n, 1)).share_memory_()
+            self._slots[slot] = [storage, max(n, 1), self._versions]
         self.flags[info.id, slot] = self._gen
         self._pending.append(slot)
         storage = self._slots[slot][0]
@@ -263,7 +145,7 @@ class SlotTransport:
                        tuple(value.stride()), offset)
 
     def unpack(self, batch):
-        """Main side: tensors over the slots (pinned copies when asked), small tensors rebuilt."""
+        """Main side: tensors over the slots (copies when pinned or untracked), small tensors rebuilt."""
         self.release()
         if not isinstance(batch, dict):
             return batch
@@ -280,10 +162,10 @@ class SlotTransport:
             self._main[key] = value.storage
             self.known[value.worker, value.slot] = value.version
         view = torch.empty(0, dtype=value.dtype).set_(self._main[key], value.offset, value.shape, value.stride)
-        if not self.pin:
+        if not self.copy_out:
             self._lent.append((value.worker, value.slot, view))
             return view
-        dst = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, pin_memory=True)
+        dst = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, pin_memory=self.pin)
         # numpy, not Tensor.copy_: torch's intra-op threads would fight the workers (and the
         # training step) for the cores, which made this copy ~8x slower on 2 cores.
         np.copyto(_numpy(dst), _numpy(view))
@@ -321,12 +203,15 @@ def _numpy(t) -> np.ndarray:
     return t.view(_NUMPY_LACKS.get(t.dtype, t.dtype)).numpy()
 
 
+def _use_count():
+    """torch's count of a storage's users (a private API), or None where this torch lacks it."""
+    return getattr(torch._C, "_storage_Use_Count", None)
+
+
 def _refs(t):
     """(Python references to t, tensors sharing its storage): equal to an unreferenced tensor's
     only when nothing else holds t, a view of it, or a numpy array over it. None: cannot tell."""
-    import sys
-
-    use_count = getattr(torch._C, "_storage_Use_Count", None)  # private torch API: never reuse without it
+    use_count = _use_count()
     if use_count is None:
         return None
     return sys.getrefcount(t), use_count(t.untyped_storage()._cdata)

@@ -1,0 +1,178 @@
+"""make_loader: a DataLoader over StreamingDataset with batches built in workers and resumable state."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from torch.utils.data import DataLoader
+
+from shardkit.errors import ConfigError
+from shardkit.loader.stream import BatchStream
+from shardkit.loader.transport import SlotTransport
+from shardkit.reader.dataset import StreamingDataset
+from shardkit.reader.partition import EpochPlan, batch_sizes, num_batches
+
+STATE_VERSION = 2
+PLAN_KEYS = ("samples", "shuffle", "shuffle_buffer", "drop_remainder")  # what fixes an epoch's order
+
+
+class StreamingLoader(DataLoader):
+    """DataLoader whose workers yield whole batches, in the rank's order for any worker count.
+
+    Progress is (seed, epoch, resume layers, samples consumed) in the dataset's position;
+    `state_dict()` saves it and `load_state_dict()` on a fresh loader continues with exactly the
+    samples not yet yielded, at any world size and number of workers. A new `iter()` after a
+    finished epoch starts the next epoch, unless set_epoch() chose one; after a `break` it
+    continues the epoch. `source` is the StreamingDataset (left as it was given);
+    `dataset` is what DataLoader iterates (its batches, built in the workers).
+    """
+
+    def __init__(self, dataset: StreamingDataset, *, batch_size: int, drop_last: bool, num_workers: int,
+                 prefetch_factor: int, pin_memory: bool, multiprocessing_context=None):
+        self.source = dataset
+        self._transport = SlotTransport(num_workers, _slots(dataset, num_workers, prefetch_factor),
+                                        pin=pin_memory) if num_workers else None
+        # batch_size=None: the stream already yields batches; in_order keeps the round-robin
+        # over workers that makes the batch order independent of num_workers. With workers,
+        # the transport pins while copying out of the slots, so DataLoader's pin thread is off.
+        super().__init__(BatchStream(dataset, batch_size, drop_last, self._transport), batch_size=None,
+                         num_workers=num_workers, pin_memory=pin_memory and not num_workers,
+                         prefetch_factor=prefetch_factor if num_workers else None,
+                         persistent_workers=num_workers > 0, in_order=True,
+                         multiprocessing_context=multiprocessing_context if num_workers else None)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return num_batches(len(self.source), self.dataset.batch_size, self.dataset.drop_last)
+
+    def _plan(self) -> EpochPlan:
+        pos = self.source.position
+        return self.source.epoch_plan(pos.epoch, pos.layers)
+
+    def __iter__(self):
+        pos = self.source.position
+        if pos.consumed >= len(self._plan()) and not pos.pinned:
+            pos.jump(pos.epoch + 1)  # the epoch ran out (or nothing of it was left): the next one
+        pos.pinned = False
+        pos.publish()
+        sizes = batch_sizes(len(self._plan()) - pos.consumed, self.dataset.batch_size, self.dataset.drop_last)
+        if self._transport is None:
+            return self._count(super().__iter__(), sizes, (pos.epoch, pos.layers))
+        self._transport.new_iteration()
+        batches = super().__iter__()  # returns once the workers dropped the previous iteration
+        self._transport.reclaim()
+        return self._count(batches, sizes, (pos.epoch, pos.layers))
+
+    def _count(self, items, sizes: list[int], where: tuple):
+        ds, pos, j = self.source, self.source.position, 0
+        for item in items:
+            # A worker item is one batch, or a group of consecutive batches (packed token rows).
+            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+                if j >= len(sizes) or (pos.epoch, pos.layers) != where:
+                    raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches "
+                                       f"of epoch {pos.epoch}: set_epoch() was called during an epoch")
+                # Count the planned size (not len(batch)): a skipped shard must not shift resume.
+                pos.advance(sizes[j])
+                j += 1
+                yield batch
+
+    def state_dict(self) -> dict:
+        """Small and elastic: O(resumes at a new world size), independent of num_workers and batch_size."""
+        ds, pos = self.source, self.source.position
+        return {"version": STATE_VERSION, "seed": ds.config.seed, **_plan_fields(ds), "epoch": pos.epoch,
+                "layers": [list(layer) for layer in pos.layers], "world_size": ds.world_size,
+                "consumed": pos.consumed, "samples_per_rank": len(self._plan())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved position (call before iterating), at this run's world size."""
+        ds = self.source
+        epoch, layers, consumed = _check_state(state, ds)
+        if state["world_size"] != ds.world_size:
+            # What the old ranks had not yet yielded becomes this epoch's stream for the new ones.
+            layers, consumed = layers + ((state["world_size"], consumed),), 0
+        ds.position.jump(epoch, consumed, layers)
+
+
+def _plan_fields(ds: StreamingDataset) -> dict:
+    c = ds.config
+    return {"samples": int(ds.counts.sum()), "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer,
+            "drop_remainder": c.drop_remainder}
+
+
+def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
+    """(epoch, layers, consumed) of a saved state, checked against this dataset."""
+    version = state.get("version")
+    if version not in (1, STATE_VERSION):
+        raise ConfigError(f"loader state version {version!r}; this shardkit reads 1 and {STATE_VERSION}")
+    if state["seed"] != ds.config.seed:
+        raise ConfigError(f"loader state was saved with seed={state['seed']}, this dataset has "
+                          f"seed={ds.config.seed}: build the dataset with the same seed to resume")
+    epoch, consumed, per_rank = state["epoch"], state["consumed"], state["samples_per_rank"]
+    if version == 1 and 0 < consumed < per_rank:  # an older epoch order: only its boundaries carry over
+        raise ConfigError(f"loader state from an older shardkit is {consumed} samples into an epoch; its "
+                          "order differs from this version's: resume from an epoch boundary")
+    ours = _plan_fields(ds)
+    changed = {k: (state[k], ours[k]) for k in PLAN_KEYS if k in state and state[k] != ours[k]}
+    if changed:
+        raise ConfigError("loader state was saved with another dataset or order: "
+                          + ", ".join(f"{k}={a!r} then, {b!r} now" for k, (a, b) in changed.items())
+                          + "; resume with the same dataset and StreamingDataset options")
+    layers = tuple((int(w), int(c)) for w, c in state.get("layers", ()))
+    saved = EpochPlan.of(ds.counts, ds.plan, epoch, 0, state["world_size"], layers)
+    if len(saved) != per_rank or not 0 <= consumed <= per_rank:
+        raise ConfigError(f"loader state is {consumed} of {per_rank} samples per rank over "
+                          f"{state['world_size']} ranks, which this dataset does not give: was it saved "
+                          "with another dataset?")
+    return epoch, layers, consumed
+
+
+def _slots(dataset: StreamingDataset, num_workers: int, prefetch_factor: int) -> int:
+    """Per tensor that fills a slot (images, fixed-shape rows: raw images, token rows, arrays):
+    every batch DataLoader can have in flight, plus a few the training loop still holds; beyond
+    that a worker falls back to DataLoader's own (slower) path."""
+    return (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
+
+
+def default_workers() -> int:
+    """Leave one core to the training loop; at least one worker."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+START_METHODS = (None, "fork", "spawn", "forkserver")
+
+
+def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
+                prefetch_factor: int = 4, pin_memory: bool | None = None, drop_last: bool = False,
+                multiprocessing_context: str | None = None) -> StreamingLoader:
+    """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
+    only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
+    state_dict/load_state_dict.
+
+    `multiprocessing_context` starts the workers ("spawn" is macOS's default and what some CUDA
+    set-ups need; None: the platform's default). The dataset is left as given."""
+    import torch
+
+    if not isinstance(dataset, StreamingDataset):
+        raise ConfigError(f"make_loader needs a shardkit StreamingDataset, got {type(dataset).__name__}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+    if num_workers is None:
+        num_workers = default_workers()
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(f"num_workers={num_workers!r}: expected 0 (main process) or more")
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        raise ConfigError(f"prefetch_factor={prefetch_factor!r}: expected a positive integer (batches per worker)")
+    if isinstance(multiprocessing_context, str) or multiprocessing_context is None:
+        if multiprocessing_context not in START_METHODS:
+            raise ConfigError(f"multiprocessing_context={multiprocessing_context!r}: expected one of "
+                              "'fork', 'spawn', 'forkserver' or None (the platform's default)")
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    elif pin_memory and not torch.cuda.is_available():
+        # Pinned host memory needs a CUDA runtime; DataLoader would warn and skip it too.
+        logging.getLogger(__name__).warning("pin_memory=True ignored: CUDA is not available")
+        pin_memory = False
+    return StreamingLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
+                           prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                           multiprocessing_context=multiprocessing_context)

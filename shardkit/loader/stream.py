@@ -1,0 +1,31 @@
+"""What make_loader's DataLoader iterates: a dataset's batches, built in the workers, sent by a transport."""
+
+from __future__ import annotations
+
+from torch.utils.data import IterableDataset
+
+
+class BatchStream(IterableDataset):
+    """Whole batches of a StreamingDataset for one loader; the dataset itself is left as given.
+
+    Each worker (or the main process with num_workers=0) yields its share of the batches from
+    the dataset's published position; with a transport, batch memory comes from the worker's
+    shared slots and each batch is packed for the trip to the main process.
+    """
+
+    def __init__(self, dataset, batch_size: int, drop_last: bool, transport=None):
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.transport = transport
+
+    def set_epoch(self, epoch: int) -> None:
+        """The dataset's set_epoch (for code that calls loader.dataset.set_epoch)."""
+        self.dataset.set_epoch(epoch)
+
+    def __iter__(self):
+        transport = self.transport
+        if transport is None:
+            yield from self.dataset.batches(self.batch_size, self.drop_last)
+            return
+        transport.start_iteration()
+        for batch in self.dataset.batches(self.batch_size, self.drop_last, transport):
+            yield transport.pack(batch)
