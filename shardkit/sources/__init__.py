@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig
 from shardkit.contract import decode_text
-from shardkit.errors import RejectedInput, Rejection
+from shardkit.errors import RejectedInput
 from shardkit.sample import Sample
 from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS, PARQUET_EXTS,
                                    ROW_EXTS, TEXT_EXTS)
@@ -45,14 +45,16 @@ class InputRecord:
 
 @dataclass
 class ScanResult:
-    """The per-sample view of SRC (see `scan`)."""
+    """The per-sample view of SRC (see `scan`): its records, and the inventory they come from."""
 
     records: list[InputRecord]
-    rejections: list[Rejection]
-    classes: list[str] | None
-    kinds: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
-    image_exts: set[str] = field(default_factory=set)  # image extensions seen ('jpg', 'png', …), lowercase
+    inventory: object = field(repr=False)  # sources.inventory.Inventory
+
+    rejections = property(lambda self: self.inventory.rejections)
+    classes = property(lambda self: self.inventory.classes)
+    kinds = property(lambda self: self.inventory.kinds)
+    notes = property(lambda self: self.inventory.notes)
+    image_exts = property(lambda self: self.inventory.image_exts)
 
     @property
     def inputs(self) -> int:
@@ -101,7 +103,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         listing = walk(cfg.src, cfg.out)
         counts = {rf.id: count_rows(rf, opts) for rf in listing.row_files}
         inv = make_inventory(listing, counts, cfg, opts)
-        return ScanResult(records(inv), inv.rejections, inv.classes, inv.kinds, inv.notes, inv.image_exts)
+        return ScanResult(records(inv), inv)
 
 
 def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
