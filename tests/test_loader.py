@@ -86,6 +86,19 @@ def test_resume_equals_uninterrupted(datasets, monkeypatch, workers, stop):
                           total=3 * 16, stop=stop)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_drop_last_epochs_follow_each_other(datasets, monkeypatch, workers):
+    """With drop_last the short rest of an epoch ends it: the next iter() starts the next epoch,
+    in a loop that never calls set_epoch and after a restore from the epoch's end."""
+    root, expected = datasets["many"]  # 61 samples, batches of 4: 15 full ones, 1 left over
+    ds, loader = loader_for(root, monkeypatch, workers=workers, seed=6, drop_last=True)
+    epochs = [keys_of(loader) for _ in range(3)]
+    assert [len(e) for e in epochs] == [60, 60, 60] and ds.epoch == 2
+    assert len({tuple(e) for e in epochs}) == 3 and all(set(e) <= set(expected) for e in epochs)
+    check_save_load_state(lambda: loader_for(root, monkeypatch, workers=workers, seed=6, drop_last=True)[1],
+                          key_stream, total=3 * 15, stop=15)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("before, after", [(2, 0), (0, 3)])
 def test_resume_contract_across_worker_counts(datasets, monkeypatch, before, after):
