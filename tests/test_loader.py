@@ -169,6 +169,20 @@ def test_state_mismatch_is_explained(datasets, monkeypatch):
         d.load_state_dict(a.state_dict())
 
 
+def test_state_of_the_same_samples_in_other_shards_is_refused(tmp_path, monkeypatch):
+    """A rebuild with another shard size keeps the sample count but changes the epoch's order:
+    resuming its state would repeat some samples and never show others."""
+    twelve, _ = make_dataset(tmp_path / "a", 61, shards=12, fields=("raw", "cls"))
+    five, _ = make_dataset(tmp_path / "b", 61, shards=5, fields=("raw", "cls"))
+    _, a = loader_for(twelve, monkeypatch, seed=1)
+    next(iter(a))
+    _, b = loader_for(five, monkeypatch, seed=1)
+    with pytest.raises(ConfigError, match="shards='12 shards, counts [0-9a-f]+' then, '5 shards, counts"):
+        b.load_state_dict(a.state_dict())
+    _, same = loader_for(make_dataset(tmp_path / "c", 61, shards=12, fields=("raw", "cls"))[0], monkeypatch, seed=1)
+    same.load_state_dict(a.state_dict())  # the same layout elsewhere (a copy, another format) resumes
+
+
 def test_worker_identity_override(datasets, monkeypatch):
     root, _ = datasets["few"]
     ds, _ = loader_for(root, monkeypatch)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError
@@ -14,7 +16,7 @@ from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.partition import EpochPlan, batch_sizes, num_batches
 
 STATE_VERSION = 2
-PLAN_KEYS = ("samples", "shuffle", "shuffle_buffer", "drop_remainder")  # what fixes an epoch's order
+PLAN_KEYS = ("samples", "shards", "shuffle", "shuffle_buffer", "drop_remainder")  # what fixes an epoch's order
 
 
 class StreamingLoader(DataLoader):
@@ -98,8 +100,16 @@ class StreamingLoader(DataLoader):
 
 def _plan_fields(ds: StreamingDataset) -> dict:
     c = ds.config
-    return {"samples": int(ds.counts.sum()), "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer,
-            "drop_remainder": c.drop_remainder}
+    return {"samples": int(ds.counts.sum()), "shards": _shards_digest(ds.counts), "shuffle": c.shuffle,
+            "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
+
+
+def _shards_digest(counts) -> str:
+    """The shard layout in a few bytes: the order permutes shards, so the same total cut into other
+    shards (a rebuild with another shard size) gives another order. O(shards) once per call."""
+    import xxhash
+
+    return f"{len(counts)} shards, counts {xxhash.xxh3_64_hexdigest(np.ascontiguousarray(counts, '<i8').tobytes())}"
 
 
 def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
