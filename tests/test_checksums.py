@@ -91,6 +91,52 @@ def test_opt_out_reads_without_checking(tmp_path):
     assert got[KEY].permute(1, 2, 0).numpy().tobytes() != expected[KEY].fields["raw"]  # wrong, unchecked
 
 
+def spoil_tar_member(root, key: str, field: str) -> None:
+    """Set the first byte of member `key.field` to 0xff: neither UTF-8, JSON nor an int."""
+    for shard in load_manifest(root).shards_of("tar"):
+        for row in pq.read_table(os.path.join(root, shard.index["path"])).to_pylist():
+            if row["__key__"] == key:
+                with open(os.path.join(root, shard.path), "r+b") as f:
+                    f.seek(row[f"{field}.offset"])
+                    f.write(b"\xff")
+                return
+    raise AssertionError(f"{key} not found")
+
+
+def spoil_parquet_text(root, key: str, field: str) -> None:
+    """Rewrite the Parquet shard holding `key` with bytes that are not UTF-8 in its `field` value
+    (the checksum column kept), and the manifest's size and sha256 to match."""
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    for shard in m["shards"]:
+        path = os.path.join(root, shard["path"])
+        if shard["format"] != "parquet" or key not in pq.read_table(path, columns=["__key__"])[0].to_pylist():
+            continue
+        t = pq.read_table(path)
+        values = [b"\xff" + v.encode() if k == key else v.encode() for k, v in zip(t["__key__"].to_pylist(),
+                                                                                  t[field].to_pylist())]
+        t = t.set_column(t.schema.get_field_index(field), field, pa.array(values, pa.binary()).view(pa.string()))
+        pq.write_table(t, path)
+        shard["bytes"], shard["sha256"] = os.path.getsize(path), sha256_file(path)
+    json.dump(m, open(os.path.join(root, "manifest.json"), "w"))
+
+
+@pytest.mark.parametrize("fmt,field", [("tar", "txt"), ("tar", "json"), ("tar", "cls"), ("parquet", "txt"),
+                                       ("parquet", "json")])
+def test_bytes_that_do_not_parse_are_a_checksum_mismatch(tmp_path, fmt, field):
+    """A damaged text, JSON or int value is checked before it is parsed: a ChecksumMismatch (or a
+    counted skip), never a UnicodeDecodeError out of the reader."""
+    root, expected = make_dataset(tmp_path / "d", 40, fmt=fmt, fields=("cls", "txt", "json"))
+    (spoil_tar_member if fmt == "tar" else spoil_parquet_text)(root, KEY, field)
+    with pytest.raises(ShardError, match=rf"field '{field}' of 1 sample\(s\) \('{KEY}'\) differs from the checksum"):
+        read_all(root, fmt)
+    ds, batches = read_all(root, fmt, on_error="skip")
+    assert sorted(k for b in batches for k in b["__key__"]) == sorted(set(expected) - {KEY})
+    assert ds.skipped_samples == 1
+    # Unchecked, the bytes still never reach a batch as a value: an error naming the sample.
+    with pytest.raises(ShardError, match=rf"field '{field}' of sample '{KEY}' is not valid"):
+        read_all(root, fmt, checksums=False)
+
+
 def test_read_shard_samples_checks_too(tmp_path):
     root, _ = make_dataset(tmp_path / "d", 40, fields=("raw", "txt"))
     flip_tar_member(root, KEY, "txt")

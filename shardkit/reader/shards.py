@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import mmap
 
 import numpy as np
@@ -14,7 +13,7 @@ from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.reader import parquet_pages
 from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401
-                                    check_digests, gather, stored_value)
+                                    check_digests, gather, stored_values)
 from shardkit.sample import Sample
 
 BLOCK = 512
@@ -94,7 +93,7 @@ class TarShard:
 
     def values(self, field: str, rows) -> list:
         """Stored values (bytes for media, int, str, dict) of `field` at `rows`; None where absent."""
-        spec, offs, sizes = self.specs[field], self.offsets[field], self.sizes[field]
+        offs, sizes = self.offsets[field], self.sizes[field]
         sums = self.sums.get(field)
         out, read, digests = [], [], []
         digest = _bytes_digest()
@@ -107,9 +106,9 @@ class TarShard:
             if sums is not None:
                 read.append(r)
                 digests.append(digest(data))
-            out.append(stored_value(spec, data))
+            out.append(data)
         check_digests(self.url, field, self.keys, read, digests, None if sums is None else sums[read])
-        return out
+        return stored_values(self.specs[field], out, (self.url, field), self.keys, rows)
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
@@ -216,18 +215,15 @@ class ParquetShard:
         if self.specs[field]["kind"] == "int":
             return self._int_values(field, rows)
         out: list = [None] * len(rows)
-        json_field = self.specs[field]["kind"] == "json"
         for g, sel, local in self._by_group(rows):
-            arr, sums = self._group(g, field), self._sums(g, field, local)
-            read, digests = [], []
-            for k, (j, r) in enumerate(zip(sel.tolist(), local.tolist())):
-                v = arr[r].as_py()
-                if v is not None and sums is not None:
-                    read.append(k)
-                    digests.append(checksum(v))
-                out[j] = json.loads(v) if json_field and v is not None else v
+            # Bytes as stored (a string column viewed as binary: no UTF-8 check yet), checked first.
+            arr, sums = _as_binary(self._group(g, field)), self._sums(g, field, local)
+            raw = [arr[r].as_py() for r in local.tolist()]
             if sums is not None:
-                check_digests(self.url, field, self.keys, rows[sel[read]], digests, sums[read])
+                read = [k for k, v in enumerate(raw) if v is not None]
+                check_digests(self.url, field, self.keys, rows[sel[read]], [checksum(raw[k]) for k in read], sums[read])
+            for j, v in zip(sel.tolist(), stored_values(self.specs[field], raw, (self.url, field), self.keys, rows[sel])):
+                out[j] = v
         return out
 
     def _sliced(self, field: str, rows: np.ndarray) -> list:
@@ -295,6 +291,17 @@ class ParquetShard:
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
+
+
+def _as_binary(arr):
+    """A string array as the binary array over the same buffers (zero-copy; as_py gives bytes)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(arr.type):
+        return arr.cast(pa.binary())
+    if pa.types.is_large_string(arr.type):
+        return arr.cast(pa.large_binary())
+    return arr
 
 
 def open_shard(path: str, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,
