@@ -137,6 +137,23 @@ def test_bytes_that_do_not_parse_are_a_checksum_mismatch(tmp_path, fmt, field):
         read_all(root, fmt, checksums=False)
 
 
+@pytest.mark.parametrize("column", ["__key__", "txt"])
+def test_a_string_column_stored_as_binary_is_refused(tmp_path, column):
+    """One flipped byte in a Parquet footer can drop a column's string annotation: its values would
+    pass their checksums and reach the batch as bytes instead of str."""
+    root, _ = make_dataset(tmp_path / "d", 12, shards=1, fmt="parquet", fields=("cls", "txt"))
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    path = os.path.join(root, m["shards"][0]["path"])
+    t = pq.read_table(path)
+    t = t.set_column(t.schema.get_field_index(column), column, t[column].cast(pa.binary()))
+    pq.write_table(t, path)
+    m["shards"][0].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
+    json.dump(m, open(os.path.join(root, "manifest.json"), "w"))
+    with pytest.raises(ShardError, match=rf"column '{column}' has Arrow type binary, expected string: the shard's "
+                                         "footer is corrupt"):
+        read_all(root, "parquet")
+
+
 def test_read_shard_samples_checks_too(tmp_path):
     root, _ = make_dataset(tmp_path / "d", 40, fields=("raw", "txt"))
     flip_tar_member(root, KEY, "txt")

@@ -137,6 +137,7 @@ class ParquetShard:
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
+            _check_schema(self.pf.schema_arrow, specs, url)
             with open(path, "rb") as f:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
@@ -291,6 +292,24 @@ class ParquetShard:
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
+
+
+def _check_schema(schema, specs: dict, url: str) -> None:
+    """Columns whose Arrow type decides the Python type handed out (keys and text as str, ints as
+    int) must have it: the footer has no checksum, and one flipped byte there can turn a string
+    column into binary, whose values would pass their checksums as bytes."""
+    import pyarrow as pa
+
+    wanted = {"__key__": "text"} | {f: s["kind"] for f, s in specs.items() if s["kind"] in ("text", "json", "int")}
+    for name, kind in wanted.items():
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
+        ok = pa.types.is_integer(t) if kind == "int" else pa.types.is_string(t) or pa.types.is_large_string(t)
+        if not ok:
+            raise ShardError(f"shard {url}: column {name!r} has Arrow type {t}, expected "
+                             f"{'an integer' if kind == 'int' else 'string'}: the shard's footer is corrupt; restore "
+                             "or rebuild it")
 
 
 def _as_binary(arr):
