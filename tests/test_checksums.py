@@ -154,6 +154,28 @@ def test_a_string_column_stored_as_binary_is_refused(tmp_path, column):
         read_all(root, "parquet")
 
 
+@pytest.mark.parametrize("damage", ["offset", "name"])
+def test_a_damaged_tar_index_is_refused(tmp_path, damage):
+    """A flipped byte in the index sidecar can make an offset negative (read as 'sample lacks the
+    field') or rename a column (the whole field absent): the values would silently be None."""
+    root, _ = make_dataset(tmp_path / "d", 12, shards=1, fields=("cls", "txt"))
+    path = os.path.join(root, load_manifest(root).shards_of("tar")[0].index["path"])
+    t = pq.read_table(path)
+    if damage == "offset":
+        offsets = t["txt.offset"].to_pylist()
+        offsets[5] = -2089670227099851776
+        t = t.set_column(t.schema.get_field_index("txt.offset"), "txt.offset", pa.array(offsets, pa.int64()))
+    else:
+        t = t.rename_columns([n.replace("txt.offset", "txu.offset") for n in t.column_names])
+    pq.write_table(t, path)
+    with pytest.raises(ShardError, match=r"the index of shard .*data-00000.tar \(shards/data-00000.tar.idx.parquet, "
+                                         r"\d+ bytes\) does not match the manifest's sha256"):
+        read_all(root, "tar")
+    if damage == "offset":  # unchecked, the value is silently gone: what the check prevents
+        _, batches = read_all(root, "tar", checksums=False)
+        assert None in [t for b in batches for t in b["txt"]]
+
+
 def test_read_shard_samples_checks_too(tmp_path):
     root, _ = make_dataset(tmp_path / "d", 40, fields=("raw", "txt"))
     flip_tar_member(root, KEY, "txt")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import mmap
 
 import numpy as np
@@ -38,6 +39,20 @@ def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int
     return keys, cols
 
 
+def _index_bytes(path: str, shard: ShardInfo, url: str, checks: bool):
+    """A tar shard's index sidecar, checked whole against the manifest's sha256 (it is read whole
+    anyway, and small): a damaged offset, size or column name would otherwise read a value as
+    absent or slice the wrong bytes, with nothing else to notice it."""
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        blob = f.read()
+    if checks and shard.index.get("sha256") and hashlib.sha256(blob).hexdigest() != shard.index["sha256"]:
+        raise ShardError(f"the index of shard {url} ({shard.index['path']}, {len(blob)} bytes) does not match the "
+                         "manifest's sha256: it is damaged or was replaced; restore it or rebuild the dataset")
+    return pa.BufferReader(blob)
+
+
 class TarShard:
     """One tar shard, memory-mapped; members are found through the index sidecar's offsets."""
 
@@ -53,7 +68,7 @@ class TarShard:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self.buf = np.frombuffer(self.mm, np.uint8)
             if index_path is not None:
-                t = pq.read_table(index_path)
+                t = pq.read_table(_index_bytes(index_path, shard, url, checks))
                 self.keys = t.column("__key__").to_pylist()
                 cols = {n[:-7]: (t.column(n).to_numpy(), t.column(n[:-7] + ".size").to_numpy())
                         for n in t.column_names if n.endswith(".offset")}
