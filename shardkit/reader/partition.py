@@ -158,12 +158,16 @@ class EpochPlan:
         """Samples repeated (or dropped) over all ranks by this split of the stream."""
         return padding(len(self.stream), self.world_size, self.plan.drop_remainder)
 
-    def ids(self, lo: int, hi: int) -> np.ndarray:
-        """Sample ids at positions [lo, hi) of this rank's run."""
+    def positions(self, lo: int, hi: int) -> np.ndarray:
+        """Positions of the global order at positions [lo, hi) of this rank's run."""
         pos = np.arange(self.start + lo, self.start + hi, dtype=np.int64)
         if hi > self.real:  # the pad at the end of a short rank's run
             pos[max(0, self.real - lo):] = self.pad_at
-        return self.order.ids(self.stream.to_base(pos) if self.stream.layers else pos)
+        return self.stream.to_base(pos) if self.stream.layers else pos
+
+    def ids(self, lo: int, hi: int) -> np.ndarray:
+        """Sample ids at positions [lo, hi) of this rank's run."""
+        return self.order.ids(self.positions(lo, hi))
 
     def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None):
         """Batches (arrays of ids) that `worker` yields after the first `consumed` samples (up to
