@@ -9,7 +9,7 @@ import tarfile
 from typing import Any
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, shard_relpath, source_columns
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, key_bounds, shard_relpath, source_columns
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
@@ -118,4 +118,4 @@ def write_tar(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
         pq.write_table(pa.table(columns), out, compression="zstd")
     index_path = os.path.join(root, index_rel)
     index = {"path": index_rel, "bytes": os.path.getsize(index_path), "sha256": sha256_file(index_path)}
-    return ShardInfo(shard_id, "tar", rel, len(keys), nbytes, digest, index)
+    return ShardInfo(shard_id, "tar", rel, len(keys), nbytes, digest, index, keys=key_bounds(keys))
