@@ -131,12 +131,20 @@ def _parse_size(ctx, param, value):
 @click.option("--labels/--no-labels", default=None,
               help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "
                    "[default: when SRC has class subfolders: two or more, or one holding all the images].")
-@click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
+@click.option("--text-field", default="text", show_default=True,
+              help="The text: a key of each .jsonl line, or a column of .parquet files.")
+@click.option("--image-field", default="image", show_default=True,
+              help="The image column of .parquet files: binary, or a struct {bytes, path} (Hugging Face datasets).")
+@click.option("--label-field", default=None, metavar="COLUMN",
+              help="Label .parquet rows by this column (integers, or strings → class list) instead of by folder.")
 @click.option("--workers", type=int, default=None,
               help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage "
                    "the workers share, under the same paths).")
+@click.option("--unit-samples", type=int, default=None, metavar="N",
+              help="Samples per work unit [default: chosen from the worker count so every worker stays busy]; "
+                   "never changes the output.")
 @click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
               help="skip: record bad inputs in OUT/errors.jsonl and go on; fail: stop at the first one.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -176,8 +184,8 @@ def build(src, out, **options):
 
     \b
     SRC conventions: files sharing a stem are one sample (cats/001.jpg + cats/001.json);
-    the first-level subfolder is the label; .txt/.md are text; each .jsonl line is a sample.
-    Rerunning skips shards whose inputs and options did not change.
+    the first-level subfolder is the label; .txt/.md are text; each .jsonl line and each
+    .parquet row is a sample. Rerunning skips shards whose inputs and options did not change.
 
     \b
     Examples:
@@ -186,6 +194,7 @@ def build(src, out, **options):
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --encode raw --format both
       shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
       shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet
+      shardkit build hf_export/ out/ --image-field image --label-field label --image-size 224
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
     """

@@ -62,9 +62,12 @@ class BuildConfig:
     encode: str = "jpeg"
     quality: int = 90
     labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
-    text_field: str = "text"
+    text_field: str = "text"  # the text of a .jsonl line (a JSON key) or of a Parquet row (a column)
+    image_field: str = "image"  # the image column of Parquet sources: binary, or a struct {bytes, path}
+    label_field: str | None = None  # the label column of Parquet sources (replaces folder labels)
     workers: int | None = None
     scheduler: str | None = None
+    unit_samples: int | None = None  # samples per work unit; None: chosen from the worker count
     on_error: str = "skip"
     progress: bool = True
     tokenizer: str | None = None  # a tokenizer.json file, or bpe:VOCAB_SIZE (trained on the corpus)
@@ -84,7 +87,7 @@ class BuildConfig:
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "progress", "allow_empty")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -95,6 +98,7 @@ class BuildConfig:
         positive("shard_size", self.shard_size, "--shard-size")
         positive("max_samples_per_shard", self.max_samples_per_shard, "--max-samples-per-shard")
         positive("image_size", self.image_size, "--image-size", allow_none=True)
+        positive("unit_samples", self.unit_samples, "--unit-samples", allow_none=True)
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
         if not 1 <= self.quality <= 100:
@@ -111,7 +115,13 @@ class BuildConfig:
                 "--resize-mode center-crop or pad, or --crop-size C"
             )
         if not self.text_field:
-            raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+            raise ConfigError("text_field must be a non-empty JSON key or column name (--text-field)")
+        if not self.image_field:
+            raise ConfigError("image_field must be a non-empty column name (--image-field)")
+        if self.label_field is not None and (not self.label_field or self.label_field in (self.text_field,
+                                                                                          self.image_field)):
+            raise ConfigError(f"label_field={self.label_field!r}: expected a column other than the text and image "
+                              "columns (--label-field)")
         if self.labels not in (None, True, False):
             raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
                               "leave both out to label only folders with class subfolders)")
@@ -126,8 +136,9 @@ class BuildConfig:
                            scheduler=self.scheduler, on_error=self.on_error, progress=self.progress)
 
     @property
-    def image_field(self) -> str:
-        """The image field of an encoding build (a `keep` build names each image by its extension)."""
+    def output_image_field(self) -> str:
+        """The stored image field of an encoding build: the encoding's extension (WebDataset convention);
+        a `keep` build names each image by its own extension."""
         return IMAGE_FIELD.get(self.encode, "image")
 
     @property

@@ -71,8 +71,12 @@ class ShardInfo:
 
 
 def key_bounds(keys) -> tuple[str, str] | None:
-    """A shard's (first, last) key as its ShardInfo records them; None for an empty shard."""
-    return (keys[0], keys[-1]) if len(keys) else None
+    """A shard's (first, last) key as its ShardInfo records them, from a list of keys or an Arrow key
+    column; None for an empty shard."""
+    if not len(keys):
+        return None
+    first, last = keys[0], keys[-1]
+    return (getattr(first, "as_py", lambda: first)(), getattr(last, "as_py", lambda: last)())
 
 
 def shard_relpath(shard_id: int, fmt: str) -> str:

@@ -1,4 +1,5 @@
-"""Runs a build on Dask: plan shards up front, one task per shard, skip finished ones, manifest last."""
+"""Runs a build on Dask: list SRC while the cluster starts, count row files on it, plan shards from
+compact columns, run work units and one step per shard (reusing finished shards), manifest last."""
 
 from __future__ import annotations
 
@@ -8,67 +9,36 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections import namedtuple
+from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from shardkit.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
+                                  flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
+                                  units_dir)
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
                              count_by_reason)
 from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
-from shardkit.sources import TEXT_EXTS, InputRecord, ScanResult, read_record, read_records, scan
-from shardkit.stages import compose, map_samples
-from shardkit.stages.arrays import array_spec, arrays
-from shardkit.stages.augment import augmented_images, variant_fields
-from shardkit.stages.image import images
-from shardkit.stages.tokenize import (TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields,
-                                     tokenize)
+from shardkit.sources import walk as W
+from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
+from shardkit.sources.order import ATOMS
+from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
+from shardkit.sources.read import SourceReader, save_atoms
+from shardkit.sources.rows import count_rows, counted
+from shardkit.stages.arrays import array_spec
+from shardkit.stages.augment import variant_fields
 from shardkit.dedup_engine import dedup_records, estimate_seconds
+from shardkit.sources import records
 from shardkit.stages.dedup.report import dedup_record, write_report
-from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
-from shardkit.writers import get_writer
+from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
+from shardkit.tasks import Execution, Then, background_client, plan_execution, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
-STATE_DIR = ".shardkit"
-MARKER_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """Which inputs one output shard holds: decided before any task runs, from sorted keys."""
-
-    id: int
-    records: tuple[InputRecord, ...]
-
-    def fingerprint(self, config_hash: str) -> str:
-        h = hashlib.sha256(f"{MARKER_VERSION}|{config_hash}|{self.id}".encode())
-        for r in self.records:
-            h.update(r.fingerprint().encode("utf-8", "surrogatepass"))
-        return h.hexdigest()
-
-
-@dataclass
-class ShardResult:
-    id: int
-    shards: list[ShardInfo]
-    rejections: list[Rejection]
-    images: int = 0
-    utf8_replaced: int = 0
-    seconds: float = 0.0
-    skipped: bool = False  # reused from a previous build
-    failed: Rejection | None = None
-    stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
-                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
-                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "ShardResult":
-        return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
-                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
-                   stats=d.get("stats", {}))
+_Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
 
 
 @dataclass
@@ -94,171 +64,120 @@ class BuildResult:
         return count_by_reason(self.rejections)
 
 
-def estimate_bytes(rec: InputRecord, cfg: BuildConfig, has_image: bool) -> int:
-    """Output size guess used to cut shards before anything is encoded (shards are a target size)."""
-    if not has_image or cfg.image_size is None or cfg.resize_mode == "none":
-        return rec.size
-    px = cfg.stored_size ** 2 if cfg.stored_size else cfg.image_size ** 2 * 4 / 3
-    per_px = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}[cfg.encode]
-    return int(px * per_px) + (rec.size if len(rec.files) > 1 else 0) // 8
-
-
-def plan_shards(records: list[InputRecord], cfg: BuildConfig) -> list[ShardPlan]:
-    """Cut the sorted records into shards by estimated bytes and sample count (deterministic)."""
-    from shardkit.sources import IMAGE_EXTS
-
-    plans, current, size = [], [], 0
-    for rec in records:
-        est = estimate_bytes(rec, cfg, any(os.path.splitext(f)[1].lower() in IMAGE_EXTS for f in rec.files))
-        if current and (size + est > cfg.shard_size or len(current) >= cfg.max_samples_per_shard):
-            plans.append(ShardPlan(len(plans), tuple(current)))
-            current, size = [], 0
-        current.append(rec)
-        size += est
-    if current:
-        plans.append(ShardPlan(len(plans), tuple(current)))
-    return plans
-
-
-def field_specs(result: ScanResult, cfg: BuildConfig) -> dict:
+def field_specs(inv: Inventory, cfg: BuildConfig) -> dict:
     """The manifest's field specs, known before any task runs so every shard has the same schema."""
     fields = {}
-    if "image" in result.kinds and cfg.encode == "keep":  # each input's own bytes, under its own extension
-        fields.update({ext: {"kind": "image", "encoding": "keep"} for ext in sorted(result.image_exts)})
-    elif "image" in result.kinds:
+    if "image" in inv.kinds and cfg.encode == "keep":  # each input's own bytes, under its own extension
+        fields.update({ext: {"kind": "image", "encoding": "keep"} for ext in sorted(inv.image_exts)})
+    elif "image" in inv.kinds:
         spec = {"kind": "image", "encoding": cfg.encode}
         if cfg.encode == "raw":
             spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
-        fields[cfg.image_field] = spec
-    if "txt" in result.kinds:
+        fields[cfg.output_image_field] = spec
+    if "txt" in inv.kinds:
         fields["txt"] = {"kind": "text"}
-    if "json" in result.kinds:
+    if "json" in inv.kinds:
         fields["json"] = {"kind": "json"}
-    if result.classes is not None:
+    if inv.classes is not None:
         fields["cls"] = {"kind": "int", "dtype": "int64"}
     return fields
 
 
-def cache_fields(fields: dict, result: ScanResult, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
+def _npy_samples(inv: Inventory):
+    """File samples holding a .npy array, in key order (array_spec reads the first readable header)."""
+    kinds = inv.atoms.column("kinds").to_numpy() if len(inv.atoms) else np.zeros(0, np.int8)
+    for i in np.flatnonzero(kinds & W.ARRAY).tolist():
+        yield _Files(tuple(inv.atoms.column("files")[i].as_py()))
+
+
+def cache_fields(fields: dict, inv: Inventory, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
     """field_specs plus the caching stages: augmented variants, arrays, tokens (txt becomes tokens)."""
-    if cfg.augment and cfg.image_field in fields:
-        fields.update(variant_fields(cfg.image_field, fields.pop(cfg.image_field), cfg))
-    if "array" in result.kinds and (spec := array_spec(cfg.src, result.records, cfg.half)) is not None:
+    fields = dict(fields)
+    if cfg.augment and cfg.output_image_field in fields:
+        fields.update(variant_fields(cfg.output_image_field, fields.pop(cfg.output_image_field), cfg))
+    if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half)) is not None:
         fields["array"] = spec
-    return fields if tok is None else token_fields(fields, result.kinds, tok, cfg.seq_len)
+    return fields if tok is None else token_fields(fields, inv.kinds, tok, cfg.seq_len)
 
 
-def _corpus_key(scanned: ScanResult) -> str:
+def _corpus_key(inv: Inventory) -> str:
     """Fingerprint of every input (names, sizes, mtimes): a trained tokenizer is reused while it holds."""
-    h = hashlib.sha256()
-    for rec in scanned.records:
-        h.update(rec.fingerprint().encode("utf-8", "surrogatepass"))
+    h = hashlib.sha256(str([(p.source, p.start, p.stop) for p in inv.pieces]).encode())
+    if len(inv.atoms):
+        h.update(inv.atoms.column("stamp").to_numpy().tobytes())
+    for rf in inv.row_files:
+        h.update(rf.stamp().encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
-def _corpus(scanned: ScanResult, cfg: BuildConfig) -> list[str]:
-    """Every document's text, in key order, to train a tokenizer on (bad inputs are rejected later)."""
-    texts = []
-    for rec in scanned.records:
-        if rec.line is None and not any(os.path.splitext(f)[1].lower() in TEXT_EXTS for f in rec.files):
-            continue
-        try:
-            texts.append(read_record(cfg.src, rec, cfg.text_field).fields["txt"])
-        except (RejectedInput, KeyError):
-            continue
-    return texts
+class _Corpus:
+    """Every document's text in key order, read lazily, to train a tokenizer on (bad inputs are
+    rejected later, by the tasks). Sized, as the trainer's progress wants."""
+
+    def __init__(self, inv: Inventory, reader: SourceReader):
+        self.inv, self.reader = inv, reader
+
+    def __len__(self) -> int:
+        return self.inv.samples
+
+    def __iter__(self):
+        kinds = self.inv.atoms.column("kinds").to_numpy() if len(self.inv.atoms) else None
+        for piece in self.inv.pieces:
+            if piece.source == ATOMS:  # only samples with text: images are not read for this
+                wanted = np.flatnonzero(kinds[piece.start:piece.stop] & W.TXT) + piece.start
+                pieces = [replace(piece, start=i, stop=i + 1) for i in wanted.tolist()]
+            else:
+                pieces = [piece]
+            for ref in self.reader.refs(pieces):
+                try:
+                    text = ref.make().fields.get("txt")
+                except RejectedInput:
+                    continue
+                if text is not None:
+                    yield text
 
 
-def _marker_path(cfg: BuildConfig, shard_id: int) -> str:
-    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+def _scan(cfg: BuildConfig, pending) -> Inventory:
+    """List SRC here (while the cluster starts), count row files on the cluster, order everything.
+    Source rejections go through the policy; OUT's manifest is retired before any write."""
+    if not os.path.isdir(cfg.src):
+        raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
+    listing = W.walk(cfg.src, cfg.out)
+    opts = scan_options(cfg)
+    counts = {rf.id: c for rf in listing.row_files if (c := counted(rf, opts)) is not None}
+    todo = [rf for rf in listing.row_files if rf.id not in counts]
+    if todo:  # files not counted before (or changed): on the cluster
+        found = run_tasks(count_rows, todo, client=pending, name="build-count", shared=(opts,))
+        counts.update({rf.id: c for rf, c in zip(todo, found)})
+    inv = make_inventory(listing, counts, cfg, opts)
+    source_log = RejectionLog(cfg.on_error)
+    for r in inv.rejections:
+        source_log.reject(r.path, r.stage, r.reason)
+    if not inv.samples and not cfg.allow_empty:
+        passed = f" ({len(inv.rejections)} files passed over: {count_by_reason(inv.rejections)})"
+        raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if inv.rejections else ''}; "
+                         "add images, text, .jsonl or .parquet files, or pass --allow-empty to write an empty dataset")
+    for note in inv.notes:
+        log.info("%s", note)
+    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
+    # Until this build ends, no manifest may name shards it is about to replace.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+    return inv
 
 
-def build_shard(plan: ShardPlan, cfg: BuildConfig, fields: dict, config_hash: str) -> ShardResult:
-    """The Dask task: read the plan's inputs, run the stages, write one shard per format, mark it done."""
-    start = time.perf_counter()
-    rejections = RejectionLog(cfg.on_error)
-    stats = {"images": 0, "utf8_replaced": 0}
-
-    def read(pair: tuple):
-        _, sample = pair  # read_records: (record, Sample or the RejectedInput it met)
-        if isinstance(sample, RejectedInput):
-            raise sample
-        stats["images"] += "image" in sample.fields
-        stats["utf8_replaced"] += sample.meta.get("utf8_replaced", 0)
-        return sample
-
-    counters: dict = {}
-    stages = [lambda recs: map_samples(read_records(cfg.src, list(recs), cfg.text_field), read, stage="read",
-                                       log=rejections, where=lambda pair: pair[0].source),
-              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=rejections),
-              lambda s: arrays(s, spec=fields.get("array"), log=rejections)]
-    if TOKENS_FIELD in fields:
-        stages.append(lambda s: tokenize(s, spec=fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=plan.id, stats=counters, log=rejections))
-    try:
-        samples = list(compose(plan.records, *stages))
-    except FailFast as e:
-        return ShardResult(plan.id, [], rejections.items, failed=e.rejection)
-    formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
-    infos = [get_writer(fmt)(samples, cfg.out, plan.id, fields) for fmt in formats] if samples else []
-    result = ShardResult(plan.id, infos, rejections.items, stats["images"], stats["utf8_replaced"],
-                         time.perf_counter() - start, stats=counters)
-    marker = {"fingerprint": plan.fingerprint(config_hash), "result": result.to_json()}
-    atomic_write(_marker_path(cfg, plan.id), json.dumps(marker, sort_keys=True))
-    return result
+def _reader(inv: Inventory) -> SourceReader:
+    digest = hashlib.sha256(inv.atoms.column("stamp").to_numpy().tobytes() if len(inv.atoms) else b"").hexdigest()
+    return SourceReader(inv.opts, tuple(inv.row_files), inv.counts, inv.row_labels, inv.label_index,
+                        save_atoms(inv.atoms, inv.labels, inv.opts.state_dir, digest[:24]))
 
 
-def _reusable(plan: ShardPlan, cfg: BuildConfig, config_hash: str) -> ShardResult | None:
-    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
-    try:
-        with open(_marker_path(cfg, plan.id), encoding="utf-8") as f:
-            marker = json.load(f)
-        if marker["fingerprint"] != plan.fingerprint(config_hash):
-            return None
-        result = ShardResult.from_json(marker["result"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    for info in result.shards:
-        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
-        for rel, size in files:
-            full = os.path.join(cfg.out, rel)
-            if not os.path.isfile(full) or os.path.getsize(full) != size:
-                return None
-    return result
-
-
-def _sum_stats(results: list[ShardResult]) -> dict:
-    total: dict = {}
-    for r in results:
-        for k, v in r.stats.items():
-            total[k] = total.get(k, 0) + v
-    return dict(sorted(total.items()))
-
-
-def _check_result(result: ShardResult) -> None:
-    if result.failed:
-        raise FailFast(result.failed)
-
-
-def _run_tasks(todo: list[ShardPlan], cfg: BuildConfig, fields: dict, config_hash: str, bar,
-               client) -> list[ShardResult]:
-    return run_tasks(build_shard, todo, client=client, bar=bar, name=f"build-shard-{config_hash}",
-                     check=_check_result, shared=(cfg, fields, config_hash))
-
-
-def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
-    """Delete shard files and markers a previous, larger build left behind."""
-    remove_unlisted_shards(cfg.out, shards)
-    done_dir = os.path.join(cfg.out, STATE_DIR, "done")
-    for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
-        if name.startswith("shard-") and int(name[6:11]) >= n_plans:
-            os.remove(os.path.join(done_dir, name))
-
-
-def _dedup(records: list[InputRecord], cfg: BuildConfig, dcfg: DedupConfig, client):
-    """The dedup step: drop duplicate records before shards are assigned. Returns (kept, DedupResult)."""
-    keep, result = dedup_records(records, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
-    return [r for r, k in zip(records, keep.tolist()) if k], result
+def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
+    """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
+    them, DedupResult). It reads samples one record at a time (sources.records: O(samples) here)."""
+    recs = records(inv)
+    keep, result = dedup_records(recs, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    return without(inv, {r.key for r, k in zip(recs, keep.tolist()) if not k}), result
 
 
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
@@ -272,35 +191,146 @@ def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -
     write_report(os.path.join(cfg.out, "dedup"), result)
 
 
-def _scan(cfg: BuildConfig) -> ScanResult:
-    """Scan SRC (source rejections go through the policy) and retire OUT's manifest before any write."""
-    scanned = scan(cfg)
-    source_log = RejectionLog(cfg.on_error)
-    for r in scanned.rejections:
-        source_log.reject(r.path, r.stage, r.reason)
-    if not scanned.records and not cfg.allow_empty:
-        passed = f" ({len(scanned.rejections)} files passed over: {count_by_reason(scanned.rejections)})"
-        raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if scanned.rejections else ''}; "
-                         "add images, text or .jsonl files, or pass --allow-empty to write an empty dataset")
-    for note in scanned.notes:
-        log.info("%s", note)
-    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
-    # Until this build ends, no manifest may name shards it is about to replace.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
-    return scanned
+def _execution(cfg: BuildConfig, pending, planned: Execution) -> Execution:
+    """Where the tasks ran (the plan, unless a cluster had already started for counting rows)."""
+    if planned.mode == "in-process" and not pending.local:
+        return Execution("embedded cluster", cfg.workers, "started earlier, to count .jsonl/.parquet rows")
+    return planned
+
+
+def _workers(cfg: BuildConfig, pending) -> int:
+    """Worker threads the work is spread over (1 in-process); an embedded cluster need not be up yet."""
+    if pending.local:
+        return 1
+    if cfg.scheduler:
+        return max(1, sum(pending.get().nthreads().values()))
+    return cfg.workers or max(1, os.cpu_count() or 1)
+
+
+def _shard_tasks(plans: list[ShardPlan], inv: Inventory, cfg: BuildConfig, config_hash: str,
+                 workers: int) -> list[ShardTask]:
+    """Each shard cut into work units sized from the worker count and the number of samples to do."""
+    kind = "image" if "image" in inv.kinds else "text"
+    counts = [p.samples for p in plans]
+    if cfg.unit_samples:  # as asked, no smaller units at the ends
+        sizes = unit_sizes(counts, cfg.unit_samples, 1, kind)
+    else:
+        sizes = unit_sizes(counts, unit_samples(sum(counts), workers, kind), workers, kind)
+    return [ShardTask(p.id, p.fingerprint(inv, config_hash), tuple(split(p, s))) for p, s in zip(plans, sizes)]
+
+
+def _check_result(result: ShardResult) -> None:
+    if result.failed:
+        raise FailFast(result.failed)
+
+
+def _run(tasks: list[ShardTask], ctx: BuildContext, client, bar) -> list[ShardResult]:
+    items, members = [], []
+    for task in tasks:
+        members.append([] if len(task.units) == 1 else list(range(len(items), len(items) + len(task.units))))
+        if len(task.units) > 1:
+            items += [UnitTask(task.id, j, unit) for j, unit in enumerate(task.units)]
+    return run_tasks(unit_task, items, client=client, bar=bar, name=f"build-{ctx.config_hash}",
+                     check=_check_result, shared=(ctx,), then=Then(shard_task, tasks, members))
+
+
+def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], pending) -> None:
+    """Every new shard on disk with its marker before the manifest may name it: wait for the fsync
+    threads (workers, and this process for the head start), then finish any a lost worker left."""
+    flush_durable()
+    if not pending.local:
+        pending.get().run(flush_durable)
+    for task, result in zip(tasks, done):
+        if not os.path.exists(marker_path(cfg, task.id)):
+            make_durable(cfg, task, result)
+
+
+def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
+    """Delete shard files and markers a previous, larger build left behind, and unit files."""
+    import shutil
+
+    remove_unlisted_shards(cfg.out, shards)
+    done_dir = os.path.join(cfg.out, STATE_DIR, "done")
+    for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
+        if name.startswith("shard-") and int(name[6:11]) >= n_plans:
+            os.remove(os.path.join(done_dir, name))
+    shutil.rmtree(units_dir(cfg), ignore_errors=True)
+
+
+def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
+    """(shard fields, unit fields, config hash): known before any task runs."""
+    fields, config_hash = field_specs(inv, cfg), cfg.output_hash()
+    tok = None
+    if cfg.tokenizer:
+        tok = prepare_tokenizer(cfg, lambda: _Corpus(inv, reader), _corpus_key(inv))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
+    shard_fields = cache_fields(fields, inv, cfg, tok)
+    if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
+        token_spec = json.dumps(shard_fields.get(TOKENS_FIELD), sort_keys=True)
+        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}|{token_spec}".encode()).hexdigest()[:16]
+    unit_fields = cache_fields(fields, inv, cfg, None) if tok is not None and cfg.seq_len else shard_fields
+    return shard_fields, unit_fields, config_hash, tok
+
+
+@dataclass
+class _Plan:
+    """Everything decided before any shard task runs."""
+
+    cfg: BuildConfig
+    scanned: Inventory  # as listed (inputs are counted here)
+    inv: Inventory  # without --dedup's duplicates
+    dedup: object  # DedupResult or None
+    reader: SourceReader
+    fields: dict
+    unit_fields: dict
+    config_hash: str
+    tok: TokenizerInfo | None
+    plans: list[ShardPlan]
+    reused: dict[int, ShardResult]
+
+
+def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending) -> _Plan:
+    scanned = inv = _scan(cfg, pending)
+    dedup_result = None
+    if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
+        # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
+        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_seconds(records(inv), cfg.encode))
+        if execution.mode == "in-process":
+            pending.prefer_local()
+        inv, dedup_result = _dedup(inv, cfg, dcfg, pending)
+        dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
+    reader = _reader(inv)
+    fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+    plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
+    reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
+    log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
+    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
+
+
+def _build_todo(b: _Plan, pending) -> list[ShardResult]:
+    """Run the shards not reused: units and shard steps, then wait until they are all on disk."""
+    todo = [p for p in b.plans if p.id not in b.reused]
+    if not todo:
+        return []
+    ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
+                       bool(b.tok is not None and b.cfg.seq_len))
+    tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
+    with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
+                      enabled=b.cfg.progress) as bar:
+        done = _run(tasks, ctx, pending, bar)
+    _durable(b.cfg, tasks, done, pending)
+    return done
 
 
 def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
-    """Build OUT from SRC: scan, plan, run one task per shard (reusing finished ones), write the manifest.
+    """Build OUT from SRC: scan, plan, run work units and shard steps (reusing finished shards), manifest.
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
-    otherwise `cfg.dedup` does, with the options BuildConfig carries. One client serves every
-    stage; it starts only if a stage has tasks to run and the work can pay for it. One build (or
-    dedup) at a time per OUT: a second one fails with FolderLocked naming the first.
+    otherwise `cfg.dedup` does, with the options BuildConfig carries. One build (or dedup) at a
+    time per OUT: a second one fails with FolderLocked naming the first.
     """
-    from dataclasses import replace
-
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
     if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
@@ -311,44 +341,26 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
 
 def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     start = time.perf_counter()
-    scanned = _scan(cfg)
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
-    # A dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
-    execution = plan_execution(cfg.scheduler, cfg.workers,
-                               None if dcfg is None else estimate_seconds(scanned.records, cfg.encode))
-    with lazy_client(cfg.scheduler, execution.workers) as client:
-        return _run(cfg, scanned, dcfg, execution, client, start)
+    # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
+    # build) only when some shard or row file turns out to need it, and a dedup build once its
+    # dedup step knows whether the work can pay for one (tasks.plan_execution).
+    rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
+    with background_client(cfg.scheduler, cfg.workers, start=not rerun and dcfg is None) as pending:
+        b = _prepare(cfg, dcfg, pending)
+        results = list(b.reused.values()) + _build_todo(b, pending)
+    return _finish(b, results, start)
 
 
-def _run(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, execution, client,
-         start: float) -> BuildResult:
-    from dataclasses import replace
-
-    records, dedup_result = scanned.records, None
-    if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
-        records, dedup_result = _dedup(records, cfg, dcfg, client)
-        dedup_result.summary["execution"].update(execution.record())
-    kept = replace(scanned, records=records)
-    fields, config_hash = field_specs(kept, cfg), cfg.output_hash()
-    tok = prepare_tokenizer(cfg, lambda: _corpus(kept, cfg), _corpus_key(kept)) if cfg.tokenizer else None
-    fields = cache_fields(fields, kept, cfg, tok)
-    if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
-        token_spec = json.dumps(fields.get(TOKENS_FIELD), sort_keys=True)
-        config_hash = hashlib.sha256(f"{config_hash}|{tok.sha256}|{token_spec}".encode()).hexdigest()[:16]
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
-    plans = plan_shards(records, cfg)
-    reused = {p.id: r for p in plans if (r := _reusable(p, cfg, config_hash)) is not None}
-    todo = [p for p in plans if p.id not in reused]
-    log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    with progress_bar(len(plans), initial=len(reused), desc="build", unit="shard", enabled=cfg.progress) as bar:
-        results = list(reused.values()) + _run_tasks(todo, cfg, fields, config_hash, bar, client)
+def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
+    """errors.jsonl, then the manifest (last), then the summary."""
+    cfg = b.cfg
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]
-    rejections = sorted(scanned.rejections + [x for r in results for x in r.rejections],
+    rejections = sorted(b.inv.rejections + [x for r in results for x in r.rejections],
                         key=lambda r: (r.path, r.stage, r.reason))
-    _remove_stale(cfg, shards, len(plans))
+    _remove_stale(cfg, shards, len(b.plans))
+    _remove_stale_scan(b)
     atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
@@ -356,17 +368,33 @@ def _run(cfg: BuildConfig, scanned: ScanResult, dcfg: DedupConfig | None, execut
         raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
                          f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
                          "or pass --allow-empty to write an empty dataset")
-    build_record = {"config": cfg.recorded(), "hash": config_hash}
-    if dedup_result is not None:
-        build_record["dedup"] = dedup_record(dedup_result.summary, samples)
-    classes = scanned.classes if "cls" in fields else None  # packed token rows drop the labels
-    manifest = Manifest(samples=samples, fields=fields, shards=shards, classes=classes,
-                        build=build_record,
-                        errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
-                        extra={} if tok is None else {"tokenizer": dict(tok.to_dict(), stats=_sum_stats(results))})
+    build_record = {"config": cfg.recorded(), "hash": b.config_hash}
+    if b.dedup is not None:
+        build_record["dedup"] = dedup_record(b.dedup.summary, samples)
+    stats = {}
+    for r in results:
+        add_stats(stats, r.stats)
+    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=dict(sorted(stats.items())))}
+    classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
+    manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
+                        build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
+                        extra=extra)
     write_manifest(cfg.out, manifest)
-    if dedup_result is not None:
-        _finish_dedup(cfg, dedup_result, manifest, len(rejections) - len(scanned.rejections))
-    return BuildResult(cfg.out, scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
-                       sum(r.images for r in results), len(reused), sum(r.utf8_replaced for r in results),
-                       len(scanned.records) - len(records), manifest, dedup_result, scanned.notes)
+    if b.dedup is not None:
+        _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
+    return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
+                       sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
+                       b.scanned.samples - b.inv.samples, manifest, b.dedup, b.scanned.notes)
+
+
+def _remove_stale_scan(b: _Plan) -> None:
+    """Row indexes of files that changed or left SRC, and file-sample tables of earlier builds."""
+    keep = {os.path.basename(b.reader.atoms_path or "")}
+    for count in b.scanned.counts.values():
+        base = os.path.basename(count.index)
+        keep |= {base, base[:-len(".npy")] + ".json"}
+    folder = b.inv.opts.state_dir
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name not in keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))

@@ -185,11 +185,12 @@ def tmp_name(path: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb"):
+def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True):
     """Write to a temp file beside `path`; on success fsync and rename over it, else remove it.
 
     A reader therefore sees either the old file, the complete new one, or nothing: never a
-    partial file under the final name.
+    partial file under the final name. `durable=False` leaves the fsync to the caller (see
+    `fsync_path`), for a writer that must not wait on the disk.
     """
     path = str(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -198,12 +199,22 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb"):
         with open(tmp, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a written file's data to the disk (any descriptor of the file will do)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:

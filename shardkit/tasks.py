@@ -15,8 +15,22 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
-EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                           "distributed.worker.multiprocessing-method": "forkserver",
+                           # Monitoring a batch build never looks at: the workers' stack sampler
+                           # (every 10 ms), event-loop ticks (20 ms), system and memory monitors,
+                           # and work stealing (run_tasks queues at most one task per worker). Idle,
+                           # they cost 0.38 CPU-s per 5 s on two workers; 0.05 without.
+                           "distributed.worker.profile.enabled": False,
+                           "distributed.scheduler.work-stealing": False,
+                           "distributed.admin.tick.interval": "1s",
+                           "distributed.admin.system-monitor.interval": "5s",
+                           "distributed.worker.memory.monitor-interval": "1s"}
+# Imported once by the fork server, so that each worker it forks starts with them loaded.
+FORKSERVER_PRELOAD = ["distributed", "numpy", "pyarrow", "pyarrow.ipc", "pyarrow.parquet", "PIL.Image", "PIL.JpegImagePlugin",
+                      "PIL.PngImagePlugin", "shardkit.build_tasks"]
 RETRIES = 2  # a task that raised is tried this many more times (a worker may have died under it)
+IN_FLIGHT = 2  # tasks queued or running per worker thread: one running, one ready to start
 # OS errors that another try cannot fix: a full disk or quota, no permission, a read-only file system.
 FINAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --debug` lowers it
@@ -87,6 +101,11 @@ def dask_client(scheduler: str | None, workers: int | None):
     # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
     # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
     quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
+    # Workers are forked from a fork server that has imported Dask and the build's modules once
+    # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
+    # small build's fixed cost). The server starts with the environment the nanny prepares
+    # (OMP_NUM_THREADS=1, ...) and lives as long as this process.
+    _preload_forkserver()
     with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                          silence_logs=quiet) as cluster, Client(cluster) as client:
@@ -135,37 +154,102 @@ def plan_execution(scheduler: str | None, workers: int | None, work_seconds: flo
                      f"more than the {CLUSTER_START_SECONDS} s a cluster takes to start")
 
 
-class LazyClient:
-    """A Dask client started on first use, or never: a job whose stages all run in-process or are
-    all reused from an earlier run pays no cluster start. Pass it as `client=` to run_tasks."""
+def _preload_forkserver() -> None:
+    import multiprocessing
+    from multiprocessing import forkserver
 
-    def __init__(self, scheduler: str | None, workers: int | None):
-        self.scheduler, self.workers = scheduler, workers
-        self._stack, self._client, self.started = contextlib.ExitStack(), None, False
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet
+        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 
-    def get(self):
-        if not self.started:
-            self._client = self._stack.enter_context(dask_client(self.scheduler, self.workers))
-            self.started = True
-        return self._client
 
-    def close(self) -> None:
-        self._stack.close()
+class PendingClient:
+    """A Dask client started (and later closed) by a thread of its own: `start()` begins, `get()` waits
+    until it is up (starting it if need be; None when running in-process). One thread enters and
+    leaves dask_client: Dask keeps the current client in a context variable that must be reset where
+    it was set."""
+
+    def __init__(self, scheduler: str | None, workers: int | None, start: bool = True):
+        import threading
+
+        self._box, self._ready, self._done, self._lock = {}, threading.Event(), threading.Event(), threading.Lock()
+        self._local = workers == 0
+        self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
+                                        daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self._thread.is_alive() and not self._ready.is_set():
+                self._thread.start()
+
+    def _hold(self, scheduler, workers) -> None:
+        try:
+            with dask_client(scheduler, workers) as client:
+                self._box["client"] = client
+                self._ready.set()
+                self._done.wait()
+        except BaseException as e:  # noqa: BLE001 — handed to the thread that asks for the client
+            self._box.setdefault("error", e)
+        finally:
+            self._ready.set()
+
+    @property
+    def local(self) -> bool:
+        """True when the work runs in this process (workers=0): there is no cluster to wait for."""
+        return self._local
+
+    def prefer_local(self) -> None:
+        """Run in this process from now on, unless the cluster was already asked for."""
+        with self._lock:
+            if not (self._thread.is_alive() or self._ready.is_set()):
+                self._local = True
+
+    @property
+    def started(self) -> bool:
+        """Whether the cluster was asked for (it may still be starting)."""
+        return self._thread.is_alive() or self._ready.is_set()
 
     def unless_few(self, tasks: int, few: int = 4):
         """This client, or None (run in this process) for a handful of short tasks while no cluster
         is up yet: e.g. a rerun that reuses every signature file starts no cluster for its buckets."""
         return self if self.started or tasks > few else None
 
+    def get(self):
+        if self._local:
+            return None
+        self.start()
+        self._ready.wait()
+        if "client" not in self._box:
+            raise self._box["error"]
+        return self._box["client"]
+
+    def close(self) -> None:
+        self._done.set()
+        with self._lock:
+            started = self._thread.is_alive() or self._ready.is_set()
+        if started:
+            self._thread.join()
+
 
 @contextlib.contextmanager
-def lazy_client(scheduler: str | None, workers: int | None):
-    """A LazyClient, closed (with its cluster, if it started one) on exit."""
-    client = LazyClient(scheduler, workers)
+def background_client(scheduler: str | None, workers: int | None, start: bool = True):
+    """dask_client, started in the background: the caller lists inputs and plans while workers start
+    (start-up is most of a small build's fixed cost). With start=False it starts at the first get()
+    (a rerun that finds everything done needs no cluster). Yields a PendingClient; closed on exit."""
+    pending = PendingClient(scheduler, workers, start)
     try:
-        yield client
+        yield pending
     finally:
-        client.close()
+        pending.close()
+
+
+LazyClient = PendingClient  # the name the dedup engine knows it by: a client started on first use
+
+
+def lazy_client(scheduler: str | None, workers: int | None):
+    """A PendingClient started on first use (or never), closed with its cluster on exit."""
+    return background_client(scheduler, workers, start=False)
 
 
 def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
@@ -175,48 +259,216 @@ def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, init
     return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=None if enabled else True)
 
 
+@dataclass(frozen=True)
+class Then:
+    """A second step per group of items: `fn(group, [results of its items], *shared)`, run as soon as
+    that group's items are done (so it overlaps the next groups' work). `members[g]`: item indices."""
+
+    fn: Callable
+    groups: Sequence
+    members: Sequence[Sequence[int]]
+
+
 def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str = "task",
-              check: Callable | None = None, shared: tuple = ()) -> list:
+              check: Callable | None = None, shared: tuple = (), then: Then | None = None) -> list:
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
-    client None: one after another in this process. Else on Dask (a LazyClient starts its cluster
-    here, when there is a task to run), `RETRIES` retries per task for failures that may pass (a
-    worker died, a network file system hiccup), none for those that cannot (is_final: a full disk,
-    no permission, shardkit's own errors); `shared` values go to every worker once (not once per
-    task). `check(result)` may raise to stop the run (e.g. a FailFast result); the first exception
-    cancels the tasks still pending.
+    client None: one after another in this process. Else on Dask, `RETRIES` retries per task for
+    failures that may pass (a worker died, a network file system hiccup), none for those that
+    cannot (is_final: a full disk, no permission, shardkit's own errors); `shared` values go to
+    every worker once (not once per task). A PendingClient (a cluster started in the background, or
+    on first use: LazyClient) starts its cluster when there is a task to run and gets a head start:
+    items run in this process until the cluster is up. `check(result)` may raise to stop the run
+    (e.g. a FailFast result); the first exception cancels the tasks still pending. With `then`, the
+    results are those of `then.fn`, one per group, and `check` and `bar` see those.
     """
-    results: list = [None] * len(items)
-    if isinstance(client, LazyClient):
-        client = client.get() if items else None
+    if isinstance(client, PendingClient) and (client.local or not items):
+        client = None
     if client is None:
-        for i, item in enumerate(items):
-            results[i] = fn(item, *shared)
-            if check is not None:
-                check(results[i])
-            if bar is not None:
-                bar.update(1)
-        return results
-    from distributed import as_completed
+        return _run_here(fn, items, bar, check, shared, then)
+    return _Run(fn, items, then, shared, name).run(client, bar, check)
 
-    if shared:
-        shared = tuple(client.scatter(list(shared), broadcast=True))
-    stamp = f"{os.getpid()}-{time.time_ns()}"
-    task = _Task(fn)
-    futures = [client.submit(task, item, *shared, retries=RETRIES, pure=False, key=f"{name}-{i:06d}-{stamp}")
-               for i, item in enumerate(items)]
-    where = {f.key: i for i, f in enumerate(futures)}
-    try:
-        for future in as_completed(futures):
-            result = future.result()
-            if isinstance(result, _Final):
-                raise result.error
-            if check is not None:
-                check(result)
-            results[where[future.key]] = result
-            if bar is not None:
-                bar.update(1)
-    except BaseException:
-        client.cancel(futures)
-        raise
+
+class _Run:
+    """Feeds Dask in order with at most IN_FLIGHT items per worker thread queued or running, and each
+    group's `then` step right after its last item. Handing Dask everything at once let it place tasks
+    up front and run later groups' items early (work stealing), which left a large group's `then`
+    step alone at the end while the other workers idled.
+
+    With a PendingClient, a thread of this process runs steps from the front meanwhile (`head`):
+    the cluster's start-up is most of a small build's fixed cost, and it leaves a core idle."""
+
+    def __init__(self, fn, items, then, shared, name):
+        import threading
+        from collections import deque
+
+        self.fn, self.items, self.then, self.raw_shared, self.name = fn, items, then, shared, name
+        self.members = then.members if then is not None else [[i] for i in range(len(items))]
+        self.steps = deque()
+        for g, members in enumerate(self.members):
+            self.steps.extend(("item", i, g) for i in members)
+            if then is not None:
+                self.steps.append(("then", None, g))
+        self.lock, self.up, self.error = threading.Lock(), False, None
+        self.local, self.local_groups, self.futures, self.deferred, self.what = {}, {}, {}, [], {}
+        self.results, self.reported, self.busy, self.priority = [None] * len(self.members), set(), 0, 0
+
+    def head(self, check) -> None:
+        """Run steps here until the cluster is up; one finished after that wakes the main loop."""
+        while True:
+            with self.lock:
+                if self.up or not self.steps or self.error:
+                    return
+                kind, i, g = self.steps.popleft()
+            try:
+                if kind == "item":
+                    value = self.fn(self.items[i], *self.raw_shared)
+                else:
+                    value = self.then.fn(self.then.groups[g], [self.local[j] for j in self.members[g]],
+                                         *self.raw_shared)
+                if (kind == "then" or self.then is None) and check is not None:
+                    check(value)
+            except BaseException as e:  # noqa: BLE001 — raised again by the main loop
+                self.error = e
+                value = None
+            with self.lock:
+                if kind == "item":
+                    self.local[i] = value
+                if kind == "then" or self.then is None:
+                    self.local_groups[g] = value
+                if self.up:  # the main loop may be waiting on Dask alone: give it something to see
+                    future = self.submit(_wake, f"wake-{kind}-{i}-{g}")
+                    self.what[future.key] = ("wake", g, future)
+                    self.done.add(future)
+
+    def submit(self, f, key: str, *args):
+        self.priority -= 1  # earlier submissions first, also among tasks already on a worker
+        return self.client.submit(_Task(f), *args, *self.shared, retries=RETRIES, pure=False,
+                                  priority=self.priority, key=f"{self.name}-{key}-{self.stamp}")
+
+    def _then_parts(self, g):
+        """The group's item results (values computed here, or futures); None while one still runs here."""
+        parts = []
+        for i in self.members[g]:
+            if i in self.local:
+                parts.append(self.local[i])
+            elif i in self.futures:
+                parts.append(self.futures[i])
+            else:
+                return None
+        for i in self.members[g]:
+            self.futures.pop(i, None)
+        return parts
+
+    def _submit_then(self, g) -> bool:
+        if g in self.local_groups:
+            return True
+        parts = self._then_parts(g)
+        if parts is None:
+            return False
+        future = self.submit(_Then(self.then.fn), f"then-{g:06d}", self.then.groups[g], parts)
+        self.what[future.key] = ("then", g, future)
+        self.done.add(future)
+        return True
+
+    def feed(self) -> None:
+        with self.lock:
+            self.deferred = [g for g in self.deferred if not self._submit_then(g)]
+            while self.steps and (self.steps[0][0] == "then" or self.busy < self.limit):
+                kind, i, g = self.steps.popleft()
+                if kind == "then":
+                    if not self._submit_then(g):
+                        self.deferred.append(g)
+                    continue
+                future = self.futures[i] = self.submit(self.fn, f"{i:06d}", self.items[i])
+                self.what[future.key] = ("item", g, future)
+                self.done.add(future)
+                self.busy += 1
+
+    def report(self, g, value, bar, check) -> None:
+        if isinstance(value, _Final):
+            raise value.error
+        self.results[g] = value
+        self.reported.add(g)
+        if check is not None:
+            check(value)
+        if bar is not None:
+            bar.update(1)
+
+    def run(self, client, bar, check) -> list:
+        import threading
+
+        from distributed import as_completed
+
+        helper = None
+        if isinstance(client, PendingClient):
+            helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
+            helper.start()
+            client = client.get()
+        self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
+        self.done = as_completed(loop=client.loop)
+        self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
+        self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+        with self.lock:
+            self.up = True
+        try:
+            while True:
+                self.feed()
+                for future in self.done:
+                    kind, g, _ = self.what.pop(future.key)
+                    self.busy -= kind == "item"
+                    if kind == "then" or (kind == "item" and self.then is None):
+                        self.report(g, future.result(), bar, check)
+                    self._report_local(bar, check)
+                    self.feed()
+                if helper is not None and helper.is_alive():
+                    helper.join()
+                    continue
+                self._report_local(bar, check)
+                if all(g in self.reported for g in range(len(self.members))):
+                    return self.results
+                assert self.steps or self.deferred, "run_tasks: groups left without a step to run them"
+        except BaseException:
+            with self.lock:
+                self.steps.clear()
+            client.cancel([f for _, _, f in self.what.values()])
+            raise
+
+    def _report_local(self, bar, check) -> None:
+        """Results of groups the head start finished (or its error)."""
+        if self.error is not None:
+            raise self.error
+        with self.lock:
+            done_here = [g for g in self.local_groups if g not in self.reported]
+        for g in done_here:
+            self.report(g, self.local_groups[g], bar, check)
+
+
+class _Then:
+    """A group step for Dask: an item's final failure (a _Final) is the group's result, as is."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, group, parts, *shared):
+        failed = next((p for p in parts if isinstance(p, _Final)), None)
+        return failed if failed is not None else self.fn(group, parts, *shared)
+
+
+def _wake(*_shared):
+    """A no-op task: its completion tells the main loop that the head start finished a step."""
+    return None
+
+
+def _run_here(fn, items, bar, check, shared, then) -> list:
+    """run_tasks without a client: in order, in this process."""
+    groups = [(None, [i]) for i in range(len(items))] if then is None else list(zip(then.groups, then.members))
+    results = []
+    for group, members in groups:
+        parts = [fn(items[i], *shared) for i in members]
+        results.append(parts[0] if then is None else then.fn(group, parts, *shared))
+        if check is not None:
+            check(results[-1])
+        if bar is not None:
+            bar.update(1)
     return results

@@ -21,17 +21,17 @@ def run(*args):
 
 
 def test_disk_full_during_build_is_one_line_and_not_retried(raw_folder, tmp_path, monkeypatch):
-    import shardkit.executor as executor
+    import shardkit.build_tasks as build_tasks
 
     calls = []
 
     def full_disk(fmt):
-        def write(samples, root, shard_id, fields):
+        def write(table, root, shard_id, fields, durable=True):
             calls.append(shard_id)
             raise OSError(errno.ENOSPC, "No space left on device", f"{root}/shards/data-{shard_id:05d}.tar")
         return write
 
-    monkeypatch.setattr(executor, "get_writer", full_disk)
+    monkeypatch.setattr(build_tasks, "get_table_writer", full_disk)
     result = run("build", raw_folder, tmp_path / "out", "--workers", "0", "--no-progress")
     assert result.exit_code == 4
     err = one_line(result)
@@ -70,7 +70,7 @@ def test_a_bug_is_one_line_and_debug_shows_the_traceback(raw_folder, tmp_path, m
     def broken(cfg):
         raise KeyError("unexpected")
 
-    monkeypatch.setattr(executor, "plan_shards", lambda records, cfg: broken(cfg))
+    monkeypatch.setattr(executor, "plan_shards", lambda *args: broken(args))
     result = run("build", raw_folder, tmp_path / "out", "--workers", "0", "--no-progress")
     assert result.exit_code == 70 and "internal error: KeyError: 'unexpected'" in one_line(result)
     assert "--debug" in result.stderr

@@ -101,6 +101,10 @@ def _free_port() -> int:
 
 
 def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
+    """Images, jsonl and Parquet rows (with bad rows) built by `dask scheduler` + `dask worker`."""
+    from test_build_scale import hf_image_parquet
+
+    hf_image_parquet(raw_folder / "cat" / "extra.parquet", n=10, row_group_size=3, text_column="text")
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
@@ -129,7 +133,7 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
                     raise
                 time.sleep(0.5)
         assert list(trim.values()) == [None, None]  # docker/dask/shardkit.yaml took effect
-        opts = ["--image-size", "40", "--format", "both", "--max-samples-per-shard", "5", "--no-progress"]
+        opts = ["--image-size", "40", "--format", "both", "--max-samples-per-shard", "9", "--no-progress"]
         remote = subprocess.run(_shardkit("build", raw_folder, tmp_path / "remote", "--scheduler", address, *opts),
                                 capture_output=True, text=True, timeout=300)
         assert remote.returncode == 0, remote.stderr
@@ -138,6 +142,8 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
         assert local.returncode == 0, local.stderr
         a, b = tree_bytes(tmp_path / "remote"), tree_bytes(tmp_path / "local")
         assert len(a) > 5 and a == b
+        assert any(b"cat/extra/000009.jpg" in data for name, data in a.items() if name.endswith(".tar"))
+        assert b"cat/extra.parquet:5" in a["errors.jsonl"]  # the undecodable image row
     finally:
         for p in procs:
             try:

@@ -110,7 +110,7 @@ def augmented_images(samples: Iterable[Sample], *, cfg: BuildConfig, log: Reject
         data = sample.fields.pop("image", None)
         if data is not None:
             for k, blob in enumerate(variants(data, sample.key, cfg)):
-                sample.fields[variant_name(cfg.image_field, k)] = blob
+                sample.fields[variant_name(cfg.output_image_field, k)] = blob
         return sample
 
     return map_samples(samples, one, stage="image", log=log)

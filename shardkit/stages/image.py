@@ -128,15 +128,15 @@ def keep_image(data: bytes) -> bytes:
 
 
 def images(samples: Iterable[Sample], *, cfg: BuildConfig, log: RejectionLog) -> Iterator[Sample]:
-    """Stage: replace the original bytes under 'image' with the processed image under cfg.image_field
-    (`--encode keep`: the original bytes, under the input's own extension)."""
+    """Stage: replace the original bytes under 'image' with the processed image under
+    cfg.output_image_field (`--encode keep`: the original bytes, under the input's own extension)."""
 
     def one(sample: Sample) -> Sample:
         data = sample.fields.pop("image", None)
         if data is not None and cfg.encode == "keep":
             sample.fields[sample.meta["image_ext"]] = keep_image(data)
         elif data is not None:
-            sample.fields[cfg.image_field] = process_image(data, cfg)
+            sample.fields[cfg.output_image_field] = process_image(data, cfg)
         return sample
 
     return map_samples(samples, one, stage="image", log=log)

@@ -1,20 +1,35 @@
-"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS."""
+"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS.
+
+Each format has two entry points with the same bytes out: from Samples (`get_writer`) and from a
+samples table, the Arrow form build tasks hand each other (`get_table_writer`). A dataset of packed
+token rows has its own layout per format (writers/tokens.py), written from Samples.
+"""
 
 from __future__ import annotations
 
 
 def _writers():
-    from shardkit.writers.parquet import write_parquet
-    from shardkit.writers.tar import write_tar
+    from shardkit.writers.parquet import write_parquet, write_parquet_table
+    from shardkit.writers.tar import write_tar, write_tar_table
     from shardkit.writers.tokens import packed_or, write_rows_parquet, write_rows_tar
 
-    # A dataset of packed token rows has its own layout per format (writers/tokens.py).
-    return {"tar": packed_or(write_tar, write_rows_tar), "parquet": packed_or(write_parquet, write_rows_parquet)}
+    return {"tar": (packed_or(write_tar, write_rows_tar), write_tar_table),
+            "parquet": (packed_or(write_parquet, write_rows_parquet), write_parquet_table)}
 
 
-def get_writer(fmt: str):
-    """The writer function for a shard format; a bad name lists the valid ones."""
+def _lookup(fmt: str):
     writers = _writers()
     if fmt not in writers:
         raise ValueError(f"unknown shard format {fmt!r}; valid formats: {', '.join(sorted(writers))}")
     return writers[fmt]
+
+
+def get_writer(fmt: str):
+    """The writer of Samples for a shard format; a bad name lists the valid ones."""
+    return _lookup(fmt)[0]
+
+
+def get_table_writer(fmt: str):
+    """The writer of a samples table (writers.parquet.samples_table) for a shard format (not for packed
+    token rows: they are written from Samples)."""
+    return _lookup(fmt)[1]

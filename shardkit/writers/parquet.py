@@ -35,6 +35,45 @@ def _column_value(spec: dict, value):
     return value
 
 
+def samples_table(samples, fields: dict):
+    """`samples` (sorted by key) as an Arrow table: __key__, then per field (sorted) a nullable column
+    and its `<field>.xxh3` column, the checksum of every stored value (null where the value is),
+    then each sample's source (contract.source_columns).
+
+    The same columns serve Parquet shards and the build's work-unit files, so a shard assembled from
+    units holds exactly the bytes a shard written in one go would (and the units compute the sums)."""
+    import pyarrow as pa
+
+    samples = list(samples)
+    columns = {"__key__": pa.array([s.key for s in samples], pa.string())}
+    for name in sorted(fields):
+        spec = fields[name]
+        values = [_column_value(spec, s.fields.get(name)) for s in samples]
+        columns[name] = pa.array(values, arrow_type(spec))
+        columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
+    columns.update(source_columns(samples))
+    return pa.table(columns)
+
+
+def table_samples(table, fields: dict) -> list:
+    """The inverse of samples_table: Samples with the same field values (absent where null) and
+    sources (meta source_path, source_row, and source as errors.jsonl names it)."""
+    from shardkit.sample import Sample
+
+    columns = {name: table.column(name).to_pylist() for name in sorted(fields)}  # the sums are left out
+    paths, rows = table.column(SOURCE_COLUMN).to_pylist(), table.column(SOURCE_ROW_COLUMN).to_pylist()
+    out = []
+    for i, key in enumerate(table.column("__key__").to_pylist()):
+        where = paths[i] if rows[i] is None else f"{paths[i]}:{rows[i]}"
+        sample = Sample(key, meta={"source": key if paths[i] is None else where, "source_path": paths[i],
+                                   "source_row": rows[i]})
+        for name, values in columns.items():
+            if values[i] is not None:
+                sample.fields[name] = json.loads(values[i]) if fields[name]["kind"] == "json" else values[i]
+        out.append(sample)
+    return out
+
+
 def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     """Write `samples` (sorted by key) as one Parquet file; every field is a nullable column.
 
@@ -42,22 +81,19 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     (null where the value is), checked by readers on the values they read, however they read
     them. Pages carry CRCs too (the Parquet standard's), for readers that check those.
     """
-    import pyarrow as pa
+    return write_parquet_table(samples_table(samples, fields), root, shard_id, fields)
+
+
+def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: bool = True) -> ShardInfo:
+    """Write a samples_table (possibly concatenated from several) as shard `shard_id`; durable=False
+    leaves the fsync to the caller."""
     import pyarrow.parquet as pq
 
     rel = shard_relpath(shard_id, "parquet")
     names = sorted(fields)
-    samples = list(samples)
-    columns = {"__key__": pa.array([s.key for s in samples], pa.string())}
-    for name in names:
-        spec = fields[name]
-        values = [_column_value(spec, s.fields.get(name)) for s in samples]
-        columns[name] = pa.array(values, arrow_type(spec))
-        columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
-    columns.update(source_columns(samples))
-    table = pa.table(columns)
-    row_bytes = max(1, table.nbytes // max(1, len(samples)))
-    rows_per_group = max(1, min(len(samples), ROW_GROUP_BYTES // row_bytes))
+    table = table.combine_chunks()  # row groups are sized from nbytes, which counts each chunk's offsets
+    row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+    rows_per_group = max(1, min(table.num_rows, ROW_GROUP_BYTES // row_bytes))
     # Encoded media is already compressed: zstd there costs CPU on every read for nothing. Media and
     # fixed-size columns are also written PLAIN, without a dictionary, so each value's bytes lie in
     # the file as they are and readers slice them out by offset (reader/parquet_pages.py).
@@ -67,8 +103,8 @@ def write_parquet(samples, root: str, shard_id: int, fields: dict) -> ShardInfo:
     dictionary = [n for n, codec in compression.items() if codec != "none"]
     compression.update({n + CHECKSUM_SUFFIX: "none" for n in names})  # random bits: nothing to gain
     path = os.path.join(root, rel)
-    with atomic_writer(path) as out:
+    with atomic_writer(path, durable=durable) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
                        use_dictionary=dictionary, write_page_checksum=True)
-    return ShardInfo(shard_id, "parquet", rel, len(samples), os.path.getsize(path), sha256_file(path),
-                     keys=key_bounds([s.key for s in samples]))
+    return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path),
+                     keys=key_bounds(table.column("__key__")))

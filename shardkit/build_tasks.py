@@ -1,0 +1,275 @@
+"""The build's Dask tasks: work units turn samples into a samples table file; one step per shard writes
+the shard from its units' tables, in key order, and marks it done.
+
+A unit runs every per-sample stage (read, images, arrays, per-document tokens) and writes the
+table (writers.parquet.samples_table) under OUT/.shardkit/units; the shard step concatenates the
+tables and writes tar and/or Parquet with the same bytes as one task writing the whole shard, and
+runs the per-shard stage (packing tokens into rows). A shard of one unit is done in one task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from shardkit.config import BuildConfig
+from shardkit.contract import ShardInfo
+from shardkit.errors import FailFast, Rejection, RejectionLog
+from shardkit.fs import atomic_write, fsync_path, tmp_name
+from shardkit.sources.order import Piece
+from shardkit.sources.read import SourceReader
+from shardkit.stages import compose, map_samples
+from shardkit.stages.arrays import arrays
+from shardkit.stages.augment import augmented_images
+from shardkit.stages.image import images
+from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
+from shardkit.writers import get_table_writer, get_writer
+from shardkit.writers.parquet import samples_table, table_samples
+
+STATE_DIR = ".shardkit"
+TABLE_BATCH = 256  # samples turned into Arrow columns at a time
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every task of a build shares (sent to each worker once)."""
+
+    cfg: BuildConfig
+    fields: dict  # the shard fields (the manifest's)
+    unit_fields: dict  # the fields of unit tables: the same, or with txt when tokens are packed per shard
+    config_hash: str
+    reader: SourceReader
+    pack: bool  # --seq-len: documents are packed into token rows per shard, in the shard step
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One output shard to write: its id, its rerun fingerprint and its work units (pieces each)."""
+
+    id: int
+    fingerprint: str
+    units: tuple[tuple[Piece, ...], ...]
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    """One work unit: unit `index` of shard `shard`."""
+
+    shard: int
+    index: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass
+class UnitResult:
+    """What a unit hands its shard step: its table file, rejections and counters."""
+
+    rows: int
+    rejections: list[Rejection]
+    images: int = 0
+    utf8_replaced: int = 0
+    stats: dict = field(default_factory=dict)
+    failed: Rejection | None = None
+    path: str | None = None  # the unit's table file
+
+
+@dataclass
+class ShardResult:
+    """What the client gets back for one shard (and what its completion marker records)."""
+
+    id: int
+    shards: list[ShardInfo]
+    rejections: list[Rejection]
+    images: int = 0
+    utf8_replaced: int = 0
+    seconds: float = 0.0
+    skipped: bool = False  # reused from a previous build
+    failed: Rejection | None = None
+    stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
+                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
+                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ShardResult":
+        return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
+                   [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
+                   stats=d.get("stats", {}))
+
+
+def add_stats(total: dict, more: dict) -> dict:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def marker_path(cfg: BuildConfig, shard_id: int) -> str:
+    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+
+
+def units_dir(cfg: BuildConfig) -> str:
+    return os.path.join(cfg.out, STATE_DIR, "units")
+
+
+def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str) -> ShardResult | None:
+    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
+    try:
+        with open(marker_path(cfg, shard_id), encoding="utf-8") as f:
+            marker = json.load(f)
+        if marker["fingerprint"] != fingerprint:
+            return None
+        result = ShardResult.from_json(marker["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for info in result.shards:
+        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
+        for rel, size in files:
+            full = os.path.join(cfg.out, rel)
+            if not os.path.isfile(full) or os.path.getsize(full) != size:
+                return None
+    return result
+
+
+def _process(pieces, ctx: BuildContext, shard_id: int):
+    """Read and run the per-sample stages over some pieces: (UnitResult, samples table)."""
+    cfg = ctx.cfg
+    log = RejectionLog(cfg.on_error)
+    result = UnitResult(0, log.items)
+
+    def read(ref):
+        sample = ref.make()
+        result.images += "image" in sample.fields
+        result.utf8_replaced += sample.meta.get("utf8_replaced", 0)
+        return sample
+
+    stages = [lambda refs: map_samples(refs, read, stage="read", log=log, where=lambda r: r.source),
+              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
+              lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
+    if TOKENS_FIELD in ctx.fields and not ctx.pack:
+        stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
+                                         shard_id=shard_id, stats=result.stats, log=log))
+    try:
+        table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
+    except FailFast as e:
+        result.failed = e.rejection
+        return result, None
+    result.rows = table.num_rows
+    return result, table
+
+
+def _table(samples, fields: dict):
+    """The samples as a table, built TABLE_BATCH samples at a time: a task holds its output's bytes in
+    Arrow buffers, and at most one batch of samples as Python objects."""
+    import itertools
+
+    import pyarrow as pa
+
+    batches, it = [], iter(samples)
+    while chunk := list(itertools.islice(it, TABLE_BATCH)):
+        batches += samples_table(chunk, fields).to_batches()
+    return pa.Table.from_batches(batches, schema=samples_table([], fields).schema)
+
+
+def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
+    """A work unit: its samples through the per-sample stages, saved as a table file for the shard step."""
+    import pyarrow as pa
+
+    result, table = _process(unit.pieces, ctx, unit.shard)
+    if table is not None:
+        result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
+        # Temp name, then rename, but no fsync: a unit file lives for seconds and is never reused by
+        # a later build, so it need not reach the disk (fsync here cost as much as writing the shard).
+        tmp = tmp_name(result.path)
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        try:
+            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(tmp, result.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
+    return result
+
+
+def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_paths=()) -> None:
+    """fsync the shard's files, then write its marker, then drop its unit files: a marker always names
+    shards on disk, and a retried shard step finds either the marker or its units."""
+    for info in result.shards:
+        fsync_path(os.path.join(cfg.out, info.path))
+        if info.index:
+            fsync_path(os.path.join(cfg.out, info.index["path"]))
+    marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
+    atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
+    for path in unit_paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+_SYNC: dict = {}  # this process's fsync thread and the shards handed to it
+
+
+def _in_background(fn, *args) -> None:
+    """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if "pool" not in _SYNC:
+        _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
+    _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
+
+
+def flush_durable() -> int:
+    """Wait until every shard this process wrote is on disk with its marker (raises the first failure).
+    Run in every worker (and here) before the manifest names any shard."""
+    jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
+    for job in jobs:
+        job.result()
+    return len(jobs)
+
+
+def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:
+    cfg, stats, log = ctx.cfg, {}, RejectionLog(ctx.cfg.on_error)
+    for part in parts:
+        add_stats(stats, part.stats)
+    formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
+    if ctx.pack:  # a per-shard stage: the shard's documents packed into token rows (writers/tokens.py)
+        try:
+            samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD],
+                                    root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log))
+        except FailFast as e:
+            return ShardResult(shard.id, [], [r for p in parts for r in p.rejections] + log.items, failed=e.rejection)
+        infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
+    else:
+        infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
+            if len(table) else []
+    result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
+                         sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
+                         time.perf_counter() - start, stats=stats)
+    _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])
+    return result
+
+
+def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> ShardResult:
+    """The shard step: write the shard from its units' tables (or, for a one-unit shard, do the unit here).
+    The shard's fsync, marker and unit-file cleanup run behind the next tasks (see flush_durable)."""
+    import pyarrow as pa
+
+    start = time.perf_counter()
+    if not parts:
+        part, table = _process(shard.units[0], ctx, shard.id)
+        if part.failed:
+            return ShardResult(shard.id, [], part.rejections, failed=part.failed)
+        return _write(shard, table, [part], ctx, start)
+    failed = next((p for p in parts if p.failed), None)
+    if failed is not None:
+        return ShardResult(shard.id, [], [r for p in parts for r in p.rejections], failed=failed.failed)
+    done = reusable(ctx.cfg, shard.id, shard.fingerprint)
+    if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
+        return done
+    tables = [pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    return _write(shard, pa.concat_tables(tables), parts, ctx, start)

@@ -1,0 +1,114 @@
+"""Reading samples for a task: pieces of the inventory → RowRefs that make Samples (errors name the source).
+
+A SourceReader is what a build task receives once (scattered): the scan options, the row files with
+their counts and labels, and the path of the sorted file-sample table saved under OUT/.shardkit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+from shardkit.sources import walk as W
+from shardkit.sources.order import ATOMS, Piece
+from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index
+from shardkit.sources.rows import jsonl_rows
+
+ATOMS_NAME = "samples-{}.arrow"
+
+
+@lru_cache(maxsize=2)
+def _atoms(path: str):
+    """The sorted file-sample table, memory-mapped once per worker process."""
+    import pyarrow as pa
+
+    return pa.ipc.open_file(pa.memory_map(path)).read_all()
+
+
+def save_atoms(table, labels, state_dir: str, digest: str) -> str | None:
+    """Write the sorted file samples (key, files, row file, row, label) for tasks to read by position."""
+    import pyarrow as pa
+
+    from shardkit.fs import atomic_writer
+
+    if not len(table):
+        return None
+    path = os.path.join(state_dir, ATOMS_NAME.format(digest))
+    if os.path.exists(path):
+        return path
+    out = table.select(["key", "files", "row_file", "row"]).append_column("label", pa.array(labels))
+    with atomic_writer(path) as f, pa.ipc.new_file(f, out.schema) as writer:
+        writer.write_table(out)
+    return path
+
+
+@dataclass(frozen=True)
+class SourceReader:
+    """Turns pieces into RowRefs in key order (picklable, sent to every worker once)."""
+
+    opts: ScanOptions
+    row_files: tuple[W.RowFile, ...]
+    counts: dict[int, RowCount]
+    row_labels: dict[int, int]
+    label_index: dict | int | None
+    atoms_path: str | None
+
+    def refs(self, pieces: list[Piece]):
+        for piece in pieces:
+            if piece.source == ATOMS:
+                yield from self._atom_refs(piece.start, piece.stop)
+            else:
+                yield from self._row_refs(piece.source, piece.start, piece.stop, None, None)
+
+    def _converter(self, rid: int):
+        from shardkit.sources.parquet import RowConverter
+
+        return RowConverter(self.opts, self.counts[rid].parquet, self.label_index, self.row_files[rid].rel)
+
+    def _row_refs(self, rid: int, start: int, stop: int, keys, labels):
+        """Rows of a row file; the folder label (or the given per-row labels) becomes field cls."""
+        rf, count = self.row_files[rid], self.counts[rid]
+        try:  # read now: a file that vanished or changed since it was counted rejects its rows
+            if rf.kind == "jsonl":
+                refs = list(jsonl_rows(self.opts, rf, count, start, stop, keys))
+            else:
+                from shardkit.sources.parquet import parquet_rows
+
+                refs = list(parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys))
+        except (OSError, ValueError) as e:
+            reason = f"unreadable: {getattr(e, 'strerror', None) or e} (it changed while the build ran?)"
+            refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in load_index(count)["number"][start:stop].tolist()]
+        for i, ref in enumerate(refs):
+            label = self.row_labels.get(rid, -1) if labels is None else labels[i]
+            yield ref if label < 0 else RowRef(ref.source, _labelled(ref.make, label))
+
+    def _atom_refs(self, start: int, stop: int):
+        from shardkit.sources import InputRecord, read_record
+
+        rows = _atoms(self.atoms_path).slice(start, stop - start).to_pylist()
+        i = 0
+        while i < len(rows):
+            row = rows[i]
+            if row["row_file"] < 0:
+                label = row["label"] if row["label"] >= 0 else None
+                rec = InputRecord(row["key"], tuple(row["files"]), label, 0)
+                yield RowRef(rec.source, lambda rec=rec: read_record(self.opts.root, rec, self.opts.text_field))
+                i += 1
+                continue
+            j = i + 1  # consecutive rows of one exploded row file are read together
+            while (j < len(rows) and rows[j]["row_file"] == row["row_file"]
+                   and rows[j]["row"] == rows[j - 1]["row"] + 1):
+                j += 1
+            yield from self._row_refs(row["row_file"], row["row"], rows[j - 1]["row"] + 1,
+                                      [r["key"] for r in rows[i:j]], [r["label"] for r in rows[i:j]])
+            i = j
+
+
+def _labelled(make, label: int):
+    def run():
+        sample = make()
+        sample.fields["cls"] = label
+        return sample
+
+    return run

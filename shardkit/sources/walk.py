@@ -1,0 +1,225 @@
+"""Listing SRC: files grouped by stem become file samples held as Arrow columns; row files are set apart.
+
+The listing is the one part of a build that is O(files) in the client: each file sample costs about
+100 bytes of Arrow columns (key, paths, sizes, a stamp digest), never a Python object per file once
+its folder is listed. Row files (.jsonl, .parquet) are one entry each; their rows are counted on
+the cluster (sources.rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+from shardkit.errors import Rejection
+from shardkit.sample import make_key
+
+IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+TEXT_EXTS = frozenset({".txt", ".md"})
+JSON_EXTS = frozenset({".json"})
+JSONL_EXTS = frozenset({".jsonl"})
+PARQUET_EXTS = frozenset({".parquet"})
+ARRAY_EXTS = frozenset({".npy"})  # float arrays (embeddings, features): field 'array'
+ROW_EXTS = JSONL_EXTS | PARQUET_EXTS  # one sample per line / row
+KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | ROW_EXTS | ARRAY_EXTS
+
+# Bits of the `kinds` column: which fields a file sample brings.
+IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
+KIND_NAMES = {IMAGE: "image", TXT: "txt", JSON: "json", ARRAY: "array"}
+FLUSH_ROWS = 65536  # file samples per Arrow batch: bounds the Python objects alive while listing
+
+
+@dataclass
+class RowFile:
+    """One .jsonl or .parquet file: a run of samples whose keys are `{stem_key}/{number}`."""
+
+    id: int
+    rel: str
+    kind: str  # "jsonl" or "parquet"
+    size: int
+    mtime_ns: int
+    stem_key: str
+    top: str | None  # first folder of the path: the label under folder labelling
+
+    def stamp(self) -> str:
+        return f"{self.rel}|{self.size}|{self.mtime_ns}"
+
+
+@dataclass
+class Listing:
+    """What walking SRC found: file samples (Arrow table, unsorted), row files, and what was passed over."""
+
+    files: object  # pyarrow.Table, see SCHEMA
+    row_files: list[RowFile]
+    rejections: list[Rejection] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
+    tops: set[str] = field(default_factory=set)  # first-level folders holding files of samples
+    images: int = 0  # image files seen
+    top_images: int = 0  # … of them directly in SRC (not in a class folder)
+    image_exts: set[str] = field(default_factory=set)  # extensions of the file samples' images ('jpg', …)
+
+
+def schema():
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.string()), ("files", pa.list_(pa.string())), ("top", pa.string()),
+                      ("size", pa.int64()), ("kinds", pa.int8()), ("stamp", pa.int64()),
+                      ("row_file", pa.int32()), ("row", pa.int64())])
+
+
+def stamp_digest(text: str) -> int:
+    """A 64-bit digest of a sample's identity and file stats: its part of a shard's rerun fingerprint."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+def _kind_bit(ext: str) -> int:
+    return IMAGE if ext in IMAGE_EXTS else TXT if ext in TEXT_EXTS else ARRAY if ext in ARRAY_EXTS else JSON
+
+
+def top_folder(rel: str) -> str | None:
+    return rel.split("/", 1)[0] if "/" in rel else None
+
+
+class _Columns:
+    """Column lists flushed into Arrow batches every FLUSH_ROWS rows."""
+
+    def __init__(self):
+        self.batches, self.cols = [], {name: [] for name in schema().names}
+
+    def add(self, **row) -> None:
+        for name, col in self.cols.items():
+            col.append(row.get(name, -1))
+        if len(self.cols["key"]) >= FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.cols["key"]:
+            self.batches.append(pa.record_batch(list(self.cols.values()), schema=schema()))
+            self.cols = {name: [] for name in self.cols}
+
+    def table(self):
+        import pyarrow as pa
+
+        self.flush()
+        return pa.Table.from_batches(self.batches, schema=schema())
+
+
+def not_input(folder: str, out: str | None) -> str | None:
+    """Why `folder` (below SRC) holds no input, or None: it is OUT, or a shardkit dataset. Reading
+    either would feed a build's output back into the next build."""
+    if out is not None and os.path.realpath(folder) == os.path.realpath(out):
+        return "the build's output folder (OUT): not read"
+    if os.path.isdir(os.path.join(folder, ".shardkit")) or (
+            os.path.isfile(os.path.join(folder, "manifest.json")) and os.path.isdir(os.path.join(folder, "shards"))):
+        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+    return None
+
+
+def labels_on(setting: bool | None, subfolders: set[str], images: int, top_images: int) -> bool:
+    """--labels/--no-labels, else whether SRC has class subfolders: two or more first-level subfolders
+    hold samples, or one holds every image (an image folder of one class). A text corpus kept in
+    one folder (corpus/docs/*.txt) gets no labels."""
+    if setting is not None:
+        return setting
+    if len(subfolders) >= 2:
+        return True
+    return len(subfolders) == 1 and images > 0 and top_images == 0
+
+
+def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs: list[str], out: str | None):
+    """(relpath, stat) of the regular files of one folder, sorted; subfolders to visit go to `subdirs`."""
+    rejections = listing.rejections
+    full_dir = os.path.join(root, rel_dir) if rel_dir else root
+    try:
+        entries = sorted(os.scandir(full_dir), key=lambda e: e.name)
+    except OSError as e:
+        rejections.append(Rejection(rel_dir + "/", "source", f"unreadable folder: {e.strerror or e}"))
+        return []
+    files = []
+    for entry in entries:
+        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        if entry.is_dir():  # follows symlinks, as os.walk lists them
+            if entry.name.startswith("."):
+                rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
+            elif entry.is_symlink():
+                rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
+            elif reason := not_input(entry.path, out):
+                rejections.append(Rejection(rel + "/", "source", reason))
+            else:
+                if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
+                    listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
+                subdirs.append(rel)
+            continue
+        if entry.name.startswith("."):
+            rejections.append(Rejection(rel, "source", "hidden file: not read"))
+            continue
+        if entry.is_symlink():
+            target = os.path.realpath(entry.path)
+            if os.path.commonpath([real_root, target]) != real_root:
+                rejections.append(Rejection(rel, "source", "symlink leaves the source folder: not followed"))
+                continue
+        try:
+            files.append((rel, entry.stat()))
+        except OSError as e:
+            rejections.append(Rejection(rel, "source", f"unreadable: {e.strerror or e}"))
+    return files
+
+
+def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
+    """One stem's files → one file sample (image first, then text, then the rest), or rejections."""
+    exts = [e for _, e, _ in files]
+    n_img, n_txt, n_arr = (sum(e in s for e in exts) for s in (IMAGE_EXTS, TEXT_EXTS, ARRAY_EXTS))
+    if n_img > 1 or n_txt > 1 or n_arr > 1:
+        what = "images" if n_img > 1 else "text files" if n_txt > 1 else "arrays"
+        for rel, _, _ in files:
+            listing.rejections.append(Rejection(rel, "source",
+                                                f"ambiguous sample: several {what} share the stem {stem!r}"))
+        return
+    listing.image_exts |= {e[1:] for e in exts if e in IMAGE_EXTS}
+    # The image (or the text) leads: its path is the sample's source in reports.
+    files.sort(key=lambda t: (t[1] not in IMAGE_EXTS, t[1] not in TEXT_EXTS, t[0]))
+    key, rels = make_key(stem), [r for r, _, _ in files]
+    stamps = tuple((st.st_size, st.st_mtime_ns) for _, _, st in files)
+    kinds = 0
+    for e in exts:
+        kinds |= _kind_bit(e)
+    cols.add(key=key, files=rels, top=top_folder(rels[0]), size=sum(st.st_size for _, _, st in files),
+             kinds=kinds, stamp=stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
+
+
+def walk(root: str, out: str | None = None) -> Listing:
+    """List SRC: file samples (unsorted Arrow table), row files, rejections. OUT, when inside SRC, and
+    shardkit datasets below SRC are left out (counted rejections)."""
+    real_root = os.path.realpath(root)
+    listing = Listing(None, [])
+    cols, todo = _Columns(), [""]
+    while todo:
+        rel_dir = todo.pop()
+        subdirs: list[str] = []
+        groups: dict[str, list] = {}
+        for rel, st in _entries(root, rel_dir, real_root, listing, subdirs, out):
+            stem, ext = os.path.splitext(rel)
+            ext = ext.lower()
+            if ext not in KNOWN_EXTS:
+                listing.rejections.append(Rejection(rel, "source", f"unsupported extension: {ext or '(none)'!r}"))
+                continue
+            if rel_dir:
+                listing.tops.add(rel.split("/", 1)[0])
+            if ext in ROW_EXTS:
+                listing.row_files.append(RowFile(len(listing.row_files), rel, "jsonl" if ext in JSONL_EXTS
+                                                 else "parquet", st.st_size, st.st_mtime_ns, make_key(stem),
+                                                 top_folder(rel)))
+                continue
+            if ext in IMAGE_EXTS:
+                listing.images += 1
+                listing.top_images += not rel_dir
+            groups.setdefault(stem, []).append((rel, ext, st))
+        for stem in sorted(groups):
+            _group(stem, groups[stem], cols, listing)
+        todo.extend(reversed(subdirs))
+    listing.files = cols.table()
+    return listing
