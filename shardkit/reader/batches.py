@@ -188,6 +188,11 @@ class BatchReader:
             self.close(next(iter(self._readers)))
         return self._readers[s][0]
 
+    def shard_keys(self, s: int) -> list[str]:
+        """The sorted keys of shard s (the tar index's key column, the Parquet shard's), opened as a
+        batch would open it: through the shard cache, its checks made."""
+        return _guard(s, lambda: self._reader(s).keys)
+
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
         p = int(self.shards.part(s))

@@ -14,11 +14,9 @@ from shardkit.manifest import load_manifest
 from shardkit.reader.base import GROUP_ROWS, EpochDataset  # noqa: F401  (GROUP_ROWS: where it always was)
 from shardkit.reader.batches import BatchReader
 from shardkit.reader.partition import EpochPlan, Plan, rank_size
+from shardkit.reader.lookup import MISSING, Lookup
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
-
-
-MISSING = object()  # get(key) without a default: a missing key raises
 
 
 class StreamingDataset(EpochDataset):
@@ -97,18 +95,20 @@ class StreamingDataset(EpochDataset):
     def lookup(self):
         """Random access (shardkit.reader.lookup.Lookup): made on first use."""
         if self._lookup is None:
-            from shardkit.reader.lookup import Lookup
-
             self._lookup = Lookup(self)
         return self._lookup
 
     def __getitem__(self, index: int) -> dict:
-        """Sample `index` of the dataset (0 .. samples-1, in shard order), decoded as streaming yields it."""
+        """Sample `index` of the dataset (0 .. samples-1 in manifest order, i.e. key order; negative
+        counts from the end), decoded and checked as streaming yields it; IndexOutOfRange (an
+        IndexError) outside. Augmented fields show their epoch-0 variant."""
         return self.lookup.sample(self.lookup.check_index(index))
 
     def get(self, key: str, default=MISSING):
         """The sample whose `__key__` is `key`, decoded as streaming yields it; a missing key raises
-        KeyError (shardkit.reader.lookup.SampleNotFound), or returns `default` when one is given."""
+        SampleNotFound (a KeyError), or returns `default` when one is given. The shard is found from
+        the key bounds in the manifest; a dataset built before they were recorded is scanned shard by
+        shard instead (slower: rebuild it to record them)."""
         return self.lookup.get(key, default)
 
     def __getstate__(self):
