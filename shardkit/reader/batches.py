@@ -193,6 +193,12 @@ class BatchReader:
         batch would open it: through the shard cache, its checks made."""
         return _guard(s, lambda: self._reader(s).keys)
 
+    def stored(self, s: int, field: str, row: int):
+        """The stored value of `field` at `row` of shard s (encoded bytes, int, str, dict; None where
+        the sample lacks it), checksum-checked, undecoded."""
+        reader = self._reader(s)
+        return _guard(s, lambda: reader.values(field, [row])[0]) if reader.has(field) else None
+
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
         p = int(self.shards.part(s))

@@ -17,6 +17,7 @@ import numpy as np
 from shardkit.errors import ConfigError, IndexOutOfRange, SampleNotFound, ShardError
 from shardkit.reader import decode
 from shardkit.reader.base import length
+from shardkit.reader.partition import locate
 
 LOOKUP_EPOCH = 0  # an augmented field shows its epoch-0 variant, as the first epoch streams it
 
@@ -65,6 +66,12 @@ class Lookup:
         sample = decode.unbatch(batch, 0)
         return self.ds.transform(sample) if self.ds.transform else sample
 
+    def stored(self, i: int, field: str):
+        """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
+        s, rows = locate(np.array([i], np.int64), self.ds.reader.offsets)
+        value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
+        return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
+
     def get(self, key: str, default=MISSING):
         """The sample whose key is `key`; `default` (when given) if there is none, else SampleNotFound."""
         i = self.index_of(key)
@@ -72,7 +79,11 @@ class Lookup:
             return self.sample(i)
         if default is not MISSING:
             return default
-        raise SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} ({self.total} samples); keys "
+        raise self.not_found(key)
+
+    def not_found(self, key: str) -> SampleNotFound:
+        """The error for a key the dataset does not hold."""
+        return SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} ({self.total} samples); keys "
                              "are case-sensitive and have no field suffix (e.g. 'class0/img1', not "
                              "'class0/img1.jpg'); `shardkit show DATASET '#0'` prints the first sample's key")
 
