@@ -16,8 +16,18 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
+
+
+def timed(ds, how: str, picks: list[int], keys: list[str]) -> float:
+    """Lookups/s of ds[i] (how="index") or ds.get(key) over the samples `picks`."""
+    todo = picks if how == "index" else [keys[i] for i in picks]
+    t0 = time.perf_counter()
+    for x in todo:
+        sample = ds[x] if how == "index" else ds.get(x)
+    rate = len(todo) / (time.perf_counter() - t0)
+    assert sample["__key__"] == keys[picks[-1]]
+    return rate
 
 
 def main(argv=None) -> int:
@@ -31,13 +41,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import numpy as np
-    from loader_bench import _existing, prepare
+    from mix_bench import prepared
 
     from shardkit import StreamingDataset
 
-    work = args.work or os.path.join(tempfile.gettempdir(), f"shardkit-mix-bench-{args.n}")
-    if _existing(os.path.join(work, "raw")) != args.n:
-        prepare(work, args.n)
+    work = prepared(args.work, args.n)
     datasets = {f"{kind} {fmt}": StreamingDataset(os.path.join(work, kind), format=fmt)
                 for kind in ("raw", "jpeg") for fmt in ("tar", "parquet")}
     keys = [s["__key__"] for s in StreamingDataset(os.path.join(work, "raw"), fields=["cls"], shuffle=False)]
@@ -52,15 +60,9 @@ def main(argv=None) -> int:
     results = {name: [] for name in variants}
     for r in range(args.rounds):
         picks = rng.integers(0, args.n, args.lookups).tolist()
-        names = list(variants)[r % len(variants):] + list(variants)[:r % len(variants)]
+        names = list(variants)[r % len(variants):] + list(variants)[:r % len(variants)]  # rotate the first
         for name in names:
-            ds, how = variants[name]
-            todo = picks if how == "index" else [keys[i] for i in picks]
-            t0 = time.perf_counter()
-            for x in todo:
-                sample = ds[x] if how == "index" else ds.get(x)
-            results[name].append(len(todo) / (time.perf_counter() - t0))
-            assert sample["__key__"] == keys[picks[-1]]
+            results[name].append(timed(*variants[name], picks, keys))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     print(f"\n{args.n} images at 224^2, shards of 500, one process, uniformly random lookups; median of "
           f"{args.rounds} rounds of {args.lookups}")

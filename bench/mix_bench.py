@@ -73,6 +73,17 @@ def split_sources(root: str, out: str) -> list[str]:
     return roots
 
 
+def prepared(work: str | None, n: int) -> str:
+    """The data folder (default $TMPDIR/shardkit-mix-bench-N) with n images prepared by loader_bench."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from loader_bench import _existing, prepare
+
+    work = work or os.path.join(tempfile.gettempdir(), f"shardkit-mix-bench-{n}")
+    if _existing(os.path.join(work, "raw")) != n:
+        prepare(work, n)
+    return work
+
+
 def run(kind: str, roots: list[str], seconds: float) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, kind, json.dumps(roots), str(seconds)],
                          check=True, capture_output=True, text=True)
@@ -86,12 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="minimum timed seconds per variant per round")
     p.add_argument("--work", default=None, help="data folder (default: $TMPDIR/shardkit-mix-bench-N)")
     args = p.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from loader_bench import _existing, prepare
-
-    work = args.work or os.path.join(tempfile.gettempdir(), f"shardkit-mix-bench-{args.n}")
-    if _existing(os.path.join(work, "raw")) != args.n:
-        prepare(work, args.n)
+    work = prepared(args.work, args.n)
     data = {kind: os.path.join(work, kind) for kind in ("raw", "jpeg")}
     variants = {}
     for kind, root in data.items():

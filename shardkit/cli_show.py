@@ -66,7 +66,8 @@ def describe(value, full: bool = False) -> str:
         flat = value.reshape(-1)
         shown = ", ".join(f"{v:g}" if flat.dtype.kind == "f" else str(v) for v in flat[:PREVIEW].tolist())
         stats = f" min {flat.min():g} max {flat.max():g}" if flat.size and flat.dtype.kind in "uif" else ""
-        return f"array shape {tuple(value.shape)} {value.dtype}{stats} [{shown}{', …' if flat.size > PREVIEW else ''}]"
+        more = ", …" if flat.size > PREVIEW else ""
+        return f"array shape {tuple(value.shape)} {value.dtype}{stats} [{shown}{more}]"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return f"{len(value)} bytes"
     if isinstance(value, str):

@@ -172,13 +172,10 @@ class ShardTable:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        n = len(self.rows)
         if "first_key" not in self.columns:
-            return np.full(n, None, dtype=object), np.full(n, None, dtype=object)
+            return np.full(len(self.rows), None, dtype=object), np.full(len(self.rows), None, dtype=object)
         cols = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["first_key", "last_key"], use_threads=False)
-        first = np.asarray(cols.column(0).to_pylist(), dtype=object)
-        last = np.asarray(cols.column(1).to_pylist(), dtype=object)
-        return first[self.rows], last[self.rows]
+        return tuple(np.asarray(c.to_pylist(), dtype=object)[self.rows] for c in cols.columns)
 
     def __iter__(self):
         for i in range(len(self)):

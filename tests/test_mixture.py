@@ -303,3 +303,21 @@ def test_remote_and_local_sources_mix(small, tmp_path):
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_proportions_count_whole_batches_and_runs_across_epochs(small):
+    mix = Mixture({"a": (small["a"], 0.25), "c": (small["c"], 0.75)}, mixing="batch", batch_size=8, samples=160, seed=1)
+    loader = make_loader(mix, batch_size=8, num_workers=0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    part = loader.proportions()  # mid-epoch: what the first 4 batches held, one source each
+    assert sum(v["samples"] for v in part.values()) == 32
+    assert all(v["observed"] == v["target"] for v in part.values())
+    for _ in it:
+        pass
+    for _ in loader:  # a second epoch
+        pass
+    report = loader.proportions()
+    assert {k: v["samples"] for k, v in report.items()} == {"a": 80, "c": 240}
+    assert report["a"]["observed"] == report["a"]["target"] == 0.25
