@@ -7,7 +7,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 from shardkit._version import __version__
-from shardkit.contract import ShardInfo
+from shardkit.contract import FIELD_KINDS, ShardInfo
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.fs import RemoteError, atomic_write, join, read_bytes, sha256_bytes
 
@@ -296,6 +296,7 @@ class Manifest:
             known = {"format", "version", "created_by", "samples", "fields", "shards", "shard_table", "classes",
                      "build", "errors"}
             check_counts(d["samples"], shards, where)
+            check_fields(d["fields"], where)
             return cls(samples=int(d["samples"]), fields=dict(d["fields"]), shards=shards,
                        classes=d.get("classes"), build=d.get("build", {}),
                        errors=d.get("errors", {"count": 0, "by_reason": {}}),
@@ -362,6 +363,30 @@ def check_counts(samples, shards: ShardTable, where: str = "manifest") -> None:
         if total != samples:
             raise ManifestError(f"{where}: its {fmt} shards hold {total} samples in all but it says samples={samples}: "
                                 "the manifest is damaged, rebuild the dataset (`shardkit verify` checks each shard)")
+
+
+def check_fields(fields, where: str = "manifest") -> None:
+    """Field specs a reader can trust: a known kind each, and a shape of positive ints and a numpy
+    dtype where given. manifest.json has no checksum of its own, and a damaged spec would change
+    how values decode (a raw image read as plain bytes) instead of failing."""
+    import numpy as np
+
+    if not isinstance(fields, dict):
+        raise ManifestError(f"{where}: fields is {type(fields).__name__}, expected an object of field specs: "
+                            "the manifest is damaged, rebuild the dataset")
+    for name, spec in fields.items():
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        problem = None if kind in FIELD_KINDS else f"kind {kind!r}; expected one of {', '.join(FIELD_KINDS)}"
+        shape = spec.get("shape") if problem is None else None
+        if shape is not None and not (isinstance(shape, list) and all(_count(v) and v > 0 for v in shape)):
+            problem = f"shape {shape!r}; expected a list of positive integers"
+        if problem is None and spec.get("dtype") is not None:
+            try:
+                np.dtype(spec["dtype"])
+            except TypeError:
+                problem = f"dtype {spec['dtype']!r}; expected a numpy dtype name"
+        if problem is not None:
+            raise ManifestError(f"{where}: field {name!r} has {problem}: the manifest is damaged, rebuild the dataset")
 
 
 def manifest_url(root: str) -> str:

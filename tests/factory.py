@@ -95,7 +95,7 @@ def keys_of(batches) -> list[str]:
     return [k for b in batches for k in b["__key__"]]
 
 
-def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, **options):
+def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, drop_last=False, **options):
     """(StreamingDataset, make_loader) over raw+cls as rank `rank` of `world`; shuffle blocks of 16."""
     from shardkit.loader import make_loader
     from shardkit.reader.dataset import StreamingDataset
@@ -105,5 +105,5 @@ def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, **options
     options.setdefault("shuffle_buffer", 16)
     context = options.pop("multiprocessing_context", None)
     ds = StreamingDataset(root, fields=["raw", "cls"], **options)
-    return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2,
+    return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2, drop_last=drop_last,
                            multiprocessing_context=context)

@@ -91,6 +91,91 @@ def test_opt_out_reads_without_checking(tmp_path):
     assert got[KEY].permute(1, 2, 0).numpy().tobytes() != expected[KEY].fields["raw"]  # wrong, unchecked
 
 
+def spoil_tar_member(root, key: str, field: str) -> None:
+    """Set the first byte of member `key.field` to 0xff: neither UTF-8, JSON nor an int."""
+    for shard in load_manifest(root).shards_of("tar"):
+        for row in pq.read_table(os.path.join(root, shard.index["path"])).to_pylist():
+            if row["__key__"] == key:
+                with open(os.path.join(root, shard.path), "r+b") as f:
+                    f.seek(row[f"{field}.offset"])
+                    f.write(b"\xff")
+                return
+    raise AssertionError(f"{key} not found")
+
+
+def spoil_parquet_text(root, key: str, field: str) -> None:
+    """Rewrite the Parquet shard holding `key` with bytes that are not UTF-8 in its `field` value
+    (the checksum column kept), and the manifest's size and sha256 to match."""
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    for shard in m["shards"]:
+        path = os.path.join(root, shard["path"])
+        if shard["format"] != "parquet" or key not in pq.read_table(path, columns=["__key__"])[0].to_pylist():
+            continue
+        t = pq.read_table(path)
+        values = [b"\xff" + v.encode() if k == key else v.encode() for k, v in zip(t["__key__"].to_pylist(),
+                                                                                  t[field].to_pylist())]
+        t = t.set_column(t.schema.get_field_index(field), field, pa.array(values, pa.binary()).view(pa.string()))
+        pq.write_table(t, path)
+        shard["bytes"], shard["sha256"] = os.path.getsize(path), sha256_file(path)
+    json.dump(m, open(os.path.join(root, "manifest.json"), "w"))
+
+
+@pytest.mark.parametrize("fmt,field", [("tar", "txt"), ("tar", "json"), ("tar", "cls"), ("parquet", "txt"),
+                                       ("parquet", "json")])
+def test_bytes_that_do_not_parse_are_a_checksum_mismatch(tmp_path, fmt, field):
+    """A damaged text, JSON or int value is checked before it is parsed: a ChecksumMismatch (or a
+    counted skip), never a UnicodeDecodeError out of the reader."""
+    root, expected = make_dataset(tmp_path / "d", 40, fmt=fmt, fields=("cls", "txt", "json"))
+    (spoil_tar_member if fmt == "tar" else spoil_parquet_text)(root, KEY, field)
+    with pytest.raises(ShardError, match=rf"field '{field}' of 1 sample\(s\) \('{KEY}'\) differs from the checksum"):
+        read_all(root, fmt)
+    ds, batches = read_all(root, fmt, on_error="skip")
+    assert sorted(k for b in batches for k in b["__key__"]) == sorted(set(expected) - {KEY})
+    assert ds.skipped_samples == 1
+    # Unchecked, the bytes still never reach a batch as a value: an error naming the sample.
+    with pytest.raises(ShardError, match=rf"field '{field}' of sample '{KEY}' is not valid"):
+        read_all(root, fmt, checksums=False)
+
+
+@pytest.mark.parametrize("column", ["__key__", "txt"])
+def test_a_string_column_stored_as_binary_is_refused(tmp_path, column):
+    """One flipped byte in a Parquet footer can drop a column's string annotation: its values would
+    pass their checksums and reach the batch as bytes instead of str."""
+    root, _ = make_dataset(tmp_path / "d", 12, shards=1, fmt="parquet", fields=("cls", "txt"))
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    path = os.path.join(root, m["shards"][0]["path"])
+    t = pq.read_table(path)
+    t = t.set_column(t.schema.get_field_index(column), column, t[column].cast(pa.binary()))
+    pq.write_table(t, path)
+    m["shards"][0].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
+    json.dump(m, open(os.path.join(root, "manifest.json"), "w"))
+    with pytest.raises(ShardError, match=rf"column '{column}' has Arrow type binary, expected string: the shard's "
+                                         "footer is corrupt"):
+        read_all(root, "parquet")
+
+
+@pytest.mark.parametrize("damage", ["offset", "name"])
+def test_a_damaged_tar_index_is_refused(tmp_path, damage):
+    """A flipped byte in the index sidecar can make an offset negative (read as 'sample lacks the
+    field') or rename a column (the whole field absent): the values would silently be None."""
+    root, _ = make_dataset(tmp_path / "d", 12, shards=1, fields=("cls", "txt"))
+    path = os.path.join(root, load_manifest(root).shards_of("tar")[0].index["path"])
+    t = pq.read_table(path)
+    if damage == "offset":
+        offsets = t["txt.offset"].to_pylist()
+        offsets[5] = -2089670227099851776
+        t = t.set_column(t.schema.get_field_index("txt.offset"), "txt.offset", pa.array(offsets, pa.int64()))
+    else:
+        t = t.rename_columns([n.replace("txt.offset", "txu.offset") for n in t.column_names])
+    pq.write_table(t, path)
+    with pytest.raises(ShardError, match=r"the index of shard .*data-00000.tar \(shards/data-00000.tar.idx.parquet, "
+                                         r"\d+ bytes\) does not match the manifest's sha256"):
+        read_all(root, "tar")
+    if damage == "offset":  # unchecked, the value is silently gone: what the check prevents
+        _, batches = read_all(root, "tar", checksums=False)
+        assert None in [t for b in batches for t in b["txt"]]
+
+
 def test_read_shard_samples_checks_too(tmp_path):
     root, _ = make_dataset(tmp_path / "d", 40, fields=("raw", "txt"))
     flip_tar_member(root, KEY, "txt")

@@ -86,6 +86,19 @@ def test_resume_equals_uninterrupted(datasets, monkeypatch, workers, stop):
                           total=3 * 16, stop=stop)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_drop_last_epochs_follow_each_other(datasets, monkeypatch, workers):
+    """With drop_last the short rest of an epoch ends it: the next iter() starts the next epoch,
+    in a loop that never calls set_epoch and after a restore from the epoch's end."""
+    root, expected = datasets["many"]  # 61 samples, batches of 4: 15 full ones, 1 left over
+    ds, loader = loader_for(root, monkeypatch, workers=workers, seed=6, drop_last=True)
+    epochs = [keys_of(loader) for _ in range(3)]
+    assert [len(e) for e in epochs] == [60, 60, 60] and ds.epoch == 2
+    assert len({tuple(e) for e in epochs}) == 3 and all(set(e) <= set(expected) for e in epochs)
+    check_save_load_state(lambda: loader_for(root, monkeypatch, workers=workers, seed=6, drop_last=True)[1],
+                          key_stream, total=3 * 15, stop=15)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("before, after", [(2, 0), (0, 3)])
 def test_resume_contract_across_worker_counts(datasets, monkeypatch, before, after):
@@ -154,6 +167,20 @@ def test_state_mismatch_is_explained(datasets, monkeypatch):
     _, d = loader_for(datasets["few"][0], monkeypatch, seed=1)
     with pytest.raises(ConfigError, match="samples=61 then, 11 now"):
         d.load_state_dict(a.state_dict())
+
+
+def test_state_of_the_same_samples_in_other_shards_is_refused(tmp_path, monkeypatch):
+    """A rebuild with another shard size keeps the sample count but changes the epoch's order:
+    resuming its state would repeat some samples and never show others."""
+    twelve, _ = make_dataset(tmp_path / "a", 61, shards=12, fields=("raw", "cls"))
+    five, _ = make_dataset(tmp_path / "b", 61, shards=5, fields=("raw", "cls"))
+    _, a = loader_for(twelve, monkeypatch, seed=1)
+    next(iter(a))
+    _, b = loader_for(five, monkeypatch, seed=1)
+    with pytest.raises(ConfigError, match="shards='12 shards, counts [0-9a-f]+' then, '5 shards, counts"):
+        b.load_state_dict(a.state_dict())
+    _, same = loader_for(make_dataset(tmp_path / "c", 61, shards=12, fields=("raw", "cls"))[0], monkeypatch, seed=1)
+    same.load_state_dict(a.state_dict())  # the same layout elsewhere (a copy, another format) resumes
 
 
 def test_worker_identity_override(datasets, monkeypatch):

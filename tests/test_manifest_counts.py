@@ -28,6 +28,21 @@ def test_a_shard_count_that_is_not_a_count_is_refused(tmp_path, bad):
         StreamingDataset(root)
 
 
+@pytest.mark.parametrize("field, change, says", [
+    ("raw", {"kind": "imagF"}, "kind 'imagF'; expected one of image, "),  # a raw image read as plain bytes
+    ("cls", {"kind": None}, "kind None"),
+    ("raw", {"shape": [12, -16, 3]}, r"shape \[12, -16, 3\]; expected a list of positive integers"),
+    ("raw", {"dtype": "uint9"}, "dtype 'uint9'; expected a numpy dtype name"),
+])
+def test_a_damaged_field_spec_is_refused(tmp_path, field, change, says):
+    """manifest.json has no checksum: one flipped byte in a spec that still parses must not change how
+    values decode, nor fail later with a KeyError."""
+    root, _ = make_dataset(tmp_path, 8, shards=1, fields=("raw", "cls"))
+    edit_manifest(root, lambda m: m["fields"][field].update(change))
+    with pytest.raises(ManifestError, match=rf"field {field!r} has {says}.*the manifest is damaged"):
+        StreamingDataset(root)
+
+
 def test_counts_must_add_up_to_the_dataset(tmp_path):
     root, _ = make_dataset(tmp_path, 40, fmt="both")
     edit_manifest(root, lambda m: m.update(samples=41))

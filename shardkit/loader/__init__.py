@@ -14,7 +14,6 @@ from shardkit.reader.base import EpochDataset
 from shardkit.reader.partition import batch_sizes, num_batches
 
 STATE_VERSION = 2
-PLAN_KEYS = ("samples", "shuffle", "shuffle_buffer", "drop_remainder")  # what fixes an epoch's order
 
 
 class StreamingLoader(DataLoader):
@@ -52,8 +51,10 @@ class StreamingLoader(DataLoader):
 
     def __iter__(self):
         pos = self.source.position
-        if pos.consumed >= len(self._plan()) and not pos.pinned:
-            pos.jump(pos.epoch + 1)  # the epoch ran out (or nothing of it was left): the next one
+        left = num_batches(len(self._plan()) - pos.consumed, self.dataset.batch_size, self.dataset.drop_last)
+        if left <= 0 and not pos.pinned:
+            # The epoch ran out (or nothing of it was left; with drop_last, less than a batch): the next one.
+            pos.jump(pos.epoch + 1)
         pos.pinned = False
         pos.publish()
         sizes = batch_sizes(len(self._plan()) - pos.consumed, self.dataset.batch_size, self.dataset.drop_last)

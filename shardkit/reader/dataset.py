@@ -11,7 +11,7 @@ from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.identity import rank_world
 from shardkit.manifest import load_manifest
-from shardkit.reader.base import GROUP_ROWS, EpochDataset  # noqa: F401  (GROUP_ROWS: where it always was)
+from shardkit.reader.base import GROUP_ROWS, EpochDataset, shards_digest  # noqa: F401  (GROUP_ROWS: where it always was)
 from shardkit.reader.batches import BatchReader
 from shardkit.reader.partition import EpochPlan, Plan, rank_size
 from shardkit.reader.lookup import MISSING, Lookup
@@ -80,8 +80,8 @@ class StreamingDataset(EpochDataset):
 
     def plan_fields(self) -> dict:
         c = self.config
-        return {"samples": int(self.counts.sum()), "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer,
-                "drop_remainder": c.drop_remainder}
+        return {"samples": int(self.counts.sum()), "shards": shards_digest(self.counts), "shuffle": c.shuffle,
+                "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
 
     def check_state(self, state: dict) -> None:
         if "mixture" in state:

@@ -20,7 +20,7 @@ from shardkit.contract import key_hash
 from shardkit.errors import ConfigError, ManifestError, ShardkitError
 from shardkit.identity import rank_world
 from shardkit.manifest import load_manifest
-from shardkit.reader.base import EpochDataset
+from shardkit.reader.base import EpochDataset, shards_digest
 from shardkit.reader.batches import DATASET_KEY, BatchReader, ShardSet
 from shardkit.reader.dataset import read_format, resolve_fields, slotted_fields, stream_config
 from shardkit.reader.mix_order import ChunkPlan, MixtureOrder, SourceStreams
@@ -165,8 +165,9 @@ class Mixture(EpochDataset):
 
     def plan_fields(self) -> dict:
         c = self.config
-        return {"samples": self.mixplan.total * self.mix.unit, "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer,
-                "drop_remainder": c.drop_remainder, "mixing": self.mix.mixing, "unit": self.mix.unit}
+        return {"samples": self.mixplan.total * self.mix.unit, "shards": shards_digest(self.reader.shards.samples),
+                "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder,
+                "mixing": self.mix.mixing, "unit": self.mix.unit}
 
     def state_extra(self) -> dict:
         """Where each source's stream stands at the start of the saved epoch, and what it gives that epoch."""

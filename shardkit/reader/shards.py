@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import json
+import hashlib
 import mmap
 
 import numpy as np
@@ -14,7 +14,7 @@ from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.reader import parquet_pages
 from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401
-                                    check_digests, gather, stored_value)
+                                    check_digests, gather, stored_values)
 from shardkit.sample import Sample
 
 BLOCK = 512
@@ -39,6 +39,20 @@ def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int
     return keys, cols
 
 
+def _index_bytes(path: str, shard: ShardInfo, url: str, checks: bool):
+    """A tar shard's index sidecar, checked whole against the manifest's sha256 (it is read whole
+    anyway, and small): a damaged offset, size or column name would otherwise read a value as
+    absent or slice the wrong bytes, with nothing else to notice it."""
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        blob = f.read()
+    if checks and shard.index.get("sha256") and hashlib.sha256(blob).hexdigest() != shard.index["sha256"]:
+        raise ShardError(f"the index of shard {url} ({shard.index['path']}, {len(blob)} bytes) does not match the "
+                         "manifest's sha256: it is damaged or was replaced; restore it or rebuild the dataset")
+    return pa.BufferReader(blob)
+
+
 class TarShard:
     """One tar shard, memory-mapped; members are found through the index sidecar's offsets."""
 
@@ -54,7 +68,7 @@ class TarShard:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self.buf = np.frombuffer(self.mm, np.uint8)
             if index_path is not None:
-                t = pq.read_table(index_path)
+                t = pq.read_table(_index_bytes(index_path, shard, url, checks))
                 self.keys = t.column("__key__").to_pylist()
                 cols = {n[:-7]: (t.column(n).to_numpy(), t.column(n[:-7] + ".size").to_numpy())
                         for n in t.column_names if n.endswith(".offset")}
@@ -94,7 +108,7 @@ class TarShard:
 
     def values(self, field: str, rows) -> list:
         """Stored values (bytes for media, int, str, dict) of `field` at `rows`; None where absent."""
-        spec, offs, sizes = self.specs[field], self.offsets[field], self.sizes[field]
+        offs, sizes = self.offsets[field], self.sizes[field]
         sums = self.sums.get(field)
         out, read, digests = [], [], []
         digest = _bytes_digest()
@@ -107,9 +121,9 @@ class TarShard:
             if sums is not None:
                 read.append(r)
                 digests.append(digest(data))
-            out.append(stored_value(spec, data))
+            out.append(data)
         check_digests(self.url, field, self.keys, read, digests, None if sums is None else sums[read])
-        return out
+        return stored_values(self.specs[field], out, (self.url, field), self.keys, rows)
 
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Copy fixed-size values into out[positions] (rows of bytes); returns a presence mask."""
@@ -138,6 +152,7 @@ class ParquetShard:
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
+            _check_schema(self.pf.schema_arrow, specs, url)
             with open(path, "rb") as f:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
@@ -216,18 +231,15 @@ class ParquetShard:
         if self.specs[field]["kind"] == "int":
             return self._int_values(field, rows)
         out: list = [None] * len(rows)
-        json_field = self.specs[field]["kind"] == "json"
         for g, sel, local in self._by_group(rows):
-            arr, sums = self._group(g, field), self._sums(g, field, local)
-            read, digests = [], []
-            for k, (j, r) in enumerate(zip(sel.tolist(), local.tolist())):
-                v = arr[r].as_py()
-                if v is not None and sums is not None:
-                    read.append(k)
-                    digests.append(checksum(v))
-                out[j] = json.loads(v) if json_field and v is not None else v
+            # Bytes as stored (a string column viewed as binary: no UTF-8 check yet), checked first.
+            arr, sums = _as_binary(self._group(g, field)), self._sums(g, field, local)
+            raw = [arr[r].as_py() for r in local.tolist()]
             if sums is not None:
-                check_digests(self.url, field, self.keys, rows[sel[read]], digests, sums[read])
+                read = [k for k, v in enumerate(raw) if v is not None]
+                check_digests(self.url, field, self.keys, rows[sel[read]], [checksum(raw[k]) for k in read], sums[read])
+            for j, v in zip(sel.tolist(), stored_values(self.specs[field], raw, (self.url, field), self.keys, rows[sel])):
+                out[j] = v
         return out
 
     def _sliced(self, field: str, rows: np.ndarray) -> list:
@@ -295,6 +307,35 @@ class ParquetShard:
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
+
+
+def _check_schema(schema, specs: dict, url: str) -> None:
+    """Columns whose Arrow type decides the Python type handed out (keys and text as str, ints as
+    int) must have it: the footer has no checksum, and one flipped byte there can turn a string
+    column into binary, whose values would pass their checksums as bytes."""
+    import pyarrow as pa
+
+    wanted = {"__key__": "text"} | {f: s["kind"] for f, s in specs.items() if s["kind"] in ("text", "json", "int")}
+    for name, kind in wanted.items():
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
+        ok = pa.types.is_integer(t) if kind == "int" else pa.types.is_string(t) or pa.types.is_large_string(t)
+        if not ok:
+            raise ShardError(f"shard {url}: column {name!r} has Arrow type {t}, expected "
+                             f"{'an integer' if kind == 'int' else 'string'}: the shard's footer is corrupt; restore "
+                             "or rebuild it")
+
+
+def _as_binary(arr):
+    """A string array as the binary array over the same buffers (zero-copy; as_py gives bytes)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(arr.type):
+        return arr.cast(pa.binary())
+    if pa.types.is_large_string(arr.type):
+        return arr.cast(pa.large_binary())
+    return arr
 
 
 def open_shard(path: str, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,

@@ -26,6 +26,25 @@ def stored_value(spec: dict, data):
     return data
 
 
+def stored_values(spec: dict, data: list, where: tuple, keys, rows) -> list:
+    """stored_value of each of `data` (None stays None), called only once their checksums passed, so
+    damaged bytes are a ChecksumMismatch, not a UnicodeDecodeError. Unchecked bytes (a dataset
+    without checksums, or checks off) that do not parse are a ShardError naming the sample.
+    `where` is (shard url, field); rows[i] is the shard row of data[i]."""
+    if spec["kind"] not in ("int", "text", "json"):
+        return data
+    out = []
+    for i, v in enumerate(data):
+        try:
+            out.append(None if v is None else stored_value(spec, v))
+        except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, int('?')
+            raise ShardError(f"shard {where[0]}: field {where[1]!r} of sample {keys[int(rows[i])]!r} is not valid "
+                             f"{spec['kind']} ({type(e).__name__}: {e}): the shard is corrupt; restore or rebuild "
+                             "it (StreamingDataset(checksums=True) names such samples, on_error='skip' skips the "
+                             "shard)") from e
+    return out
+
+
 def _bytes_digest():
     """contract.checksum for bytes-like values, without its type dispatch: the tar loops call it
     on every member they read."""
