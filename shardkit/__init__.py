@@ -5,10 +5,13 @@ The public API is imported lazily so that `shardkit --help` does not pay for tor
 
 from shardkit._version import __version__
 
-__all__ = ["StreamingDataset", "make_loader", "StarvationMeter", "build", "dedup", "__version__"]
+__all__ = ["StreamingDataset", "Mixture", "Source", "make_loader", "StarvationMeter", "build", "dedup",
+           "__version__"]
 
 _LAZY = {
     "StreamingDataset": ("shardkit.reader.dataset", "StreamingDataset"),
+    "Mixture": ("shardkit.reader.mixture", "Mixture"),
+    "Source": ("shardkit.reader.mixing", "Source"),
     "make_loader": ("shardkit.loader", "make_loader"),
     "StarvationMeter": ("shardkit.meter", "StarvationMeter"),
     "build": ("shardkit.executor", "build"),

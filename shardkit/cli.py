@@ -389,7 +389,8 @@ def _register_optional():
     """Commands that live in their own modules (kept out of this file's import time)."""
     import importlib
 
-    for module, name in (("shardkit.cli_dedup", "dedup"), ("shardkit.cli_bench", "bench")):
+    for module, name in (("shardkit.cli_dedup", "dedup"), ("shardkit.cli_bench", "bench"),
+                         ("shardkit.cli_show", "show")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

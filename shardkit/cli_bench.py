@@ -35,7 +35,8 @@ def _names(ctx, param, value):
 @click.option("--workers", default=None, callback=_int_list,
               help="DataLoader worker counts to try, e.g. 0,2,4 [default: 0,1,… up to the core count].")
 @click.option("--variants", default=",".join(VARIANT_NAMES), show_default=True, callback=_names,
-              help="Comma-separated loaders to compare.")
+              help="Comma-separated loaders to compare; add shardkit-mix for a two-source Mixture of the same "
+                   "JPEG samples (its observed vs target proportions are reported).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--repeat", type=int, default=3, show_default=True, help="Interleaved repetitions of every run.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Batches left out at the start of each run.")

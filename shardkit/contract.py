@@ -50,18 +50,33 @@ class ShardInfo:
     sha256: str
     index: dict[str, Any] | None = field(default=None)
     documents: int | None = None  # packed token shards: documents it holds (global document ids)
+    # (first, last) sample key: a reader finds a key's shard without opening shards (keys are
+    # sorted within a shard and across the shards of a build)
+    keys: tuple[str, str] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for optional in ("index", "documents"):
+        for optional in ("index", "documents", "keys"):
             if d[optional] is None:
                 del d[optional]
+        if "keys" in d:
+            d["keys"] = list(d["keys"])
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShardInfo":
+        keys = d.get("keys")
         return cls(**{k: d[k] for k in ("id", "format", "path", "samples", "bytes", "sha256")},
-                   index=d.get("index"), documents=d.get("documents"))
+                   index=d.get("index"), documents=d.get("documents"), keys=tuple(keys) if keys else None)
+
+
+def key_bounds(keys) -> tuple[str, str] | None:
+    """A shard's (first, last) key as its ShardInfo records them, from a list of keys or an Arrow key
+    column; None for an empty shard."""
+    if not len(keys):
+        return None
+    first, last = keys[0], keys[-1]
+    return (getattr(first, "as_py", lambda: first)(), getattr(last, "as_py", lambda: last)())
 
 
 def shard_relpath(shard_id: int, fmt: str) -> str:

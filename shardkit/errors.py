@@ -45,6 +45,17 @@ class ChecksumMismatch(ShardError):
         self.rows = rows
 
 
+class SampleNotFound(ShardkitError, KeyError):
+    """ds.get(key) for a key the dataset does not hold (the message names the key and the dataset)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class IndexOutOfRange(ShardkitError, IndexError):
+    """ds[i] for an index outside the dataset (the message gives the valid range)."""
+
+
 class RejectedInput(ShardkitError):
     """Raised inside a stage for one bad sample; the policy records it or fails the job."""
 

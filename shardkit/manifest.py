@@ -39,7 +39,9 @@ def safe_relpath(path: str) -> str:
 # every field the JSON list would.
 _COLUMNS = {"id": "int64", "format": "string", "path": "string", "samples": "int64", "bytes": "int64",
             "sha256": "string", "index_path": "string", "index_bytes": "int64", "index_sha256": "string",
-            "extra": "string"}
+            "extra": "string", "first_key": "string", "last_key": "string"}
+# Columns a table written by an older shardkit lacks (its shards' records have no key bounds).
+_OPTIONAL = ("first_key", "last_key")
 TABLE_ROW_GROUP = 1024  # rows read together when one shard's record is needed
 ROW_GROUPS_KEPT = 8
 
@@ -50,6 +52,8 @@ def _row(info: ShardInfo) -> dict:
     row = {k: d.pop(k) for k in ("id", "format", "path", "samples", "bytes", "sha256")}
     row.update(index_path=index.pop("path", None), index_bytes=index.pop("bytes", None),
                index_sha256=index.pop("sha256", None))
+    keys = d.pop("keys", None) or (None, None)
+    row.update(first_key=keys[0], last_key=keys[1])
     if index:
         d["index"] = index
     row["extra"] = json.dumps(d, sort_keys=True) if d else None
@@ -61,6 +65,8 @@ def _info(row: dict) -> ShardInfo:
     d = {k: row[k] for k in ("id", "format", "path", "samples", "bytes", "sha256")}
     if row["index_path"] is not None:
         d["index"] = {"path": row["index_path"], "bytes": row["index_bytes"], "sha256": row["index_sha256"]}
+    if row.get("first_key") is not None:
+        d["keys"] = (row["first_key"], row["last_key"])
     extra = json.loads(row["extra"]) if row["extra"] else {}
     if "index" in extra:
         d["index"] = {**(d.get("index") or {}), **extra.pop("index")}
@@ -88,7 +94,8 @@ class ShardTable:
         self.blob, self.where = blob, where
         try:
             pf = pq.ParquetFile(pa.BufferReader(blob))
-            missing = [c for c in _COLUMNS if c not in pf.schema_arrow.names]
+            self.columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
+            missing = [c for c in _COLUMNS if c not in self.columns and c not in _OPTIONAL]
             cols = pf.read(columns=["id", "format", "samples", "bytes"], use_threads=False)
             sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
         except Exception as e:  # pyarrow raises several types for a damaged file
@@ -155,8 +162,20 @@ class ShardTable:
             if len(self._groups) >= ROW_GROUPS_KEPT:
                 self._groups.pop(next(iter(self._groups)))
             pf = pq.ParquetFile(pa.BufferReader(self.blob))
-            self._groups[g] = pf.read_row_group(g, columns=list(_COLUMNS), use_threads=False).to_pylist()
+            self._groups[g] = pf.read_row_group(g, columns=self.columns, use_threads=False).to_pylist()
         return self._groups[g]
+
+    def key_bounds(self):
+        """(first keys, last keys) of every shard in this table's order, as object arrays with None for
+        a shard whose record has none (an empty shard, or one written before bounds were recorded)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if "first_key" not in self.columns:
+            return np.full(len(self.rows), None, dtype=object), np.full(len(self.rows), None, dtype=object)
+        cols = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["first_key", "last_key"], use_threads=False)
+        return tuple(np.asarray(c.to_pylist(), dtype=object)[self.rows] for c in cols.columns)
 
     def __iter__(self):
         for i in range(len(self)):

@@ -307,3 +307,34 @@ def test_variants_yield_the_same_batches(ran):
         assert torch.equal(got[name][0], got["shardkit-tar"][0]), name
     diff = (got["shardkit-raw"][0].float() - got["shardkit-tar"][0].float()).abs().mean()
     assert diff < 8  # raw pixels vs their q90 JPEG: the same crops, up to compression error
+
+
+def test_a_mixture_variant_reports_observed_against_target_proportions(ran, tmp_path):
+    result = bench(*TINY, "--repeat", "1", "--workers", "0,1", "--variants", "shardkit-tar,shardkit-mix",
+                   "--out", str(tmp_path), "--cache-dir", str(ran["cache"]), "--no-plot")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
+    assert report["checks"]["same_samples"], report["checks"]
+    mixed = [c for c in report["cells"] if c["variant"] == "shardkit-mix"]
+    assert len(mixed) == 2
+    for c in mixed:  # 24 samples, half from each source: exactly on target
+        assert {k: v["samples"] for k, v in c["mixture"].items()} == {"tar": 12, "parquet": 12}
+        assert all(v["observed"] == v["target"] == 0.5 for v in c["mixture"].values())
+    assert "shardkit-mix workers=1: mixture (observed / target): tar 50.0% / 50.0%, parquet 50.0% / 50.0%" \
+        in result.output
+    assert not any("mixture" in c for c in report["cells"] if c["variant"] == "shardkit-tar")
+
+
+def test_checks_flag_a_mixture_off_its_targets():
+    from types import SimpleNamespace
+
+    from shardkit.bench.report import checks
+
+    data = SimpleNamespace(samples=4, items=[("a", 0)] * 4, classes=["a"])
+    run = {"variant": "shardkit-mix", "workers": 0, "repetition": 0, "samples": 4, "label_checksum": "x",
+           "mixture": {"tar": {"observed": 0.75, "target": 0.5, "samples": 3},
+                       "parquet": {"observed": 0.25, "target": 0.5, "samples": 1}}}
+    result = checks([run], data)
+    assert not result["same_samples"] and "tar 75.0% / 50.0%" in result["mismatches"][0]
+    run["mixture"] = {k: dict(v, observed=0.5) for k, v in run["mixture"].items()}
+    assert checks([run], data)["same_samples"]  # the label checksum is not a mixture's to match

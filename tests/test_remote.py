@@ -96,7 +96,7 @@ def test_cache_limit_evicts_least_recently_used(served, tmp_path):
     held = sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file() and
                not f.name.endswith(".lock"))
     assert held <= biggest + 1 and len(list((tmp_path / "cache").rglob("*.idx.parquet"))) == 1
-    assert ds.reader._cache.fetched == 8  # each file once: the order was sequential, so no refetch
+    assert ds.reader.cache(0).fetched == 8  # each file once: the order was sequential, so no refetch
 
 
 def test_read_shard_samples_remote(served):
@@ -276,7 +276,7 @@ def test_copy_deleted_behind_the_cache_is_fetched_again(served, tmp_path, monkey
     monkeypatch.setattr(dataset, "open_shard", open_after_delete)
     ds, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)
     assert sorted(k for b in got for k in b["__key__"]) == sorted(expected)
-    assert gets["/shards/data-00000.tar"] == 2 and ds.reader._cache.fetched == 9
+    assert gets["/shards/data-00000.tar"] == 2 and ds.reader.cache(0).fetched == 9
 
 
 def test_a_discarded_dataset_unpins_its_files(served, tmp_path):

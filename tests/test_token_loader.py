@@ -182,7 +182,7 @@ def test_resume_with_another_worker_count_yields_exactly_the_rest(packed, monkey
 def test_grouped_worker_items_keep_batches_order_and_sizes(packed, monkeypatch, drop_last):
     """Workers send several consecutive batches per item (GROUP_ROWS): the loader still yields the
     batches, sizes and order of num_workers=0."""
-    monkeypatch.setattr("shardkit.reader.dataset.GROUP_ROWS", 12)  # 2 batches of 5 (+ a short last group)
+    monkeypatch.setattr("shardkit.reader.base.GROUP_ROWS", 12)  # 2 batches of 5 (+ a short last group)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
 
@@ -265,10 +265,10 @@ def test_with_pinned_memory_rows_cross_as_stored_and_widen_once_into_pinned_memo
     """The pin_memory (CUDA) path, on CPU: a worker sends the rows as stored (uint16) with their
     document layout; the main process cuts a group into batches and widens each straight into
     pinned memory (recorded here), giving what num_workers=0 gives."""
-    import shardkit.reader.dataset as dataset_module
+    import shardkit.reader.base as base_module
 
     pinned = []
-    monkeypatch.setattr(dataset_module, "_pinned", lambda shape: pinned.append(shape) or _np_empty(shape))
+    monkeypatch.setattr(base_module, "_pinned", lambda shape: pinned.append(shape) or _np_empty(shape))
     reference = make_loader(StreamingDataset(str(packed), shuffle=False, fields=TRAIN_FIELDS, keys=True),
                             batch_size=4, num_workers=0)
     expected = [b for _, b in zip(range(3), reference)]

@@ -9,6 +9,7 @@ from shardkit.config import positive
 from shardkit.errors import ConfigError
 
 VARIANT_NAMES = ("raw-folder", "webdataset-tar", "shardkit-tar", "shardkit-parquet", "shardkit-raw")
+EXTRA_VARIANTS = ("shardkit-mix",)  # measured when named: a mixture reads its own sample set
 
 
 def default_workers() -> tuple[int, ...]:
@@ -60,11 +61,12 @@ class BenchConfig:
             raise ConfigError(f"workers={self.workers!r}: expected DataLoader worker counts >= 0, e.g. --workers 0,1,2")
         object.__setattr__(self, "workers", tuple(sorted(set(workers))))
         variants = tuple(self.variants)
-        bad = [v for v in variants if v not in VARIANT_NAMES]
+        known = VARIANT_NAMES + EXTRA_VARIANTS
+        bad = [v for v in variants if v not in known]
         if bad or not variants:
             raise ConfigError(f"variants={list(variants)!r}: {bad or 'none given'}; choose from "
-                              f"{', '.join(VARIANT_NAMES)} (--variants)")
-        object.__setattr__(self, "variants", tuple(v for v in VARIANT_NAMES if v in variants))
+                              f"{', '.join(known)} (--variants)")
+        object.__setattr__(self, "variants", tuple(v for v in known if v in variants))
         if self.cache_dir is None:
             object.__setattr__(self, "cache_dir", default_cache_dir())
 

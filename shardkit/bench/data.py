@@ -129,7 +129,7 @@ def prepare(cfg: BenchConfig) -> BenchData:
     sizes = {
         "raw-folder": sum(os.path.getsize(os.path.join(src, p)) for p, _ in items),
         "webdataset-tar": shard_bytes["tar"], "shardkit-tar": shard_bytes["tar"],
-        "shardkit-parquet": shard_bytes["parquet"],
+        "shardkit-parquet": shard_bytes["parquet"], "shardkit-mix": (shard_bytes["tar"] + shard_bytes["parquet"]) / 2,
         "shardkit-raw": sum(s.bytes for s in raw.manifest.shards_of("tar")),
     }
     return BenchData(src, tuple(items), tuple(classes), jpeg_root, raw_root, cfg.image_size, sizes,

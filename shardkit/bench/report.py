@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 from shardkit.bench.config import BenchConfig
 from shardkit.bench.data import BenchData
-from shardkit.bench.variants import VARIANTS
+from shardkit.bench.variants import ALL_VARIANTS, MIXTURE_VARIANTS
 from shardkit.fs import atomic_write
-from shardkit.meter import advice, band
+from shardkit.meter import advice, band, mixture_line
 
 SCHEMA = "shardkit.bench/1"
 METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms",
@@ -60,9 +60,11 @@ def cells(runs: list[dict]) -> list[dict]:
         cell["band"] = band(pct)
         figures = {m: cell[m]["median"] for m in ADVICE_FIGURES}
         figures["steps"] = min(r["measured_steps"] for r in rs)
-        cell["advice"] = advice(figures, num_workers=workers, data=VARIANTS[variant].data)
+        cell["advice"] = advice(figures, num_workers=workers, data=ALL_VARIANTS[variant].data)
+        if "mixture" in rs[0]:  # the same plan every repetition: the first run's shares stand for all
+            cell["mixture"] = rs[0]["mixture"]
         out.append(cell)
-    order = {name: i for i, name in enumerate(VARIANTS)}
+    order = {name: i for i, name in enumerate(ALL_VARIANTS)}
     return sorted(out, key=lambda c: (order[c["variant"]], c["workers"]))
 
 
@@ -90,12 +92,21 @@ def best_of(table: list[dict]) -> dict:
 
 
 def checks(runs: list[dict], data: BenchData) -> dict:
-    """Every run read every sample once: the count and the label checksum match the sample list."""
+    """Every run read every sample once: the count and the label checksum match the sample list. A
+    mixture draws its own sample set: its count must match, and each source's observed share its target."""
     want = expected_checksum(data)
     bad = [f"{r['variant']} workers={r['workers']} rep {r['repetition']}: {r['samples']} samples, "
            f"checksum {r['label_checksum']}" for r in runs
-           if r["samples"] != data.samples or r["label_checksum"] != want]
+           if r["samples"] != data.samples or (r["label_checksum"] != want and r["variant"] not in MIXTURE_VARIANTS)]
+    bad += [f"{r['variant']} workers={r['workers']} rep {r['repetition']}: {mixture_line(r.get('mixture') or {})}"
+            for r in runs if r["variant"] in MIXTURE_VARIANTS and not _on_target(r.get("mixture"))]
     return {"same_samples": not bad, "samples": data.samples, "label_checksum": want, "mismatches": bad}
+
+
+def _on_target(shares: dict | None) -> bool:
+    """Every source's observed share equals the share its plan put in the batches read."""
+    return bool(shares) and all(v["observed"] is not None and abs(v["observed"] - v["target"]) < 1e-9
+                                for v in shares.values())
 
 
 def build_report(cfg: BenchConfig, data: BenchData, runs: list[dict], step: dict) -> dict:
@@ -110,7 +121,7 @@ def build_report(cfg: BenchConfig, data: BenchData, runs: list[dict], step: dict
                  "epochs_per_run": cfg.epochs_per_run(data.samples),
                  "image_size": data.image_size, "bytes": data.bytes, "jpeg_root": data.jpeg_root,
                  "raw_root": data.raw_root, "reused_shards": data.reused_shards},
-        "variants": {name: VARIANTS[name].what for name in cfg.variants},
+        "variants": {name: ALL_VARIANTS[name].what for name in cfg.variants},
         "checks": checks(runs, data),
         "cells": table,
         "ratios": ratios(table),
@@ -156,6 +167,9 @@ def markdown(report: dict) -> str:
             f"| {c['mb_per_s']['median']:.1f} | {c['starved_pct']['median']:.1f} | {c['first_batch_s']['median']:.2f} "
             f"| {c['peak_rss_bytes']['median'] / 1e6:,.0f} | {_ratio(report, 'vs_raw_folder', c)} "
             f"| {_ratio(report, 'vs_webdataset', c)} |")
+    mixed = [f"{c['variant']} workers={c['workers']}: {mixture_line(c['mixture'])}"
+             for c in report["cells"] if c.get("mixture")]
+    lines += ["", *mixed] if mixed else []
     b, chk = report["best"], report["checks"]
     versus = [f"{b[k]:.1f}× the {name}'s best" for k, name in (("vs_raw_folder", "raw folder"),
                                                                 ("vs_webdataset", "WebDataset"))
@@ -168,6 +182,8 @@ def markdown(report: dict) -> str:
                   if c["variant"] == b["variant"]),
               f"meter advice: {b['advice']}",
               (f"same samples in every run: {chk['samples']} samples, label checksum {chk['label_checksum']}"
+               + (" (a mixture: its own samples, at its target proportions)"
+                  if any(c["variant"] in MIXTURE_VARIANTS for c in report["cells"]) else "")
                if chk["same_samples"] else f"RUNS READ DIFFERENT SAMPLES: {'; '.join(chk['mismatches'])}")]
     return "\n".join(lines) + "\n"
 

@@ -10,7 +10,7 @@ import time
 from shardkit.bench.config import BenchConfig
 from shardkit.bench.data import BenchData, prepare
 from shardkit.bench.report import build_report, label_checksum, write_outputs
-from shardkit.bench.variants import VARIANTS
+from shardkit.bench.variants import ALL_VARIANTS
 
 RSS_PERIOD_S = 0.05
 
@@ -92,7 +92,7 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
 
     from shardkit.meter import StarvationMeter
 
-    variant = VARIANTS[name]
+    variant = ALL_VARIANTS[name]
     pin = cfg.gpu and torch.cuda.is_available()
     loader = variant.loader(data, workers, cfg.batch_size, pin)
     meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu", data=variant.data)
@@ -115,6 +115,7 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
         "wait_p50_ms": s["wait_p50_ms"], "wait_p95_ms": s["wait_p95_ms"], "step_p50_ms": s["step_p50_ms"],
         "epoch_start_wait_pct": s["epoch_start_wait_pct"], "steady_wait_p95_ms": s["steady_wait_p95_ms"],
         "steady_starved_pct": s["steady_starved_pct"], "band": s["band"], "advice": s["advice"],
+        **({"mixture": s["mixture"]} if "mixture" in s else {}),  # observed vs target share per source
     }
 
 

@@ -113,6 +113,18 @@ def _split(field: str):
     return lambda batch: (batch[field], batch["cls"])
 
 
+def _mixture(data: BenchData, workers: int, batch_size: int, pin: bool):
+    from shardkit.loader import make_loader
+    from shardkit.reader.mixture import Mixture
+
+    # The same JPEG samples in two sources (tar and Parquet shards), half the epoch from each: the
+    # cost of mixing (two shard sets, per-source streams, the interleave) at the same bytes read.
+    sources = {"tar": {"path": data.jpeg_root, "format": "tar", "weight": 0.5},
+               "parquet": {"path": data.jpeg_root, "format": "parquet", "weight": 0.5}}
+    mix = Mixture(sources, shuffle=False, fields=["jpg", "cls"], samples=data.samples)
+    return make_loader(mix, batch_size=batch_size, num_workers=workers, pin_memory=pin)
+
+
 VARIANTS = {
     "raw-folder": Variant("raw-folder", _raw_folder, _hwc_split,
                           "map-style Dataset over the raw folder: PIL open + resize + center crop per sample",
@@ -127,3 +139,10 @@ VARIANTS = {
     "shardkit-raw": Variant("shardkit-raw", _shardkit(lambda d: d.raw_root, "tar", "raw"), _split("raw"),
                             "shardkit over raw uint8 tar shards (no decode)", DataProfile("raw")),
 }
+# Variants that draw their own sample set (a mixture's epoch): run only when named in --variants;
+# the checks compare their sample count and their observed proportions with the targets instead.
+MIXTURE_VARIANTS = {
+    "shardkit-mix": Variant("shardkit-mix", _mixture, _split("jpg"),
+                            "shardkit Mixture of the JPEG tar and Parquet shards, 0.5 each", DataProfile("encoded")),
+}
+ALL_VARIANTS = {**VARIANTS, **MIXTURE_VARIANTS}

@@ -5,18 +5,15 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
-
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
-from shardkit.reader.dataset import StreamingDataset
-from shardkit.reader.partition import EpochPlan, batch_sizes, num_batches
+from shardkit.reader.base import EpochDataset
+from shardkit.reader.partition import batch_sizes, num_batches
 
 STATE_VERSION = 2
-PLAN_KEYS = ("samples", "shards", "shuffle", "shuffle_buffer", "drop_remainder")  # what fixes an epoch's order
 
 
 class StreamingLoader(DataLoader):
@@ -26,11 +23,11 @@ class StreamingLoader(DataLoader):
     `state_dict()` saves it and `load_state_dict()` on a fresh loader continues with exactly the
     samples not yet yielded, at any world size and number of workers. A new `iter()` after a
     finished epoch starts the next epoch, unless set_epoch() chose one; after a `break` it
-    continues the epoch. `source` is the StreamingDataset (left as it was given);
+    continues the epoch. `source` is the StreamingDataset or Mixture (left as it was given);
     `dataset` is what DataLoader iterates (its batches, built in the workers).
     """
 
-    def __init__(self, dataset: StreamingDataset, *, batch_size: int, drop_last: bool, num_workers: int,
+    def __init__(self, dataset: EpochDataset, *, batch_size: int, drop_last: bool, num_workers: int,
                  prefetch_factor: int, pin_memory: bool, multiprocessing_context=None):
         self.source = dataset
         self._transport = SlotTransport(num_workers, _slots(dataset, num_workers, prefetch_factor),
@@ -48,7 +45,7 @@ class StreamingLoader(DataLoader):
         """Batches per epoch on this rank (the same on every rank)."""
         return num_batches(len(self.source), self.dataset.batch_size, self.dataset.drop_last)
 
-    def _plan(self) -> EpochPlan:
+    def _plan(self):
         pos = self.source.position
         return self.source.epoch_plan(pos.epoch, pos.layers)
 
@@ -77,6 +74,7 @@ class StreamingLoader(DataLoader):
                     raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches "
                                        f"of epoch {pos.epoch}: set_epoch() was called during an epoch")
                 # Count the planned size (not len(batch)): a skipped shard must not shift resume.
+                ds.yielded(batch, sizes[j])
                 pos.advance(sizes[j])
                 j += 1
                 yield batch
@@ -84,9 +82,9 @@ class StreamingLoader(DataLoader):
     def state_dict(self) -> dict:
         """Small and elastic: O(resumes at a new world size), independent of num_workers and batch_size."""
         ds, pos = self.source, self.source.position
-        return {"version": STATE_VERSION, "seed": ds.config.seed, **_plan_fields(ds), "epoch": pos.epoch,
+        return {"version": STATE_VERSION, "seed": ds.config.seed, **ds.plan_fields(), "epoch": pos.epoch,
                 "layers": [list(layer) for layer in pos.layers], "world_size": ds.world_size,
-                "consumed": pos.consumed, "samples_per_rank": len(self._plan())}
+                "consumed": pos.consumed, "samples_per_rank": len(self._plan()), **ds.state_extra()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved position (call before iterating), at this run's world size."""
@@ -97,22 +95,14 @@ class StreamingLoader(DataLoader):
             layers, consumed = layers + ((state["world_size"], consumed),), 0
         ds.position.jump(epoch, consumed, layers)
 
-
-def _plan_fields(ds: StreamingDataset) -> dict:
-    c = ds.config
-    return {"samples": int(ds.counts.sum()), "shards": _shards_digest(ds.counts), "shuffle": c.shuffle,
-            "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
-
-
-def _shards_digest(counts) -> str:
-    """The shard layout in a few bytes: the order permutes shards, so the same total cut into other
-    shards (a rebuild with another shard size) gives another order. O(shards) once per call."""
-    import xxhash
-
-    return f"{len(counts)} shards, counts {xxhash.xxh3_64_hexdigest(np.ascontiguousarray(counts, '<i8').tobytes())}"
+    def proportions(self) -> dict | None:
+        """A mixture's observed and target share of every source in what this loader yielded
+        (Mixture.proportions); None for a single dataset."""
+        report = getattr(self.source, "proportions", None)
+        return report() if report is not None else None
 
 
-def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
+def _check_state(state: dict, ds: EpochDataset) -> tuple[int, tuple, int]:
     """(epoch, layers, consumed) of a saved state, checked against this dataset."""
     version = state.get("version")
     if version not in (1, STATE_VERSION):
@@ -124,14 +114,15 @@ def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
     if version == 1 and 0 < consumed < per_rank:  # an older epoch order: only its boundaries carry over
         raise ConfigError(f"loader state from an older shardkit is {consumed} samples into an epoch; its "
                           "order differs from this version's: resume from an epoch boundary")
-    ours = _plan_fields(ds)
-    changed = {k: (state[k], ours[k]) for k in PLAN_KEYS if k in state and state[k] != ours[k]}
+    ds.check_state(state)
+    ours = ds.plan_fields()
+    changed = {k: (state[k], ours[k]) for k in ours if k in state and state[k] != ours[k]}
     if changed:
         raise ConfigError("loader state was saved with another dataset or order: "
                           + ", ".join(f"{k}={a!r} then, {b!r} now" for k, (a, b) in changed.items())
                           + "; resume with the same dataset and StreamingDataset options")
     layers = tuple((int(w), int(c)) for w, c in state.get("layers", ()))
-    saved = EpochPlan.of(ds.counts, ds.plan, epoch, 0, state["world_size"], layers)
+    saved = ds.epoch_plan(epoch, layers, world_size=state["world_size"])
     if len(saved) != per_rank or not 0 <= consumed <= per_rank:
         raise ConfigError(f"loader state is {consumed} of {per_rank} samples per rank over "
                           f"{state['world_size']} ranks, which this dataset does not give: was it saved "
@@ -139,7 +130,7 @@ def _check_state(state: dict, ds: StreamingDataset) -> tuple[int, tuple, int]:
     return epoch, layers, consumed
 
 
-def _slots(dataset: StreamingDataset, num_workers: int, prefetch_factor: int) -> int:
+def _slots(dataset: EpochDataset, num_workers: int, prefetch_factor: int) -> int:
     """Per tensor that fills a slot (images, fixed-shape rows: raw images, token rows, arrays):
     every batch DataLoader can have in flight, plus a few the training loop still holds; beyond
     that a worker falls back to DataLoader's own (slower) path."""
@@ -154,7 +145,7 @@ def default_workers() -> int:
 START_METHODS = (None, "fork", "spawn", "forkserver")
 
 
-def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int | None = None,
+def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None, drop_last: bool = False,
                 multiprocessing_context: str | None = None) -> StreamingLoader:
     """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
@@ -165,10 +156,11 @@ def make_loader(dataset: StreamingDataset, *, batch_size: int, num_workers: int 
     set-ups need; None: the platform's default). The dataset is left as given."""
     import torch
 
-    if not isinstance(dataset, StreamingDataset):
-        raise ConfigError(f"make_loader needs a shardkit StreamingDataset, got {type(dataset).__name__}")
+    if not isinstance(dataset, EpochDataset):
+        raise ConfigError(f"make_loader needs a shardkit StreamingDataset or Mixture, got {type(dataset).__name__}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+    dataset.check_loader(batch_size, drop_last)
     if num_workers is None:
         num_workers = default_workers()
     if not isinstance(num_workers, int) or num_workers < 0:

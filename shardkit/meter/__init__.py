@@ -16,7 +16,7 @@ from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, ad
                                    profile_of)
 
 __all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
-           "profile_of", "batch_size_of", "percentile", "FINE_BELOW", "INPUT_BOUND_FROM"]
+           "profile_of", "batch_size_of", "percentile", "mixture_line", "FINE_BELOW", "INPUT_BOUND_FROM"]
 
 log = logging.getLogger("shardkit.meter")
 
@@ -139,6 +139,14 @@ class CudaGapTimer:
                 self.idle_s += max(0.0, prev.elapsed_time(start) / 1e3)
 
 
+def mixture_line(shares: dict) -> str:
+    """'mixture (observed / target): web 70.1% / 70.0%, code 29.9% / 30.0%' from Mixture.proportions()."""
+    def pct(v):
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+    return "mixture (observed / target): " + ", ".join(
+        f"{name} {pct(v['observed'])} / {pct(v['target'])}" for name, v in shares.items())
+
+
 class StarvationMeter:
     """Measures host wait in next(loader) vs step time; reports starved%, band, advice and cost.
 
@@ -164,6 +172,7 @@ class StarvationMeter:
         self._wait_sum = self._step_sum = 0.0
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
+        self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable):
@@ -171,6 +180,7 @@ class StarvationMeter:
         self.num_workers = getattr(iterable, "num_workers", self.num_workers)
         if self.data is None:
             self.data = profile_of(iterable)
+        self._proportions = getattr(iterable, "proportions", self._proportions)
         it = iter(iterable)
         self._epoch_start = True
         clock = self._clock
@@ -239,6 +249,9 @@ class StarvationMeter:
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
+        mixture = self._proportions() if self._proportions is not None else None
+        if mixture:  # what a mixture loader yielded per source, against what its plan targets
+            out["mixture"] = mixture
         return out
 
     def _epoch_start_figures(self, wait_s: float) -> dict:
@@ -295,6 +308,8 @@ class StarvationMeter:
                  f"p95 {s['wait_p95_ms']:.1f} ms)"]
         if "gpu_idle_pct" in s:
             lines.append(f"GPU idle between steps {s['gpu_idle_pct']:.1f}% (CUDA events)")
+        if "mixture" in s:
+            lines.append(mixture_line(s["mixture"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]
         return "\n".join(lines)
 

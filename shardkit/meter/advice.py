@@ -47,7 +47,9 @@ def profile_of(loader) -> DataProfile:
     """The DataProfile of a shardkit loader (or StreamingDataset) from its manifest's image fields;
     an empty profile for anything else."""
     dataset = getattr(loader, "source", None) or getattr(loader, "dataset", loader)  # make_loader: .source
-    fields = getattr(getattr(dataset, "manifest", None), "fields", None)
+    fields = getattr(dataset, "field_specs", None)  # StreamingDataset and Mixture
+    if not isinstance(fields, dict):
+        fields = getattr(getattr(dataset, "manifest", None), "fields", None)
     if not isinstance(fields, dict):
         return DataProfile()
     read = getattr(dataset, "fields", None) or list(fields)

@@ -20,35 +20,73 @@ from shardkit.reader.partition import locate
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard, open_shard
 
 log = logging.getLogger(__name__)
+DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (its index in the mixture)
 MAX_OPEN_SHARDS = 64  # per process; a shuffle block spans a few shards, so this rarely evicts
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
+
+
+class ShardSet:
+    """The shards of one or more datasets as one list (a mixture reads several): shard index s ->
+    ShardInfo, the dataset root it lies in, and which dataset it belongs to. Sample ids run over
+    the shards in this order, so dataset i's samples come after those of datasets 0..i-1."""
+
+    def __init__(self, parts):
+        self.roots = [str(root) for root, _ in parts]
+        self.tables = [table for _, table in parts]
+        self.first = shard_offsets([len(t) for t in self.tables])  # first shard index of each dataset
+        self.samples = np.concatenate([np.asarray(t.samples, np.int64) for t in self.tables])
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def part(self, s):
+        """The dataset (index into the parts) of shard index s (an int or an array)."""
+        return np.searchsorted(self.first, s, side="right") - 1
+
+    def __getitem__(self, s: int):
+        p = int(self.part(s))
+        return self.tables[p][int(s - self.first[p])]
+
+    def __iter__(self):
+        for table in self.tables:
+            yield from table
+
+    def root(self, s: int) -> str:
+        return self.roots[int(self.part(s))]
+
+    def url(self, s: int) -> str:
+        return join(self.root(s), self[s].path)
 
 
 class BatchReader:
     """Reads and decodes batches of global sample ids; shards are opened lazily, in the process
     that reads (open files, caches, pins and mappings never cross a fork or a pickle).
 
-    `shards` is the dataset's shard table of one format (indexable: shard index -> ShardInfo).
+    `shards` is a ShardSet (or one dataset's shard table of one format, read from `src`).
+    With `tag_parts` every batch says which dataset each sample came from (`__dataset__`, int64).
     Under on_error='skip' a shard that fails is flagged in shared memory, and samples whose bytes
     fail their checksum are counted there, so every worker and the main process see both.
     `tokens` (reader.tokens.TokenBatches) builds the batches of a tokenized dataset.
     """
 
-    def __init__(self, src: str, specs: dict, fields: list[str], shards, config: StreamConfig,
-                 tokens=None, keys: bool = True):
-        self.src, self.specs, self.fields, self.shards, self.config = src, specs, fields, shards, config
-        self.tokens, self.keys = tokens, keys
+    def __init__(self, src: str | None, specs: dict, fields: list[str], shards, config: StreamConfig,
+                 tokens=None, keys: bool = True, tag_parts: bool = False):
+        if not isinstance(shards, ShardSet):
+            shards = ShardSet([(src, shards)])
+        self.specs, self.fields, self.shards, self.config = specs, fields, shards, config
+        self.tokens, self.keys, self.tag_parts = tokens, keys, tag_parts
         self.offsets = shard_offsets(shards.samples)
         self.float_dtype = config.dtype if config.dtype in FLOAT_DTYPES else None
         self.bad = torch.zeros(len(shards), dtype=torch.uint8).share_memory_()
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
-        self._cache = self._row_groups = None
+        self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
 
     @property
     def skipped_shards(self) -> list[str]:
-        """Paths of shards skipped as unreadable (seen by any worker)."""
-        return [self.shards[i].path for i in self.bad.nonzero().flatten().tolist()]
+        """Paths of shards skipped as unreadable (seen by any worker); URLs when several datasets are read."""
+        bad = self.bad.nonzero().flatten().tolist()
+        return [self.shards[i].path if len(self.shards.roots) == 1 else self.shards.url(i) for i in bad]
 
     def read(self, ids: np.ndarray, epoch: int, alloc=decode.np_empty, cross: bool = False) -> dict:
         """The batch of `ids` as shown in `epoch`: {'__key__': [str], field: tensor or list}; batch
@@ -85,13 +123,18 @@ class BatchReader:
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
-                return tokens.packed_batch(groups, n, alloc, _guard)
-            return tokens.finish(tokens.packed_batch(groups, n, tokens.scratch, _guard), alloc)
+                return self._tag(tokens.packed_batch(groups, n, alloc, _guard), shard_idx)
+            return self._tag(tokens.finish(tokens.packed_batch(groups, n, tokens.scratch, _guard), alloc), shard_idx)
         batch = {"__key__": _keys(groups, n)} if self.keys else {}
         for name in self.fields:
             batch[name] = self._column(name, groups, n, epoch, alloc)
         if tokens is not None:  # one document per sample: the tokens become training fields
             batch = tokens.document_batch(batch, self.offsets[shard_idx] + rows, alloc)
+        return self._tag(batch, shard_idx)
+
+    def _tag(self, batch: dict, shard_idx: np.ndarray) -> dict:
+        if self.tag_parts:  # small: travels by value, and the main process counts it (Mixture.yielded)
+            batch[DATASET_KEY] = torch.from_numpy(self.shards.part(shard_idx).astype(np.int64))
         return batch
 
     def _column(self, name: str, groups, n: int, epoch: int, alloc):
@@ -117,23 +160,21 @@ class BatchReader:
             return decode.column(spec, values, alloc)
         except decode.DecodeFailed as e:
             s = next(s for s, _, pos, _ in groups if e.index in pos)
-            raise _tagged(ShardError(f"shard {join(self.src, self.shards[s].path)}: cannot decode field "
+            raise _tagged(ShardError(f"shard {self.shards.url(s)}: cannot decode field "
                                      f"{name!r} of an image in it ({e}); rebuild the dataset"), s) from e
 
     def _reader(self, s: int):
         if s in self._readers:
             self._readers.move_to_end(s)
             return self._readers[s][0]
-        if self._cache is None:  # created lazily, in the process that reads: caches are per process
-            self._cache = ShardCache(self.src, self.config.cache_dir, self.config.cache_limit,
-                                     self.config.remote_policy())
+        if self._row_groups is None:  # created lazily, in the process that reads: caches are per process
             self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
-        url = join(self.src, self.shards[s].path)
+        url = self.shards.url(s)
         try:
             try:
                 self._readers[s] = self._open(s)
             except FileNotFoundError:
-                if not self._cache.remote:
+                if not self.cache(s).remote:
                     raise
                 # The cache pins what it hands out; a copy deleted behind its back is fetched again, once.
                 self._readers[s] = self._open(s)
@@ -147,10 +188,29 @@ class BatchReader:
             self.close(next(iter(self._readers)))
         return self._readers[s][0]
 
+    def shard_keys(self, s: int) -> list[str]:
+        """The sorted keys of shard s (the tar index's key column, the Parquet shard's), opened as a
+        batch would open it: through the shard cache, its checks made."""
+        return _guard(s, lambda: self._reader(s).keys)
+
+    def stored(self, s: int, field: str, row: int):
+        """The stored value of `field` at `row` of shard s (encoded bytes, int, str, dict; None where
+        the sample lacks it), checksum-checked, undecoded."""
+        reader = self._reader(s)
+        return _guard(s, lambda: reader.values(field, [row])[0]) if reader.has(field) else None
+
+    def cache(self, s: int) -> ShardCache:
+        """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
+        p = int(self.shards.part(s))
+        if p not in self._caches:
+            self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
+                                         self.config.remote_policy())
+        return self._caches[p]
+
     def _open(self, s: int):
         """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
         shard = self.shards[s]
-        pinned, url = self._cache.pin_shard(shard), join(self.src, shard.path)
+        pinned, url = self.cache(s).pin_shard(shard), self.shards.url(s)
         try:
             if self.tokens is not None and self.tokens.packed:
                 reader = self.tokens.open(pinned.path, shard, url, self._row_groups)
@@ -168,11 +228,11 @@ class BatchReader:
         entry = self._readers.pop(s, None)
         if entry is not None:
             entry[1].release()
-            self._cache.evict()  # what the pin held over cache_limit may go now
+            self.cache(s).evict()  # what the pin held over cache_limit may go now
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_readers"], state["_cache"], state["_row_groups"] = OrderedDict(), None, None
+        state["_readers"], state["_caches"], state["_row_groups"] = OrderedDict(), {}, None
         return state
 
 

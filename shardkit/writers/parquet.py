@@ -7,7 +7,7 @@ import os
 
 from shardkit.fs import atomic_writer, sha256_file
 from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum,
-                               fixed_nbytes, shard_relpath, source_columns)
+                               fixed_nbytes, key_bounds, shard_relpath, source_columns)
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
@@ -106,4 +106,5 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
     with atomic_writer(path, durable=durable) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
                        use_dictionary=dictionary, write_page_checksum=True)
-    return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path))
+    return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path),
+                     keys=key_bounds(table.column("__key__")))

@@ -7,7 +7,8 @@ import os
 import tarfile
 
 from shardkit.fs import atomic_writer, sha256_file
-from shardkit.contract import CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum, shard_relpath
+from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum, key_bounds,
+                               shard_relpath)
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor, so other tools see a conventional file end
@@ -138,4 +139,4 @@ def write_tar_table(table, root: str, shard_id: int, fields: dict, durable: bool
         pq.write_table(pa.table(columns), out, compression="zstd")
     index_path = os.path.join(root, index_rel)
     index = {"path": index_rel, "bytes": os.path.getsize(index_path), "sha256": sha256_file(index_path)}
-    return ShardInfo(shard_id, "tar", rel, len(keys), nbytes, digest, index)
+    return ShardInfo(shard_id, "tar", rel, len(keys), nbytes, digest, index, keys=key_bounds(keys))

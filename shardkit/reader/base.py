@@ -1,0 +1,177 @@
+"""What every streamed dataset shares (one dataset, or a mixture of several): progress through the
+epoch, a worker's batches from the published position, and the hooks make_loader calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from shardkit.fs import is_remote
+from shardkit.identity import worker_identity, worker_info
+from shardkit.reader import decode
+from shardkit.reader.batches import last_uses
+from shardkit.reader.position import Position
+from shardkit.reader.tokens import STORED
+
+# Packed token rows per DataLoader item: a worker builds this many rows (several consecutive batches)
+# at once, because each item costs ~100-200 us of DataLoader and transport work in the main process
+# (measured), which at 16 rows a batch was more than reading them.
+GROUP_ROWS = 256
+
+
+class EpochDataset(IterableDataset):
+    """An IterableDataset read in epochs: exactly-once over ranks x workers, resumable.
+
+    A subclass sets `config` (StreamConfig), `reader` (BatchReader), `tokens` (TokenBatches or
+    None), `transform`, `batch_transform`, `world_size`, `position` (Position) and gives
+    `epoch_plan`, `__len__`, `slotted_fields` and `plan_fields`.
+    """
+
+    position: Position
+
+    def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False,
+                   world_size: int | None = None):
+        """This rank's plan of `epoch` after resume `layers` (rank 0's at another `world_size`)."""
+        raise NotImplementedError
+
+    def plan_fields(self) -> dict:
+        """What fixes an epoch's order, saved in the loader's state and checked on restore."""
+        raise NotImplementedError
+
+    def state_extra(self) -> dict:
+        """More of the loader's state (a mixture's per-source positions); checked by check_state."""
+        return {}
+
+    def check_state(self, state: dict) -> None:
+        """Raise a ConfigError when a saved loader state cannot resume this dataset."""
+
+    def check_loader(self, batch_size: int, drop_last: bool) -> None:
+        """Raise a ConfigError when make_loader's batching does not fit this dataset."""
+
+    def yielded(self, batch, size: int) -> None:
+        """Main process: `batch` (`size` planned samples) is about to reach the training loop."""
+
+    @property
+    def padding(self) -> int:
+        """Samples repeated (or, with drop_remainder, dropped) over all ranks by the current
+        epoch's split (after a resume at another world size: by the rest of this epoch)."""
+        p = self.position
+        return self.epoch_plan(p.epoch, p.layers).padding
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def consumed(self) -> int:
+        """Samples of this epoch already yielded to the training loop (kept up by make_loader)."""
+        return self.position.consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch` (a new order); the same epoch again keeps a restored position.
+
+        Without set_epoch, make_loader moves to the next epoch when one has run out.
+        """
+        self.position.set_epoch(epoch)
+
+    def restart(self, epoch: int = 0) -> None:
+        """Go to the first sample of `epoch`, whatever was consumed (e.g. a validation pass)."""
+        self.position.jump(epoch)
+
+    @property
+    def skipped_shards(self) -> list[str]:
+        """Paths of shards skipped as unreadable under on_error='skip' (seen by any worker)."""
+        return self.reader.skipped_shards
+
+    @property
+    def skipped_samples(self) -> int:
+        """Samples left out under on_error='skip' because their bytes failed the checksum (all workers)."""
+        return int(self.reader.skipped.sum())
+
+    def batches(self, batch_size: int, drop_last: bool = False, transport=None):
+        """This worker's batches from the published position: {'__key__': [str], field: tensor or
+        list}. With make_loader's `transport` batch memory comes from its shared slots, and packed
+        token rows come as groups of consecutive batches (cut again by `received`)."""
+        if worker_info() is not None:
+            decode.tune_worker_malloc()
+        epoch, consumed, layers = self.position.published()
+        worker, num_workers = worker_identity()
+        plain = transport is not None and self.transform is None and self.batch_transform is None
+        group = self._group_size(batch_size, plain)
+        plan = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
+        # Groups of consecutive batches, still dealt round-robin: the same order; a dropped last
+        # batch is cut off before grouping.
+        stop = consumed + (len(plan) - consumed) // batch_size * batch_size if group > 1 and drop_last else None
+        done = {}
+        if self.config.cache_limit is not None and any(is_remote(r) for r in self.reader.shards.roots):
+            done = last_uses(plan.batches(consumed, worker, num_workers, stop), self.reader.offsets)
+        cross = plain and getattr(transport, "pin", False)  # packed rows widen into pinned memory
+        alloc = transport.alloc if transport is not None else None
+        for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop)):
+            batch = self.load(ids, epoch, alloc, cross)
+            yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
+            for s in done.get(j, ()):
+                self.reader.close(s)
+
+    def _group_size(self, batch_size: int, plain: bool) -> int:
+        """Batches a worker builds per item: several for packed token rows sent as they are (see
+        GROUP_ROWS), one otherwise (under on_error='skip' a batch may come out short)."""
+        packed = self.tokens is not None and self.tokens.packed
+        if not packed or not plain or self.config.on_error != "fail":
+            return 1
+        return max(1, GROUP_ROWS // batch_size)
+
+    def load(self, ids: np.ndarray, epoch: int, alloc=None, cross: bool = False) -> dict:
+        """The batch of global sample ids `ids` as shown in `epoch`, transforms applied."""
+        if alloc is None or self.transform is not None:  # a transform rebuilds the batch
+            alloc = decode.np_empty
+        batch = self.reader.read(ids, epoch, alloc, cross)
+        if self.transform is not None:
+            samples = [self.transform(decode.unbatch(batch, i)) for i in range(length(batch))]
+            batch = decode.collate(samples)
+        return self.batch_transform(batch) if self.batch_transform else batch
+
+    def received(self, item):
+        """Main process: the batches of one worker item. A group of consecutive batches (packed token
+        rows) is cut into views; rows that crossed as stored are widened here into pinned memory."""
+        if not isinstance(item, dict) or ("__batches__" not in item and STORED not in item):
+            yield item
+            return
+        sizes = item.pop("__batches__", None) or [length(item)]
+        for part in self.tokens.cut(item, sizes):
+            yield self.tokens.finish(part, _pinned) if STORED in part else part
+
+    def __iter__(self):
+        """One decoded sample at a time (a plain DataLoader batches them itself)."""
+        epoch, consumed, layers = self.position.published()
+        worker, num_workers = worker_identity()
+        for ids in self.epoch_plan(epoch, layers).batches(consumed, worker, num_workers):
+            batch = self.reader.read(ids, epoch)
+            for i in range(length(batch)):
+                sample = decode.unbatch(batch, i)
+                yield self.transform(sample) if self.transform else sample
+
+
+def _pinned(shape) -> np.ndarray:
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _sizes(n: int, batch_size: int) -> list[int]:
+    return [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
+
+
+def length(batch: dict) -> int:
+    """Samples in a batch (keys may be left out)."""
+    if "__key__" in batch:
+        return len(batch["__key__"])
+    return len(next(iter(batch.values())))
+
+
+def shards_digest(counts) -> str:
+    """The shard layout in a few bytes, saved in the loader state: the order permutes shards, so the
+    same total cut into other shards (a rebuild with another shard size) gives another order.
+    O(shards) once per call."""
+    import xxhash
+
+    return f"{len(counts)} shards, counts {xxhash.xxh3_64_hexdigest(np.ascontiguousarray(counts, '<i8').tobytes())}"
