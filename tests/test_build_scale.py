@@ -354,3 +354,23 @@ def test_parquet_images_kept_as_they_are_under_their_format(tmp_path):
     assert m.fields["jpg"] == {"kind": "image", "encoding": "keep"} and result.samples == 6
     rows = pq.read_table(out / m.shards[0].path).to_pylist()
     assert rows[2]["jpg"] == _jpeg(2) and rows[2]["__source__"] == "imgs.parquet" and rows[2]["__source_row__"] == 2
+
+
+def test_parquet_dictionary_and_view_string_columns_are_strings(tmp_path):
+    """pandas categoricals and dictionary-encoding writers store strings as dictionary columns; newer
+    writers use string views: their rows are strings like any other, for text and for labels."""
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"text": pa.array(["a b", "c d", "a b"]).dictionary_encode(),
+                             "tag": pa.array(["x", "y", "x"]).dictionary_encode()}), raw / "d.parquet")
+    pq.write_table(pa.table({"text": pa.array(["q", "r"], pa.string_view()),
+                             "tag": pa.array(["x", "z"], pa.large_string()),
+                             "image": pa.array([_jpeg(1), _jpeg(2)], pa.binary_view())}), raw / "e.parquet")
+    out = tmp_path / "out"
+    result = _build(raw, out, label_field="tag", format="parquet", encode="keep")
+    assert result.samples == 5 and not result.rejections, [r.reason for r in result.rejections]
+    m = load_manifest(str(out))
+    assert m.classes == ["x", "y", "z"]
+    rows = pq.read_table(out / m.shards[0].path).to_pylist()
+    assert [(r["txt"], r["cls"]) for r in rows] == [("a b", 0), ("c d", 1), ("a b", 0), ("q", 0), ("r", 2)]
+    assert rows[3]["jpg"] == _jpeg(1)

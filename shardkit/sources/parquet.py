@@ -20,21 +20,39 @@ from shardkit.sample import Sample
 MAX_STRING_CLASSES = 100_000  # a string label column with more distinct values is not a label
 
 
-def _text_kind(t) -> str:
+def _values(t):
+    """The type of a column's values: a dictionary-encoded column (pandas categoricals, writers that
+    dictionary-encode strings) holds its dictionary's type; pyarrow hands rows out as plain values."""
     import pyarrow as pa
 
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else f"bad:{t}"
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _is_string(t) -> bool:
+    import pyarrow as pa
+
+    t = _values(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_binary(t) -> bool:
+    import pyarrow as pa
+
+    t = _values(t)
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+
+
+def _text_kind(t) -> str:
+    return "string" if _is_string(t) else f"bad:{t}"
 
 
 def _image_kind(t) -> str:
     import pyarrow as pa
 
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    if _is_binary(t):
         return "binary"
-    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
-        inner = t.field("bytes").type
-        if pa.types.is_binary(inner) or pa.types.is_large_binary(inner):
-            return "struct"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and _is_binary(t.field("bytes").type):
+        return "struct"
     return f"bad:{t}"
 
 
@@ -56,11 +74,13 @@ def _label_info(pf, column: str, t) -> dict:
     import pyarrow.compute as pc
 
     values = pf.read(columns=[column]).column(0)
+    if pa.types.is_dictionary(t):
+        values, t = values.cast(t.value_type), t.value_type
     if pa.types.is_integer(t):
         top = pc.max(values).as_py()
         return {"type": "int", "max": -1 if top is None else int(top),
                 "names": hf_class_names(pf.schema_arrow, column)}
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if _is_string(t):
         distinct = sorted(v for v in pc.unique(values).to_pylist() if v is not None)
         if len(distinct) > MAX_STRING_CLASSES:
             raise ConfigError(f"--label-field {column!r} has more than {MAX_STRING_CLASSES:,} distinct values: not "
