@@ -374,3 +374,20 @@ def test_parquet_dictionary_and_view_string_columns_are_strings(tmp_path):
     rows = pq.read_table(out / m.shards[0].path).to_pylist()
     assert [(r["txt"], r["cls"]) for r in rows] == [("a b", 0), ("c d", 1), ("a b", 0), ("q", 0), ("r", 2)]
     assert rows[3]["jpg"] == _jpeg(1)
+
+
+def test_dedup_finds_parquet_images_under_the_image_field_given(tmp_path):
+    """`--image-field photo` names the image column for the dedup step too (build --dedup and dedup
+    of a raw folder), not only for the build: else every row looked image-less and nothing was removed."""
+    from shardkit.config import DedupConfig
+    from shardkit.dedup_job import dedup
+
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"photo": [_jpeg(i % 3) for i in range(9)],
+                             "caption": [f"caption {i}" for i in range(9)]}), raw / "p.parquet")
+    result = _build(raw, tmp_path / "out", dedup=True, image_field="photo", text_field="caption", encode="keep")
+    assert (result.samples, result.duplicates) == (3, 6)
+    res = dedup(DedupConfig(src=str(raw), out=str(tmp_path / "d"), image_field="photo", text_field="caption",
+                            workers=0, progress=False))
+    assert (res.summary["kept"], res.summary["image"]["images"]) == (3, 9)
