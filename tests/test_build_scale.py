@@ -391,3 +391,23 @@ def test_dedup_finds_parquet_images_under_the_image_field_given(tmp_path):
     res = dedup(DedupConfig(src=str(raw), out=str(tmp_path / "d"), image_field="photo", text_field="caption",
                             workers=0, progress=False))
     assert (res.summary["kept"], res.summary["image"]["images"]) == (3, 9)
+
+
+def test_rerun_rebuilds_a_shard_whose_parquet_rows_name_a_changed_image_file(tmp_path):
+    """An HF image stored by path only is an input of its shard: changing that file must rebuild
+    the shard (the Parquet file itself did not change), as a fresh build's bytes change."""
+    raw = tmp_path / "raw"
+    os.makedirs(raw / "pics")
+    os.makedirs(raw / "z")
+    for i in range(2):
+        (raw / "pics" / f"{i}.jpg").write_bytes(_jpeg(i))
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = [{"bytes": None, "path": f"../pics/{i}.jpg"} for i in range(2)]
+    pq.write_table(pa.table({"image": pa.array(rows, image_type)}), raw / "z" / "rows.parquet")
+    kw = dict(encode="keep", labels=False, max_samples_per_shard=2)
+    out = tmp_path / "out"
+    assert len(_build(raw, out, **kw).shards) == 2  # pics/0, pics/1 | z/rows/0, z/rows/1
+    (raw / "pics" / "1.jpg").write_bytes(_jpeg(7, (30, 40)))
+    assert _build(raw, out, **kw).reused_shards == 0
+    _build(raw, tmp_path / "fresh", **kw)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")

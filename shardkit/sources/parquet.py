@@ -182,7 +182,8 @@ class RowConverter:
         return RejectedInput(f"wrong type: column {what!r} holds {kind[4:]}, expected {expected} (choose the "
                              f"column with {flag})")
 
-    def _image(self, value) -> bytes:
+    def _image(self, value) -> tuple[bytes, list | None]:
+        """(image bytes, the linked file [path in SRC, size, mtime_ns] when the row names a file)."""
         name, kind = self.opts.image_field, self.info["image"]
         if kind.startswith("bad:"):
             raise self._bad_type(name, kind, "--image-field", "binary or a struct {bytes, path}")
@@ -193,19 +194,26 @@ class RowConverter:
             value = data
         if value is None:
             raise RejectedInput(f"null image: column {name!r} is null in this row")
-        return value
+        return value, None
 
-    def _image_file(self, path: str) -> bytes:
-        """An HF image stored by path only: read relative to the Parquet file, inside SRC only."""
+    def _image_file(self, path: str) -> tuple[bytes, list]:
+        """An HF image stored by path only: read relative to the Parquet file, inside SRC only. The file
+        is an input of its shard beside the Parquet file: its stats go into the shard's rerun check
+        (a missing one too, as size -1, so that it appearing later rebuilds the shard)."""
         root = os.path.realpath(self.opts.root)
         full = os.path.realpath(os.path.join(root, os.path.dirname(self.rel), path))
         if os.path.commonpath([root, full]) != root:
             raise RejectedInput(f"image path outside the source folder: {path!r} (the row has no image bytes)")
+        link = [os.path.relpath(full, root).replace(os.sep, "/"), -1, -1]
         try:
             with open(full, "rb") as f:
-                return f.read()
+                st = os.fstat(f.fileno())
+                link[1:] = [st.st_size, st.st_mtime_ns]
+                return f.read(), link
         except OSError as e:
-            raise RejectedInput(f"unreadable image path {path!r}: {e.strerror or e}") from None
+            error = RejectedInput(f"unreadable image path {path!r}: {e.strerror or e}")
+            error.linked = link
+            raise error from None
 
     def _label(self, value) -> int:
         name, label = self.opts.label_field, self.info["label"]
@@ -232,8 +240,9 @@ class RowConverter:
             if row[opts.text_field] is None:
                 raise RejectedInput(f"null text: column {opts.text_field!r} is null in this row")
             fields["txt"] = row[opts.text_field]
+        link = None
         if info["image"]:
-            fields["image"] = self._image(row[opts.image_field])
+            fields["image"], link = self._image(row[opts.image_field])
         if opts.label_field:
             if info["label"] is None:
                 raise RejectedInput(f"missing field: no label column {opts.label_field!r} (--label-field) in this "
@@ -245,6 +254,8 @@ class RowConverter:
                 "utf8_replaced": 0}
         if "image" in fields:
             meta["image_ext"] = image_ext(fields["image"])  # what `--encode keep` names the field
+        if link:
+            meta["linked"] = link
         return Sample(key, fields, meta)
 
 
