@@ -411,3 +411,13 @@ def test_rerun_rebuilds_a_shard_whose_parquet_rows_name_a_changed_image_file(tmp
     assert _build(raw, out, **kw).reused_shards == 0
     _build(raw, tmp_path / "fresh", **kw)
     assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")
+
+
+def test_summary_says_labels_come_from_the_label_column(tmp_path):
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"text": ["one", "two"], "tag": ["dog", "cat"]}), raw / "a.parquet")
+    res = CliRunner().invoke(main, ["build", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress",
+                                    "--label-field", "tag"])
+    assert res.exit_code == 0, res.output
+    assert "2 classes from column 'tag' (--label-field)" in res.output and "subfolders" not in res.output
