@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig
 from shardkit.contract import ShardInfo
-from shardkit.errors import FailFast, Rejection, RejectionLog
+from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
 from shardkit.fs import atomic_write, fsync_path, tmp_name
 from shardkit.sources.order import Piece
 from shardkit.sources.read import SourceReader
@@ -74,6 +74,7 @@ class UnitResult:
     stats: dict = field(default_factory=dict)
     failed: Rejection | None = None
     path: str | None = None  # the unit's table file
+    linked: list = field(default_factory=list)  # files read by path from Parquet rows: [path, size, mtime_ns]
 
 
 @dataclass
@@ -89,17 +90,19 @@ class ShardResult:
     skipped: bool = False  # reused from a previous build
     failed: Rejection | None = None
     stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
+    linked: list = field(default_factory=list)  # inputs named by rows, not by the shard's fingerprint
 
     def to_json(self) -> dict:
         return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
                 "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
-                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats}
+                "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats,
+                "linked": self.linked}
 
     @classmethod
     def from_json(cls, d: dict) -> "ShardResult":
         return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
                    [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
-                   stats=d.get("stats", {}))
+                   stats=d.get("stats", {}), linked=d.get("linked", []))
 
 
 def add_stats(total: dict, more: dict) -> dict:
@@ -132,7 +135,16 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str) -> ShardResult |
             full = os.path.join(cfg.out, rel)
             if not os.path.isfile(full) or os.path.getsize(full) != size:
                 return None
-    return result
+    return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
+
+
+def _unchanged(root: str, rel: str, size: int, mtime_ns: int) -> bool:
+    """Whether a file a row named (an image by path) has the stats it had when the shard was built."""
+    try:
+        st = os.stat(os.path.join(root, rel))
+    except OSError:
+        return size == -1
+    return (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
 
 
 def _process(pieces, ctx: BuildContext, shard_id: int):
@@ -142,7 +154,14 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
     result = UnitResult(0, log.items)
 
     def read(ref):
-        sample = ref.make()
+        try:
+            sample = ref.make()
+        except RejectedInput as e:
+            if e.linked:
+                result.linked.append(e.linked)
+            raise
+        if "linked" in sample.meta:
+            result.linked.append(sample.meta["linked"])
         result.images += "image" in sample.fields
         result.utf8_replaced += sample.meta.get("utf8_replaced", 0)
         return sample
@@ -249,7 +268,8 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
             if len(table) else []
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
-                         time.perf_counter() - start, stats=stats)
+                         time.perf_counter() - start, stats=stats,
+                         linked=sorted({tuple(link) for p in parts for link in p.linked}))
     _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])
     return result
 

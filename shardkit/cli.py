@@ -231,7 +231,10 @@ def build_summary(r) -> str:
                      f"{st.get('rows', 0)} rows ({st.get('pad_tokens', 0)} padding, {st.get('dropped_tokens', 0)} "
                      f"dropped); tokenizer {tok['source']} → tokenizer.json")
     classes = r.manifest.classes if r.manifest else None
-    if classes:
+    column = r.manifest.build.get("config", {}).get("label_field") if classes else None
+    if column:
+        lines.append(f"  labels          {len(classes)} classes from column {column!r} (--label-field)")
+    elif classes:
         lines.append(f"  labels          {len(classes)} classes from the subfolders (--no-labels to leave them out)")
     lines += [
         f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"

@@ -42,7 +42,10 @@ from shardkit.errors import ON_ERROR_CHOICES
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
               help="Shard format when SRC is a raw folder (its images are stored byte for byte, under their "
                    "own extension); a built dataset keeps its formats.")
-@click.option("--text-field", default="text", show_default=True, help="Key holding the text in .jsonl lines.")
+@click.option("--text-field", default="text", show_default=True,
+              help="The text: a key of each .jsonl line, or a column of .parquet files.")
+@click.option("--image-field", default="image", show_default=True,
+              help="The image column of .parquet files: binary, or a struct {bytes, path}.")
 @click.option("--workers", type=int, default=None,
               help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
                    "estimated work cannot pay for starting a cluster, else one worker per core].")
@@ -52,7 +55,7 @@ from shardkit.errors import ON_ERROR_CHOICES
               help="skip: record unreadable inputs in OUT/errors.jsonl and go on; fail: stop at the first.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
-          partition_size, fmt, text_field, workers, scheduler, on_error, progress):
+          partition_size, fmt, text_field, image_field, workers, scheduler, on_error, progress):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.
 
     \b
@@ -82,7 +85,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     cfg = DedupConfig(src=src, out=out, threshold=threshold, num_perm=num_perm, ngram=ngram, bands=bands,
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,
                       image_distance=image_distance, partition_size=partition_size, format=fmt,
-                      text_field=text_field, workers=workers, scheduler=scheduler, on_error=on_error,
+                      text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler, on_error=on_error,
                       progress=progress)
     result = run_dedup(cfg)
     click.echo(summary_text(result))

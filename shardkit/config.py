@@ -132,7 +132,8 @@ class BuildConfig:
     def dedup_config(self) -> "DedupConfig":
         """The DedupConfig that `build --dedup` runs with."""
         return DedupConfig(src=self.src, out=self.out, threshold=self.dedup_threshold, verify=self.dedup_verify,
-                           image_distance=self.image_distance, text_field=self.text_field, workers=self.workers,
+                           image_distance=self.image_distance, text_field=self.text_field,
+                           image_field=self.image_field, workers=self.workers,
                            scheduler=self.scheduler, on_error=self.on_error, progress=self.progress)
 
     @property
@@ -276,6 +277,7 @@ class DedupConfig:
     partition_size: int = 5000
     format: str = "tar"  # shard format when SRC is a raw folder (a dataset keeps its own formats)
     text_field: str = "text"
+    image_field: str = "image"  # the image column of Parquet sources in a raw folder
     workers: int | None = None
     scheduler: str | None = None
     on_error: str = "skip"
@@ -308,6 +310,8 @@ class DedupConfig:
             positive("workers", self.workers, "--workers (0 runs in-process)")
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
+        if not self.image_field:
+            raise ConfigError("image_field must be a non-empty column name (--image-field)")
 
     def lsh_params(self) -> tuple[int, int]:
         """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
@@ -330,7 +334,7 @@ class DedupConfig:
         """The build `shardkit dedup RAW OUT` runs: the input's bytes kept as they are (no resize,
         no re-encode), this config's shard format, text field and execution settings."""
         return BuildConfig(self.src, self.out, format=self.format, encode="keep", text_field=self.text_field,
-                           workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
+                           image_field=self.image_field, workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
                            dedup_verify=self.verify, image_distance=self.image_distance)
 

@@ -55,15 +55,15 @@ class SampleReader:
 class RecordReader:
     """Raw-folder records → samples (picklable, for Dask workers)."""
 
-    def __init__(self, src: str, text_field: str):
-        self.src, self.text_field = src, text_field
+    def __init__(self, src: str, text_field: str, image_field: str = "image"):
+        self.src, self.text_field, self.image_field = src, text_field, image_field
 
     def read_many(self, records):
         """A partition's samples, one by one, an Unreadable row where a record cannot be read (one
         open per .jsonl file of the partition, not one per line)."""
         from shardkit.sources import read_records
 
-        for rec, got in read_records(self.src, list(records), self.text_field):
+        for rec, got in read_records(self.src, list(records), self.text_field, self.image_field):
             yield (sigmod.Unreadable(rec.key, rec.files[0], got.reason, rec.line[0] if rec.line else None)
                    if isinstance(got, RejectedInput) else got)
 
@@ -123,7 +123,7 @@ def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
 def plan_partitions(items, cfg: DedupConfig, workdir: str, per_partition: int | None = None) -> list[Partition]:
     """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters."""
     size = per_partition or cfg.partition_size
-    params = repr((WORK_VERSION, asdict(signature_params(cfg)), cfg.text_field))
+    params = repr((WORK_VERSION, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
     parts = []
     for index, start in enumerate(range(0, len(items), size)):
         chunk = tuple(items[start:start + size])
@@ -272,7 +272,7 @@ def dedup_records(records: list, src: str, cfg: DedupConfig, client=None, workdi
     Reads each record with sources.read_record (on `client` when given). Inputs dedup cannot read
     stay in: the build rejects and records them itself, once.
     """
-    result = find_duplicates(records, cfg, client, workdir, reader=RecordReader(src, cfg.text_field))
+    result = find_duplicates(records, cfg, client, workdir, reader=RecordReader(src, cfg.text_field, cfg.image_field))
     keep = np.ones(len(records), bool)
     keep[result.removed_ids] = False
     return keep, result

@@ -354,3 +354,70 @@ def test_parquet_images_kept_as_they_are_under_their_format(tmp_path):
     assert m.fields["jpg"] == {"kind": "image", "encoding": "keep"} and result.samples == 6
     rows = pq.read_table(out / m.shards[0].path).to_pylist()
     assert rows[2]["jpg"] == _jpeg(2) and rows[2]["__source__"] == "imgs.parquet" and rows[2]["__source_row__"] == 2
+
+
+def test_parquet_dictionary_and_view_string_columns_are_strings(tmp_path):
+    """pandas categoricals and dictionary-encoding writers store strings as dictionary columns; newer
+    writers use string views: their rows are strings like any other, for text and for labels."""
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"text": pa.array(["a b", "c d", "a b"]).dictionary_encode(),
+                             "tag": pa.array(["x", "y", "x"]).dictionary_encode()}), raw / "d.parquet")
+    pq.write_table(pa.table({"text": pa.array(["q", "r"], pa.string_view()),
+                             "tag": pa.array(["x", "z"], pa.large_string()),
+                             "image": pa.array([_jpeg(1), _jpeg(2)], pa.binary_view())}), raw / "e.parquet")
+    out = tmp_path / "out"
+    result = _build(raw, out, label_field="tag", format="parquet", encode="keep")
+    assert result.samples == 5 and not result.rejections, [r.reason for r in result.rejections]
+    m = load_manifest(str(out))
+    assert m.classes == ["x", "y", "z"]
+    rows = pq.read_table(out / m.shards[0].path).to_pylist()
+    assert [(r["txt"], r["cls"]) for r in rows] == [("a b", 0), ("c d", 1), ("a b", 0), ("q", 0), ("r", 2)]
+    assert rows[3]["jpg"] == _jpeg(1)
+
+
+def test_dedup_finds_parquet_images_under_the_image_field_given(tmp_path):
+    """`--image-field photo` names the image column for the dedup step too (build --dedup and dedup
+    of a raw folder), not only for the build: else every row looked image-less and nothing was removed."""
+    from shardkit.config import DedupConfig
+    from shardkit.dedup_job import dedup
+
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"photo": [_jpeg(i % 3) for i in range(9)],
+                             "caption": [f"caption {i}" for i in range(9)]}), raw / "p.parquet")
+    result = _build(raw, tmp_path / "out", dedup=True, image_field="photo", text_field="caption", encode="keep")
+    assert (result.samples, result.duplicates) == (3, 6)
+    res = dedup(DedupConfig(src=str(raw), out=str(tmp_path / "d"), image_field="photo", text_field="caption",
+                            workers=0, progress=False))
+    assert (res.summary["kept"], res.summary["image"]["images"]) == (3, 9)
+
+
+def test_rerun_rebuilds_a_shard_whose_parquet_rows_name_a_changed_image_file(tmp_path):
+    """An HF image stored by path only is an input of its shard: changing that file must rebuild
+    the shard (the Parquet file itself did not change), as a fresh build's bytes change."""
+    raw = tmp_path / "raw"
+    os.makedirs(raw / "pics")
+    os.makedirs(raw / "z")
+    for i in range(2):
+        (raw / "pics" / f"{i}.jpg").write_bytes(_jpeg(i))
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = [{"bytes": None, "path": f"../pics/{i}.jpg"} for i in range(2)]
+    pq.write_table(pa.table({"image": pa.array(rows, image_type)}), raw / "z" / "rows.parquet")
+    kw = dict(encode="keep", labels=False, max_samples_per_shard=2)
+    out = tmp_path / "out"
+    assert len(_build(raw, out, **kw).shards) == 2  # pics/0, pics/1 | z/rows/0, z/rows/1
+    (raw / "pics" / "1.jpg").write_bytes(_jpeg(7, (30, 40)))
+    assert _build(raw, out, **kw).reused_shards == 0
+    _build(raw, tmp_path / "fresh", **kw)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")
+
+
+def test_summary_says_labels_come_from_the_label_column(tmp_path):
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"text": ["one", "two"], "tag": ["dog", "cat"]}), raw / "a.parquet")
+    res = CliRunner().invoke(main, ["build", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress",
+                                    "--label-field", "tag"])
+    assert res.exit_code == 0, res.output
+    assert "2 classes from column 'tag' (--label-field)" in res.output and "subfolders" not in res.output

@@ -106,7 +106,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         return ScanResult(records(inv), inv)
 
 
-def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
+def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) -> Sample:
     """One row of a row file, read alone (the build reads rows in runs, see sources.read)."""
     from shardkit.sources.rows import parse_jsonl_line
 
@@ -119,13 +119,13 @@ def _read_row(root: str, rec: InputRecord, text_field: str) -> Sample:
     from shardkit.sources.parquet import RowConverter, row_group_of
     from shardkit.sources.index import ScanOptions
 
-    opts = ScanOptions(root, "", text_field)
+    opts = ScanOptions(root, "", text_field, image_field)
     info, table, first = row_group_of(os.path.join(root, rel), number, opts)
     row = table.slice(number - first, 1).to_pylist()[0]
     return RowConverter(opts, info, None, rel)(row, rec.key, rec.source)
 
 
-def read_records(root: str, records: list[InputRecord], text_field: str = "text"):
+def read_records(root: str, records: list[InputRecord], text_field: str = "text", image_field: str = "image"):
     """(record, Sample or RejectedInput) for each record, in order. Consecutive rows of one .jsonl
     file are read with one open and one read (the build reads pieces in runs: sources.read)."""
     from shardkit.sources.rows import parse_jsonl_line
@@ -139,7 +139,7 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
                 j += 1
         if j == i + 1:
             try:
-                yield rec, read_record(root, rec, text_field)
+                yield rec, read_record(root, rec, text_field, image_field)
             except RejectedInput as e:
                 yield rec, e
             i = j
@@ -166,11 +166,11 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
         i = j
 
 
-def read_record(root: str, rec: InputRecord, text_field: str = "text") -> Sample:
+def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image") -> Sample:
     """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls."""
     try:
         if rec.line is not None:
-            sample = _read_row(root, rec, text_field)
+            sample = _read_row(root, rec, text_field, image_field)
         else:
             sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:

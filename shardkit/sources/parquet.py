@@ -20,21 +20,39 @@ from shardkit.sample import Sample
 MAX_STRING_CLASSES = 100_000  # a string label column with more distinct values is not a label
 
 
-def _text_kind(t) -> str:
+def _values(t):
+    """The type of a column's values: a dictionary-encoded column (pandas categoricals, writers that
+    dictionary-encode strings) holds its dictionary's type; pyarrow hands rows out as plain values."""
     import pyarrow as pa
 
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else f"bad:{t}"
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _is_string(t) -> bool:
+    import pyarrow as pa
+
+    t = _values(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_binary(t) -> bool:
+    import pyarrow as pa
+
+    t = _values(t)
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+
+
+def _text_kind(t) -> str:
+    return "string" if _is_string(t) else f"bad:{t}"
 
 
 def _image_kind(t) -> str:
     import pyarrow as pa
 
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    if _is_binary(t):
         return "binary"
-    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
-        inner = t.field("bytes").type
-        if pa.types.is_binary(inner) or pa.types.is_large_binary(inner):
-            return "struct"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and _is_binary(t.field("bytes").type):
+        return "struct"
     return f"bad:{t}"
 
 
@@ -56,11 +74,13 @@ def _label_info(pf, column: str, t) -> dict:
     import pyarrow.compute as pc
 
     values = pf.read(columns=[column]).column(0)
+    if pa.types.is_dictionary(t):
+        values, t = values.cast(t.value_type), t.value_type
     if pa.types.is_integer(t):
         top = pc.max(values).as_py()
         return {"type": "int", "max": -1 if top is None else int(top),
                 "names": hf_class_names(pf.schema_arrow, column)}
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if _is_string(t):
         distinct = sorted(v for v in pc.unique(values).to_pylist() if v is not None)
         if len(distinct) > MAX_STRING_CLASSES:
             raise ConfigError(f"--label-field {column!r} has more than {MAX_STRING_CLASSES:,} distinct values: not "
@@ -162,7 +182,8 @@ class RowConverter:
         return RejectedInput(f"wrong type: column {what!r} holds {kind[4:]}, expected {expected} (choose the "
                              f"column with {flag})")
 
-    def _image(self, value) -> bytes:
+    def _image(self, value) -> tuple[bytes, list | None]:
+        """(image bytes, the linked file [path in SRC, size, mtime_ns] when the row names a file)."""
         name, kind = self.opts.image_field, self.info["image"]
         if kind.startswith("bad:"):
             raise self._bad_type(name, kind, "--image-field", "binary or a struct {bytes, path}")
@@ -173,19 +194,26 @@ class RowConverter:
             value = data
         if value is None:
             raise RejectedInput(f"null image: column {name!r} is null in this row")
-        return value
+        return value, None
 
-    def _image_file(self, path: str) -> bytes:
-        """An HF image stored by path only: read relative to the Parquet file, inside SRC only."""
+    def _image_file(self, path: str) -> tuple[bytes, list]:
+        """An HF image stored by path only: read relative to the Parquet file, inside SRC only. The file
+        is an input of its shard beside the Parquet file: its stats go into the shard's rerun check
+        (a missing one too, as size -1, so that it appearing later rebuilds the shard)."""
         root = os.path.realpath(self.opts.root)
         full = os.path.realpath(os.path.join(root, os.path.dirname(self.rel), path))
         if os.path.commonpath([root, full]) != root:
             raise RejectedInput(f"image path outside the source folder: {path!r} (the row has no image bytes)")
+        link = [os.path.relpath(full, root).replace(os.sep, "/"), -1, -1]
         try:
             with open(full, "rb") as f:
-                return f.read()
+                st = os.fstat(f.fileno())
+                link[1:] = [st.st_size, st.st_mtime_ns]
+                return f.read(), link
         except OSError as e:
-            raise RejectedInput(f"unreadable image path {path!r}: {e.strerror or e}") from None
+            error = RejectedInput(f"unreadable image path {path!r}: {e.strerror or e}")
+            error.linked = link
+            raise error from None
 
     def _label(self, value) -> int:
         name, label = self.opts.label_field, self.info["label"]
@@ -212,8 +240,9 @@ class RowConverter:
             if row[opts.text_field] is None:
                 raise RejectedInput(f"null text: column {opts.text_field!r} is null in this row")
             fields["txt"] = row[opts.text_field]
+        link = None
         if info["image"]:
-            fields["image"] = self._image(row[opts.image_field])
+            fields["image"], link = self._image(row[opts.image_field])
         if opts.label_field:
             if info["label"] is None:
                 raise RejectedInput(f"missing field: no label column {opts.label_field!r} (--label-field) in this "
@@ -225,6 +254,8 @@ class RowConverter:
                 "utf8_replaced": 0}
         if "image" in fields:
             meta["image_ext"] = image_ext(fields["image"])  # what `--encode keep` names the field
+        if link:
+            meta["linked"] = link
         return Sample(key, fields, meta)
 
 
