@@ -80,6 +80,27 @@ def test_corrupt_remote_shard_fails_its_checksum(served, tmp_path):
         batches(url, tmp_path / "cache", workers=0, shuffle=False)
 
 
+def test_a_damaged_cached_copy_says_to_delete_it_and_refetches_once_deleted(served, tmp_path):
+    from shardkit.errors import ChecksumMismatch
+
+    root, url, gets, expected = served
+    batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    [cached] = (tmp_path / "cache").rglob("data-00002.tar")
+    import tarfile
+
+    with tarfile.open(cached) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".raw"))
+    data = bytearray(cached.read_bytes())
+    data[member.offset_data + 5] ^= 0xFF  # the local copy rots after it was fetched and verified
+    cached.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatch, match=f"cached copy {cached}: delete it to fetch the shard again"):
+        batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    cached.unlink()
+    _, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    assert sorted(k for b in got for k in b["__key__"]) == sorted(expected)
+    assert gets["/shards/data-00002.tar"] == 2
+
+
 def test_missing_remote_shard_names_the_url(served, tmp_path):
     root, url, _, _ = served
     os.remove(os.path.join(root, "shards", "data-00001.tar"))
@@ -296,3 +317,25 @@ def test_a_discarded_dataset_unpins_its_files(served, tmp_path):
         del ds
         gc.collect()
         assert locks() == 0  # and no pin outlives it
+
+
+def test_a_killed_fetch_leaves_no_temp_file_behind(served, tmp_path):
+    import hashlib
+
+    from shardkit.reader.cache import ShardCache
+
+    root, url, gets, _ = served
+    rel = "shards/data-00000.tar"
+    data = open(os.path.join(root, rel), "rb").read()
+    cache = ShardCache(url, cache_dir=str(tmp_path / "cache"))  # no cache_limit: nothing evicts
+    dest = os.path.join(cache.dir, rel)
+    os.makedirs(os.path.dirname(dest))
+    stale = dest + ".tmp-0123456789ab"  # what a fetch killed with SIGKILL leaves
+    with open(stale, "wb") as f:
+        f.write(data[:1000])
+    path, pin = cache.pin(rel, hashlib.sha256(data).hexdigest(), len(data))
+    try:
+        assert open(path, "rb").read() == data
+        assert sorted(os.listdir(os.path.dirname(dest))) == ["data-00000.tar", "data-00000.tar.lock"]
+    finally:
+        pin.release()

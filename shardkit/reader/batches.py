@@ -211,6 +211,8 @@ class BatchReader:
         """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
         shard = self.shards[s]
         pinned, url = self.cache(s).pin_shard(shard), self.shards.url(s)
+        if self.cache(s).remote:  # checked when fetched: a later mismatch is damage to this copy
+            url = f"{url} (cached copy {pinned.path}: delete it to fetch the shard again)"
         try:
             if self.tokens is not None and self.tokens.packed:
                 reader = self.tokens.open(pinned.path, shard, url, self._row_groups)

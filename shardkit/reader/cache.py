@@ -158,6 +158,7 @@ class ShardCache:
                 continue
             try:
                 if not os.path.exists(dest):
+                    _remove_stale_temps(dest)
                     download(join(self.root, rel), dest, sha256, nbytes, self.policy)
                     self.fetched += 1
                 # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
@@ -214,6 +215,17 @@ class ShardCache:
             return freed
         finally:
             os.close(guard)
+
+
+def _remove_stale_temps(dest: str) -> None:
+    """Delete the temp files of fetches of `dest` that a killed process left behind. Called with
+    dest's lock held exclusively, so no live fetch of dest owns one; without a cache_limit nothing
+    else would ever delete them."""
+    folder, prefix = os.path.split(dest + TMP)
+    for name in os.listdir(folder):
+        if name.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
 
 
 def _listing(folder: str) -> tuple[list[tuple[int, int, str]], int]:
