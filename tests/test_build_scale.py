@@ -421,3 +421,15 @@ def test_summary_says_labels_come_from_the_label_column(tmp_path):
                                     "--label-field", "tag"])
     assert res.exit_code == 0, res.output
     assert "2 classes from column 'tag' (--label-field)" in res.output and "subfolders" not in res.output
+
+
+def test_an_unlabelled_row_marked_minus_one_says_how_to_keep_it(tmp_path):
+    raw = tmp_path / "raw"
+    os.makedirs(raw)
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "label": [0, -1, 1]}), raw / "test.parquet")
+    out = tmp_path / "out"
+    result = _build(raw, out, label_field="label", format="parquet")
+    errors = _errors(out)
+    assert result.inputs == 3 and result.samples == 2 and list(errors) == ["test.parquet:1"]
+    assert errors["test.parquet:1"].startswith("no label: -1 in column 'label'")
+    assert "without --label-field" in errors["test.parquet:1"]

@@ -223,6 +223,9 @@ class RowConverter:
             raise RejectedInput(f"null label: column {name!r} is null in this row")
         if label["type"] == "string":
             return self.label_index[value]
+        if value == -1:  # Hugging Face datasets mark rows without a label (e.g. a test split) with -1
+            raise RejectedInput(f"no label: {value} in column {name!r} marks an unlabelled row (as test splits "
+                                "have); build such a split without --label-field to keep its rows")
         if not 0 <= value < self.label_index:
             raise RejectedInput(f"label out of range: {value} in column {name!r}, expected 0..{self.label_index - 1} "
                                 "(the class names recorded with the data)")
