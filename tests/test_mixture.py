@@ -321,3 +321,23 @@ def test_proportions_count_whole_batches_and_runs_across_epochs(small):
     report = loader.proportions()
     assert {k: v["samples"] for k, v in report.items()} == {"a": 80, "c": 240}
     assert report["a"]["observed"] == report["a"]["target"] == 0.25
+
+
+def test_a_schedule_ending_far_ahead_costs_only_the_epochs_reached(small, monkeypatch):
+    # The last point lies ~1e8 epochs of 100 samples ahead: epoch 0 (and its saved state) needs
+    # epoch 0's phases only, never the counts of the first epoch after the schedule.
+    from shardkit.reader.mixing import MixPlan
+
+    real = MixPlan._compute
+
+    def compute(self, epoch):
+        assert epoch <= 3, f"epoch {epoch}'s phases computed for epochs 0..3"
+        return real(self, epoch)
+
+    monkeypatch.setattr(MixPlan, "_compute", compute)
+    mix = Mixture({"a": small["a"], "b": small["b"]}, seed=1, schedule=[(0, [0.5, 0.5]), (10**10, [0.1, 0.9])])
+    loader = make_loader(mix, batch_size=10, num_workers=0)
+    next(iter(loader))
+    assert loader.state_dict()["mixture"][1]["pass"] == 0 and mix.counts() == {"a": 50, "b": 50}
+    mix.set_epoch(3)
+    assert mix.order(3).starts.tolist() == [150, 150]

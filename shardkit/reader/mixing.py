@@ -278,6 +278,8 @@ class MixPlan:
         head = min(epoch, self.steady)
         self.counts(head)
         done = np.sum(self._totals[:head], axis=0, dtype=np.int64) if head else np.zeros(len(self.units), np.int64)
+        if epoch == head:  # not past the schedule: the steady epoch (maybe far ahead) is not needed
+            return done
         return done + (epoch - head) * self.counts(self.steady)
 
     def weights(self, epoch: int, position: int) -> np.ndarray:
