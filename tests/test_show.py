@@ -95,3 +95,10 @@ def test_show_a_file_that_is_not_a_dataset_is_a_clear_error(dataset):
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert f"no manifest at {manifest}/manifest.json: is {manifest!r} a dataset" in result.stderr, result.stderr
 
+
+def test_show_out_into_a_missing_folder_creates_it(dataset, tmp_path):
+    root, samples = dataset
+    out = tmp_path / "new" / "deeper" / "a.jpg"
+    result = run(root, "class2/s00005", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes() == samples["class2/s00005"].fields["jpg"]
