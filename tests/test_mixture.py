@@ -341,3 +341,20 @@ def test_a_schedule_ending_far_ahead_costs_only_the_epochs_reached(small, monkey
     assert loader.state_dict()["mixture"][1]["pass"] == 0 and mix.counts() == {"a": 50, "b": 50}
     mix.set_epoch(3)
     assert mix.order(3).starts.tolist() == [150, 150]
+
+
+def test_sources_and_schedules_as_scripts_write_them(small):
+    # Paths as pathlib.Path inside (path, weight), numbers from numpy, a schedule as {step: weights}.
+    from pathlib import Path
+
+    mix = Mixture({"a": (Path(small["a"]), np.float32(0.25)), "b": {"path": Path(small["b"]), "choose": np.int64(10)},
+                   "c": (small["c"], np.float64(0.75))}, samples=90)
+    assert mix.counts() == {"a": 20, "b": 10, "c": 60}
+    timed = Mixture({"a": small["a"], "c": small["c"]}, samples=100,
+                    schedule={np.int64(0): np.array([1.0, 1.0]), 10: {"c": 1}})
+    assert timed.counts(0) == Mixture({"a": small["a"], "c": small["c"]}, samples=100,
+                                      schedule=[(0, [1.0, 1.0]), (10, {"c": 1})]).counts(0)
+    with pytest.raises(ConfigError, match=r"schedule point \(0, \[1, 1\], 3\): expected \(step, weights\)"):
+        Mixture({"a": small["a"], "c": small["c"]}, schedule=[(0, [1, 1], 3)])
+    with pytest.raises(ConfigError, match="weight='x'; expected a number >= 0"):
+        Mixture({"a": (small["a"], "x")})
