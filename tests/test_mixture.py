@@ -182,6 +182,8 @@ def test_schedule_follows_the_weights_and_resumes_across_a_change_point(small):
                           total=12, stop=4)
     with pytest.raises(ConfigError, match="strictly increasing"):
         Mixture(args[0], schedule=[(5, [1, 1]), (5, [1, 2])])
+    with pytest.raises(ConfigError, match=r"drop weight/repeat/choose from \['.*/a'\].*first point, at step 0"):
+        Mixture({"a": (small["a"], 0.9), "c": small["c"]}, schedule=[(5, [1, 1])])  # 0.9 would be ignored
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -211,9 +211,11 @@ def epoch_units(sources: list[Source], sizes: list[int], cfg: MixConfig) -> np.n
     a schedule; a schedule's sources share `samples` (default: their sizes added up) by its weights."""
     unit, names = cfg.unit, [s.path for s in sources]
     if cfg.schedule is not None:
-        set_ = [n for s, n in zip(sources, names) if s.repeat is not None or s.choose is not None]
-        if set_:
-            raise ConfigError(f"a schedule sets every source's share; drop repeat/choose from {set_}")
+        set_ = [n for s, n in zip(sources, names) if s.weight is not None or s.repeat is not None
+                or s.choose is not None]
+        if set_:  # a weight beside the schedule would be silently overridden by it
+            raise ConfigError(f"a schedule sets every source's share; drop weight/repeat/choose from {set_} (give "
+                              "the starting weights as the schedule's first point, at step 0)")
         return np.zeros(len(sources), np.int64)  # phases take their counts from the schedule
     fixed = np.zeros(len(sources), np.int64)
     weighted = [i for i, s in enumerate(sources) if s.weight is not None]
