@@ -167,6 +167,18 @@ def timed(loader, min_seconds: float, max_samples: int) -> float:
             return n / elapsed
 
 
+def warm_then_timed(loader, seconds: float) -> float:
+    """Samples/s over whole epochs for at least `seconds`, after one untimed epoch (workers
+    started, page cache filled)."""
+    for _ in loader:
+        pass
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for batch in loader:
+            n += count(batch)
+    return n / (time.perf_counter() - t0)
+
+
 _BLOBS: list = []
 
 
@@ -200,6 +212,27 @@ def decode_limit(seconds: float, procs: int = 1) -> float:
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         counts = pool.map(_decode_loop, [seconds] * procs)
     return sum(counts) / (time.perf_counter() - t0)
+
+
+def prepared(work: str | None, n: int, name: str = "shardkit-loader-bench") -> str:
+    """The data folder (default $TMPDIR/<name>-N) holding the n images and datasets of prepare(),
+    made on the first run and reused after."""
+    work = work or os.path.join(tempfile.gettempdir(), f"{name}-{n}")
+    if _existing(os.path.join(work, "raw")) != n:
+        prepare(work, n)
+    return work
+
+
+def run_child(code: str, *args) -> dict:
+    """Run `code` in a fresh interpreter with `args` as its argv; its last line of output is JSON."""
+    import json
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))  # the child may import this module
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True,
+                         env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _existing(root: str) -> int | None:
