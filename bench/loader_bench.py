@@ -117,7 +117,7 @@ def _wds_raw(sample):
     return arr.permute(2, 0, 1), int(sample["cls"])
 
 
-def loaders(folder, jpeg_root, raw_root, workers: int, batch: int) -> dict:
+def loaders(folder, jpeg_root, raw_root, workers: int, batch: int, checksums: bool = True) -> dict:
     """name -> iterable of batches (one epoch per iter); every loader keeps its workers alive."""
     import torch
     import webdataset as wds
@@ -134,7 +134,8 @@ def loaders(folder, jpeg_root, raw_root, workers: int, batch: int) -> dict:
         return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
 
     def ours(root, fmt):
-        return make_loader(StreamingDataset(root, format=fmt, seed=0), batch_size=batch, num_workers=workers)
+        return make_loader(StreamingDataset(root, format=fmt, seed=0, checksums=checksums), batch_size=batch,
+                           num_workers=workers)
 
     return {
         "folder (map-style, PIL open+resize+crop)": torch.utils.data.DataLoader(
@@ -253,6 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seconds", type=float, default=1.0, help="minimum timed seconds per path per round")
+    p.add_argument("--no-checksums", dest="checksums", action="store_false",
+                   help="read without checking values against their checksums (StreamingDataset(checksums=False))")
     p.add_argument("--work", default=None,
                    help="folder for generated data, reused when it already holds --n images "
                         "(default: $TMPDIR/shardkit-loader-bench-N)")
@@ -263,7 +266,7 @@ def main(argv=None) -> int:
     if _existing(raw_root) != args.n:
         prepare(work, args.n)
     print(f"data: {args.n} images in {work} ({time.perf_counter() - t0:.0f}s to prepare)", flush=True)
-    runs = loaders(folder, jpeg_root, raw_root, args.workers, args.batch)
+    runs = loaders(folder, jpeg_root, raw_root, args.workers, args.batch, args.checksums)
     for loader in runs.values():  # warm-up: start workers, fill the page cache
         timed(loader, 0, 2 * args.batch)
     load_blobs(jpeg_root)
