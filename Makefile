@@ -28,6 +28,7 @@ demo: $(STAMP)
 	$(BIN)/shardkit build $(DEMO)/raw $(DEMO)/out --image-size 64 --resize-mode center-crop --encode raw --format both
 	$(BIN)/shardkit inspect $(DEMO)/out
 	$(BIN)/shardkit verify $(DEMO)/out
+	$(BIN)/shardkit show $(DEMO)/out '#0'
 	$(BIN)/python -m shardkit.demo $(DEMO)/out
 
 test: $(STAMP)

@@ -117,7 +117,7 @@ def _wds_raw(sample):
     return arr.permute(2, 0, 1), int(sample["cls"])
 
 
-def loaders(folder, jpeg_root, raw_root, workers: int, batch: int) -> dict:
+def loaders(folder, jpeg_root, raw_root, workers: int, batch: int, checksums: bool = True) -> dict:
     """name -> iterable of batches (one epoch per iter); every loader keeps its workers alive."""
     import torch
     import webdataset as wds
@@ -134,7 +134,8 @@ def loaders(folder, jpeg_root, raw_root, workers: int, batch: int) -> dict:
         return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
 
     def ours(root, fmt):
-        return make_loader(StreamingDataset(root, format=fmt, seed=0), batch_size=batch, num_workers=workers)
+        return make_loader(StreamingDataset(root, format=fmt, seed=0, checksums=checksums), batch_size=batch,
+                           num_workers=workers)
 
     return {
         "folder (map-style, PIL open+resize+crop)": torch.utils.data.DataLoader(
@@ -165,6 +166,18 @@ def timed(loader, min_seconds: float, max_samples: int) -> float:
         elapsed = time.perf_counter() - t0
         if elapsed >= min_seconds or n >= max_samples:
             return n / elapsed
+
+
+def warm_then_timed(loader, seconds: float) -> float:
+    """Samples/s over whole epochs for at least `seconds`, after one untimed epoch (workers
+    started, page cache filled)."""
+    for _ in loader:
+        pass
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for batch in loader:
+            n += count(batch)
+    return n / (time.perf_counter() - t0)
 
 
 _BLOBS: list = []
@@ -202,6 +215,27 @@ def decode_limit(seconds: float, procs: int = 1) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def prepared(work: str | None, n: int, name: str = "shardkit-loader-bench") -> str:
+    """The data folder (default $TMPDIR/<name>-N) holding the n images and datasets of prepare(),
+    made on the first run and reused after."""
+    work = work or os.path.join(tempfile.gettempdir(), f"{name}-{n}")
+    if _existing(os.path.join(work, "raw")) != n:
+        prepare(work, n)
+    return work
+
+
+def run_child(code: str, *args) -> dict:
+    """Run `code` in a fresh interpreter with `args` as its argv; its last line of output is JSON."""
+    import json
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))  # the child may import this module
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True,
+                         env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _existing(root: str) -> int | None:
     """Samples of a dataset left by an earlier run with the same --work (reused), else None."""
     import json
@@ -220,6 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seconds", type=float, default=1.0, help="minimum timed seconds per path per round")
+    p.add_argument("--no-checksums", dest="checksums", action="store_false",
+                   help="read without checking values against their checksums (StreamingDataset(checksums=False))")
     p.add_argument("--work", default=None,
                    help="folder for generated data, reused when it already holds --n images "
                         "(default: $TMPDIR/shardkit-loader-bench-N)")
@@ -230,7 +266,7 @@ def main(argv=None) -> int:
     if _existing(raw_root) != args.n:
         prepare(work, args.n)
     print(f"data: {args.n} images in {work} ({time.perf_counter() - t0:.0f}s to prepare)", flush=True)
-    runs = loaders(folder, jpeg_root, raw_root, args.workers, args.batch)
+    runs = loaders(folder, jpeg_root, raw_root, args.workers, args.batch, args.checksums)
     for loader in runs.values():  # warm-up: start workers, fill the page cache
         timed(loader, 0, 2 * args.batch)
     load_blobs(jpeg_root)

@@ -18,11 +18,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 CHILD = r"""
+from loader_bench import warm_then_timed
 import json, sys, time
 from shardkit import Mixture, StreamingDataset, make_loader
 kind, roots, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
@@ -33,13 +32,7 @@ else:
     ds = Mixture({f"s{i}": (r, float(n)) for i, (r, n) in enumerate(zip(roots, sizes))}, format="tar", seed=0,
                  samples=int(sum(sizes)))
 loader = make_loader(ds, batch_size=64, num_workers=2, pin_memory=False)
-for batch in loader:  # warm-up: workers started, page cache filled
-    pass
-n, t0 = 0, time.perf_counter()
-while time.perf_counter() - t0 < seconds:
-    for batch in loader:
-        n += len(batch["__key__"])
-rate = n / (time.perf_counter() - t0)
+rate = warm_then_timed(loader, seconds)
 shares = loader.proportions()
 print(json.dumps({"rate": rate, "shares": shares}))
 """
@@ -76,18 +69,15 @@ def split_sources(root: str, out: str) -> list[str]:
 def prepared(work: str | None, n: int) -> str:
     """The data folder (default $TMPDIR/shardkit-mix-bench-N) with n images prepared by loader_bench."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from loader_bench import _existing, prepare
+    from loader_bench import prepared as loader_data
 
-    work = work or os.path.join(tempfile.gettempdir(), f"shardkit-mix-bench-{n}")
-    if _existing(os.path.join(work, "raw")) != n:
-        prepare(work, n)
-    return work
+    return loader_data(work, n, "shardkit-mix-bench")
 
 
 def run(kind: str, roots: list[str], seconds: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, kind, json.dumps(roots), str(seconds)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from loader_bench import run_child
+
+    return run_child(CHILD, kind, json.dumps(roots), seconds)
 
 
 def main(argv=None) -> int:
@@ -97,6 +87,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="minimum timed seconds per variant per round")
     p.add_argument("--work", default=None, help="data folder (default: $TMPDIR/shardkit-mix-bench-N)")
     args = p.parse_args(argv)
+    if args.n < 1500:
+        p.error(f"--n {args.n}: at least 1500 images, so that each of the 3 sources gets a whole shard of 500")
     work = prepared(args.work, args.n)
     data = {kind: os.path.join(work, kind) for kind in ("raw", "jpeg")}
     variants = {}

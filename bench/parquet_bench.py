@@ -17,14 +17,12 @@ RSS <= 1.2x; JPEG Parquet >= 0.9x JPEG tar.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 CHILD = r"""
+from loader_bench import warm_then_timed
 import json, sys, threading, time
 import psutil
 root, fmt, rowgroups, seconds = sys.argv[1], sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
@@ -43,13 +41,7 @@ def watch():
         time.sleep(0.02)
 threading.Thread(target=watch, daemon=True).start()
 loader = make_loader(StreamingDataset(root, format=fmt, seed=0), batch_size=64, num_workers=2, pin_memory=False)
-for batch in loader:  # warm-up: workers started, page cache filled
-    pass
-n, t0 = 0, time.perf_counter()
-while time.perf_counter() - t0 < seconds:
-    for batch in loader:
-        n += len(batch["__key__"])
-rate = n / (time.perf_counter() - t0)
+rate = warm_then_timed(loader, seconds)
 stop.set()
 print(json.dumps({"rate": rate, "peak_rss_mb": peak[0] / 1e6}))
 """
@@ -87,9 +79,9 @@ def text_dataset(root: str, docs: int = 60_000, shards: int = 12) -> None:
 
 
 def run(root: str, fmt: str, rowgroups: bool, seconds: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, root, fmt, "1" if rowgroups else "0", str(seconds)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from loader_bench import run_child
+
+    return run_child(CHILD, root, fmt, "1" if rowgroups else "0", seconds)
 
 
 def main(argv=None) -> int:
@@ -101,11 +93,9 @@ def main(argv=None) -> int:
                                                 "(default: $TMPDIR/shardkit-loader-bench-N)")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from loader_bench import _existing, prepare
+    from loader_bench import prepared
 
-    work = args.work or os.path.join(tempfile.gettempdir(), f"shardkit-loader-bench-{args.n}")
-    if _existing(os.path.join(work, "raw")) != args.n:
-        prepare(work, args.n)
+    work = prepared(args.work, args.n)
     text_dataset(os.path.join(work, "text"))
     results = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
