@@ -19,7 +19,7 @@ PREVIEW = 8  # array values shown
 @click.option("--format", "fmt", type=click.Choice(["tar", "parquet"]), default=None,
               help="Shards to read when the dataset has both [default: tar].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Write the sample's image to this file: an encoded image (JPEG, PNG, ...) as its stored "
+              help="Write the sample's image to this file (its folder is created): an encoded image (JPEG, PNG, ...) as its stored "
                    "bytes, a raw array through Pillow (format from the file's extension, PNG without one).")
 @click.option("--field", default=None, help="The field --out writes [default: the sample's first image field].")
 @click.option("--full", is_flag=True, help=f"Print whole texts (else cut at {TEXT_CHARS} characters).")
@@ -91,6 +91,9 @@ def write_image(ds, index: int, sample: dict, field: str | None, out: str) -> st
     if field not in images:
         raise ConfigError(f"--field {field!r}: not an image field of sample #{index}; its image fields: {images}")
     spec, data = ds.field_specs[field], ds.lookup.stored(index, field)
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # a missing folder is made, as build makes OUT
     if spec.get("encoding") != "raw":  # encoded: the stored bytes are the file
         with open(out, "wb") as f:
             f.write(data)

@@ -401,7 +401,7 @@ def load_manifest(root: str, policy=None) -> Manifest:
         raw = read_bytes(url, policy)
     except ConfigError as e:  # a remote backend that is not installed: the message names the extra
         raise ManifestError(str(e)) from e
-    except (FileNotFoundError, RemoteError) as e:
+    except (FileNotFoundError, NotADirectoryError, RemoteError) as e:  # a file given as ROOT: not a directory
         if isinstance(e, RemoteError) and not e.not_found:
             raise ManifestError(f"cannot fetch {url}: {e.detail}") from e
         raise ManifestError(

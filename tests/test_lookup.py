@@ -174,3 +174,16 @@ def test_lookup_over_http_through_the_shard_cache(served, tmp_path, fmt):  # noq
     assert list((tmp_path / "cache").rglob(f"*.{fmt}"))
     with pytest.raises(SampleNotFound, match=f"in dataset {url}"):
         ds.get("class0/missing")
+
+
+def test_lookups_over_http_keep_the_cache_within_its_limit(served, tmp_path):  # noqa: F811
+    root, url, _, _ = served
+    expected = streamed(root)
+    cache = tmp_path / "cache"
+    largest = max(f.stat().st_size for f in (tmp_path / "data").rglob("*") if f.is_file())
+    limit = int(largest * 1.5)  # room for about one shard: a lookup pins the shard it reads, no more
+    ds = StreamingDataset(url, cache_dir=str(cache), cache_limit=limit)
+    for i in (0, 12, 25, 35, 3, 20):  # every shard of 4, one after the other, and back
+        assert same(ds[i], expected[i]) and same(ds.get(expected[i]["__key__"]), expected[i])
+        held = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.name.endswith(".lock"))
+        assert held <= limit + largest, f"the cache holds {held} bytes after a lookup, limit {limit}"

@@ -182,6 +182,8 @@ def test_schedule_follows_the_weights_and_resumes_across_a_change_point(small):
                           total=12, stop=4)
     with pytest.raises(ConfigError, match="strictly increasing"):
         Mixture(args[0], schedule=[(5, [1, 1]), (5, [1, 2])])
+    with pytest.raises(ConfigError, match=r"drop weight/repeat/choose from \['.*/a'\].*first point, at step 0"):
+        Mixture({"a": (small["a"], 0.9), "c": small["c"]}, schedule=[(5, [1, 1])])  # 0.9 would be ignored
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -321,3 +323,40 @@ def test_proportions_count_whole_batches_and_runs_across_epochs(small):
     report = loader.proportions()
     assert {k: v["samples"] for k, v in report.items()} == {"a": 80, "c": 240}
     assert report["a"]["observed"] == report["a"]["target"] == 0.25
+
+
+def test_a_schedule_ending_far_ahead_costs_only_the_epochs_reached(small, monkeypatch):
+    # The last point lies ~1e8 epochs of 100 samples ahead: epoch 0 (and its saved state) needs
+    # epoch 0's phases only, never the counts of the first epoch after the schedule.
+    from shardkit.reader.mixing import MixPlan
+
+    real = MixPlan._compute
+
+    def compute(self, epoch):
+        assert epoch <= 3, f"epoch {epoch}'s phases computed for epochs 0..3"
+        return real(self, epoch)
+
+    monkeypatch.setattr(MixPlan, "_compute", compute)
+    mix = Mixture({"a": small["a"], "b": small["b"]}, seed=1, schedule=[(0, [0.5, 0.5]), (10**10, [0.1, 0.9])])
+    loader = make_loader(mix, batch_size=10, num_workers=0)
+    next(iter(loader))
+    assert loader.state_dict()["mixture"][1]["pass"] == 0 and mix.counts() == {"a": 50, "b": 50}
+    mix.set_epoch(3)
+    assert mix.order(3).starts.tolist() == [150, 150]
+
+
+def test_sources_and_schedules_as_scripts_write_them(small):
+    # Paths as pathlib.Path inside (path, weight), numbers from numpy, a schedule as {step: weights}.
+    from pathlib import Path
+
+    mix = Mixture({"a": (Path(small["a"]), np.float32(0.25)), "b": {"path": Path(small["b"]), "choose": np.int64(10)},
+                   "c": (small["c"], np.float64(0.75))}, samples=90)
+    assert mix.counts() == {"a": 20, "b": 10, "c": 60}
+    timed = Mixture({"a": small["a"], "c": small["c"]}, samples=100,
+                    schedule={np.int64(0): np.array([1.0, 1.0]), 10: {"c": 1}})
+    assert timed.counts(0) == Mixture({"a": small["a"], "c": small["c"]}, samples=100,
+                                      schedule=[(0, [1.0, 1.0]), (10, {"c": 1})]).counts(0)
+    with pytest.raises(ConfigError, match=r"schedule point \(0, \[1, 1\], 3\): expected \(step, weights\)"):
+        Mixture({"a": small["a"], "c": small["c"]}, schedule=[(0, [1, 1], 3)])
+    with pytest.raises(ConfigError, match="weight='x'; expected a number >= 0"):
+        Mixture({"a": (small["a"], "x")})

@@ -86,3 +86,19 @@ def test_show_key_flag_takes_a_hash_key_literally(tmp_path):
     write_dataset(root, [Sample("#1", {"txt": "literal"}), Sample("b", {"txt": "second"})], shards=1)
     assert "second" in run(root, "#1").output  # index 1
     assert "literal" in run(root, "#1", "--key").output
+
+
+def test_show_a_file_that_is_not_a_dataset_is_a_clear_error(dataset):
+    root, _ = dataset
+    manifest = f"{root}/manifest.json"
+    result = run(manifest, "#0")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert f"no manifest at {manifest}/manifest.json: is {manifest!r} a dataset" in result.stderr, result.stderr
+
+
+def test_show_out_into_a_missing_folder_creates_it(dataset, tmp_path):
+    root, samples = dataset
+    out = tmp_path / "new" / "deeper" / "a.jpg"
+    result = run(root, "class2/s00005", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes() == samples["class2/s00005"].fields["jpg"]

@@ -188,6 +188,10 @@ class BatchReader:
             self.close(next(iter(self._readers)))
         return self._readers[s][0]
 
+    def is_open(self, s: int) -> bool:
+        """Whether shard s is open here (and its cached files pinned)."""
+        return s in self._readers
+
     def shard_keys(self, s: int) -> list[str]:
         """The sorted keys of shard s (the tar index's key column, the Parquet shard's), opened as a
         batch would open it: through the shard cache, its checks made."""

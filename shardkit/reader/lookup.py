@@ -15,6 +15,7 @@ import operator
 import numpy as np
 
 from shardkit.errors import ConfigError, IndexOutOfRange, SampleNotFound, ShardError
+from shardkit.fs import is_remote
 from shardkit.reader import decode
 from shardkit.reader.base import length
 from shardkit.reader.partition import locate
@@ -33,6 +34,11 @@ class Lookup:
         self.total = int(ds.counts.sum())
         self.first, self.last = ds.shards.key_bounds()
         self._index_bounds()
+        # A shard a lookup opened stays open (pinned in the shard cache) for the next lookup; under
+        # a remote cache_limit only the last one does, or lookups over many shards would pin them
+        # all (up to the reader's open-shard limit) and fill the cache past its limit.
+        self.bounded = ds.config.cache_limit is not None and any(is_remote(r) for r in ds.reader.shards.roots)
+        self._own: int | None = None
 
     def _index_bounds(self) -> None:
         """Shards with keys, in order, and their last keys, when one binary search can find a key's
@@ -59,6 +65,7 @@ class Lookup:
 
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
+        self._visit(int(locate(np.array([i], np.int64), self.ds.reader.offsets)[0][0]))
         batch = self.ds.reader.read(np.array([i], np.int64), LOOKUP_EPOCH)
         if not length(batch):  # on_error='skip' left it out: say so rather than return nothing
             raise ShardError(f"sample {i} of dataset {self.ds.src} cannot be read: its shard or its bytes failed "
@@ -69,6 +76,7 @@ class Lookup:
     def stored(self, i: int, field: str):
         """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
         s, rows = locate(np.array([i], np.int64), self.ds.reader.offsets)
+        self._visit(int(s[0]))
         value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
         return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
 
@@ -122,6 +130,7 @@ class Lookup:
 
     def _row(self, s: int, key: str) -> int | None:
         """The row of `key` in shard s (its keys are sorted), or None; records the shard's bounds."""
+        self._visit(s)
         keys = self.ds.reader.shard_keys(s)
         if len(keys) and self.first[s] is None:
             self.first[s], self.last[s] = keys[0], keys[-1]
@@ -131,3 +140,14 @@ class Lookup:
         r = bisect.bisect_left(keys, key)
         return r if r < len(keys) and keys[r] == key else None
 
+    def _visit(self, s: int) -> None:
+        """Before a lookup reads shard s: under a remote cache_limit, close the shard the previous
+        lookup opened (unpinned, the cache may evict it) and note s if this lookup opens it."""
+        if not self.bounded:
+            return
+        reader = self.ds.reader
+        if self._own is not None and self._own != s:
+            reader.close(self._own)
+            self._own = None
+        if not reader.is_open(s):
+            self._own = s

@@ -15,6 +15,7 @@ counts, and `mix_order` interleaves a phase's samples smoothly.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,14 +52,30 @@ class Source:
             raise ConfigError(f"source {self.path!r} sets {' and '.join(given)}: give one of weight, repeat or choose")
         for name in ("weight", "repeat"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0):
+            if value is not None and (not _real(value) or not math.isfinite(value) or value < 0):
                 raise ConfigError(f"source {self.path!r}: {name}={value!r}; expected a number >= 0")
-        if self.choose is not None and (not isinstance(self.choose, int) or isinstance(self.choose, bool)
-                                        or self.choose < 0):
+            if value is not None:  # numpy numbers too (weights computed with numpy)
+                object.__setattr__(self, name, float(value))
+        if self.choose is not None and (not _integer(self.choose) or self.choose < 0):
             raise ConfigError(f"source {self.path!r}: choose={self.choose!r}; expected samples per epoch, an integer >= 0")
+        if self.choose is not None:
+            object.__setattr__(self, "choose", int(self.choose))
         if self.format not in (None, "tar", "parquet"):
             raise ConfigError(f"source {self.path!r}: format={self.format!r}; expected 'tar', 'parquet' or None")
+
+
+def _real(value) -> bool:
+    """A number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _integer(value) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, str) or hasattr(value, "__fspath__")
 
 
 def source_of(name: str, spec) -> Source:
@@ -66,10 +83,10 @@ def source_of(name: str, spec) -> Source:
     or a dict {"path": ..., "weight" | "repeat" | "choose": ..., "format": ...}."""
     if isinstance(spec, Source):
         return spec
-    if isinstance(spec, str) or hasattr(spec, "__fspath__"):
+    if _is_path(spec):
         return Source(str(spec))
-    if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and isinstance(spec[0], str):
-        return Source(spec[0], *spec[1:])
+    if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and _is_path(spec[0]):
+        return Source(str(spec[0]), *spec[1:])
     if isinstance(spec, dict) and "path" in spec:
         unknown = set(spec) - {"path", "weight", "repeat", "choose", "format"}
         if unknown:
@@ -111,12 +128,22 @@ class MixConfig:
             raise ConfigError("mixing='batch' needs the loader's batch size: Mixture(..., mixing='batch', "
                               "batch_size=B) and make_loader(..., batch_size=B)")
         if self.schedule is not None:
-            object.__setattr__(self, "schedule", tuple((p[0], p[1]) for p in self.schedule))
+            object.__setattr__(self, "schedule", _schedule_points(self.schedule))
 
     @property
     def unit(self) -> int:
         """Samples per unit of the interleave: 1, or a whole batch with batch-level mixing."""
         return self.batch_size if self.mixing == "batch" else 1
+
+
+def _schedule_points(schedule) -> tuple:
+    """((step, weights), ...) from a list of (step, weights) pairs or a {step: weights} dict."""
+    points = list(schedule.items()) if isinstance(schedule, dict) else list(schedule)
+    for point in points:
+        if not isinstance(point, (tuple, list)) or len(point) != 2:
+            raise ConfigError(f"schedule point {point!r}: expected (step, weights), e.g. schedule=[(0, {{'web': 0.7, "
+                              "'code': 0.3}), (10000, {'web': 0.5, 'code': 0.5})]")
+    return tuple((int(p[0]) if _integer(p[0]) else p[0], p[1]) for p in points)
 
 
 def apportion(total: int, weights) -> np.ndarray:
@@ -173,7 +200,7 @@ def _weights_row(weights, names: list[str], step) -> list[float]:
         row = list(weights)
         if len(row) != len(names):
             raise ConfigError(f"schedule step {step}: {len(row)} weights for {len(names)} sources {names}")
-    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0 for w in row) \
+    if any(not _real(w) or not math.isfinite(w) or w < 0 for w in row) \
             or sum(row) <= 0:
         raise ConfigError(f"schedule step {step}: weights {row}; expected numbers >= 0, not all 0")
     return [float(w) for w in row]
@@ -184,9 +211,11 @@ def epoch_units(sources: list[Source], sizes: list[int], cfg: MixConfig) -> np.n
     a schedule; a schedule's sources share `samples` (default: their sizes added up) by its weights."""
     unit, names = cfg.unit, [s.path for s in sources]
     if cfg.schedule is not None:
-        set_ = [n for s, n in zip(sources, names) if s.repeat is not None or s.choose is not None]
-        if set_:
-            raise ConfigError(f"a schedule sets every source's share; drop repeat/choose from {set_}")
+        set_ = [n for s, n in zip(sources, names) if s.weight is not None or s.repeat is not None
+                or s.choose is not None]
+        if set_:  # a weight beside the schedule would be silently overridden by it
+            raise ConfigError(f"a schedule sets every source's share; drop weight/repeat/choose from {set_} (give "
+                              "the starting weights as the schedule's first point, at step 0)")
         return np.zeros(len(sources), np.int64)  # phases take their counts from the schedule
     fixed = np.zeros(len(sources), np.int64)
     weighted = [i for i, s in enumerate(sources) if s.weight is not None]
@@ -278,6 +307,8 @@ class MixPlan:
         head = min(epoch, self.steady)
         self.counts(head)
         done = np.sum(self._totals[:head], axis=0, dtype=np.int64) if head else np.zeros(len(self.units), np.int64)
+        if epoch == head:  # not past the schedule: the steady epoch (maybe far ahead) is not needed
+            return done
         return done + (epoch - head) * self.counts(self.steady)
 
     def weights(self, epoch: int, position: int) -> np.ndarray:
