@@ -24,6 +24,7 @@ def human_bytes(n: float) -> str:
 
 # Exit statuses (README "Exit codes"); click itself exits 2 on a bad flag or argument.
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_SYSTEM, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 4, 70, 130
+EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 
 
 def describe(error: BaseException) -> tuple[int, str]:
@@ -65,6 +66,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            sys.exit(EXIT_PIPE)
         except KeyboardInterrupt:
             if debug:
                 raise
@@ -95,7 +99,7 @@ def main(debug):
     Exit status: 0 done; 1 failed (the message says how to fix it); 2 bad usage;
     3 OUT is being written by another build or dedup; 4 system error (disk full,
     permission denied, missing file); 70 internal error (a bug: rerun with --debug);
-    130 interrupted.
+    130 interrupted; 141 the output's reader went away (e.g. `| head`).
     """
 
 

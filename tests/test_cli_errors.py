@@ -125,3 +125,15 @@ def test_run_tasks_retries_only_what_may_pass(client, tmp_path, item, error, tri
     if item == "full":
         assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/out/shards/data-00000.tar"
     assert run_tasks(_attempt, ["ok"], client=client, name="t-ok", shared=(str(log),)) == ["ok"]
+
+
+def test_output_cut_short_by_its_reader_is_quiet(tmp_path):
+    """`shardkit ... | head`: the pipe closes before the output ends; no error line, the shell's status for it."""
+    from factory import make_dataset
+
+    root, _ = make_dataset(tmp_path / "d", 4, shards=1, fields=("txt",))
+    p = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "show", str(root), "#0", "--full"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before anything was written
+    assert p.wait(timeout=120) == 141
+    assert p.stderr.read() == b""
