@@ -134,7 +134,8 @@ def loaders(folder, jpeg_root, raw_root, workers: int, batch: int, checksums: bo
         return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
 
     def ours(root, fmt):
-        return make_loader(StreamingDataset(root, format=fmt, seed=0, checksums=checksums), batch_size=batch,
+        options = {} if checksums else {"checksums": False}  # (also runs the reader of versions without them)
+        return make_loader(StreamingDataset(root, format=fmt, seed=0, **options), batch_size=batch,
                            num_workers=workers)
 
     return {
