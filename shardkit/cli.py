@@ -11,6 +11,7 @@ import click
 
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES
+from shardkit.cli_options import image_field_option, text_field_option
 from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
 
 
@@ -135,10 +136,8 @@ def _parse_size(ctx, param, value):
 @click.option("--labels/--no-labels", default=None,
               help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "
                    "[default: when SRC has class subfolders: two or more, or one holding all the images].")
-@click.option("--text-field", default="text", show_default=True,
-              help="The text: a key of each .jsonl line, or a column of .parquet files.")
-@click.option("--image-field", default="image", show_default=True,
-              help="The image column of .parquet files: binary, or a struct {bytes, path} (Hugging Face datasets).")
+@text_field_option
+@image_field_option
 @click.option("--label-field", default=None, metavar="COLUMN",
               help="Label .parquet rows by this column (integers, or strings → class list) instead of by folder.")
 @click.option("--workers", type=int, default=None,

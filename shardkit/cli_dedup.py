@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
+from shardkit.cli_options import image_field_option, text_field_option
 from shardkit.errors import ON_ERROR_CHOICES
 
 
@@ -42,10 +43,8 @@ from shardkit.errors import ON_ERROR_CHOICES
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
               help="Shard format when SRC is a raw folder (its images are stored byte for byte, under their "
                    "own extension); a built dataset keeps its formats.")
-@click.option("--text-field", default="text", show_default=True,
-              help="The text: a key of each .jsonl line, or a column of .parquet files.")
-@click.option("--image-field", default="image", show_default=True,
-              help="The image column of .parquet files: binary, or a struct {bytes, path}.")
+@text_field_option
+@image_field_option
 @click.option("--workers", type=int, default=None,
               help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
                    "estimated work cannot pay for starting a cluster, else one worker per core].")
