@@ -65,7 +65,8 @@ class Lookup:
 
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
-        self._visit(int(locate(np.array([i], np.int64), self.ds.reader.offsets)[0][0]))
+        if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
+            self._visit(int(locate(np.array([i], np.int64), self.ds.reader.offsets)[0][0]))
         batch = self.ds.reader.read(np.array([i], np.int64), LOOKUP_EPOCH)
         if not length(batch):  # on_error='skip' left it out: say so rather than return nothing
             raise ShardError(f"sample {i} of dataset {self.ds.src} cannot be read: its shard or its bytes failed "
