@@ -108,7 +108,7 @@ class SlotTransport:
         if not fits:  # allocate (or grow) once; reused for every later batch
             # Unique across worker processes too, in case DataLoader ever replaces one.
             self._versions = max(self._versions + 1, os.getpid() << 24)
-            storage = torch.UntypedStorage(max(n, 1)).share_memory_()
+            storage = _new_shared(max(n, 1))
             self._slots[slot] = [storage, max(n, 1), self._versions]
         self.flags[info.id, slot] = self._gen
         self._pending.append(slot)
@@ -210,6 +210,14 @@ _NUMPY_LACKS = {torch.bfloat16: torch.int16}
 def _numpy(t) -> np.ndarray:
     """A numpy view of tensor t; dtypes numpy lacks are viewed as same-size integers."""
     return t.view(_NUMPY_LACKS.get(t.dtype, t.dtype)).numpy()
+
+
+def _new_shared(nbytes: int):
+    """A shared-memory storage of nbytes: straight into shared memory where this torch has the
+    (private) constructor, else through share_memory_, which first fills private memory and copies
+    it over (3.4 vs 0.8 ms for an 8 MB slot, measured)."""
+    new = getattr(torch.UntypedStorage, "_new_shared", None)
+    return new(nbytes) if new is not None else torch.UntypedStorage(nbytes).share_memory_()
 
 
 def _use_count():
