@@ -114,3 +114,35 @@ def test_make_loader_leaves_the_dataset_as_given(data):
     assert vars(ds) == before and loader.source is ds  # no transport or batch size set on it
     sample = next(iter(ds))  # still a dataset of samples, as a plain DataLoader expects
     assert sample["raw"].shape == (3, 12, 16) and isinstance(sample["__key__"], str)
+
+
+def test_a_slot_tensor_inside_a_list_keeps_its_slot_until_the_next_iteration(monkeypatch):
+    """A batch_transform may put slot tensors inside a list (or return a tuple): DataLoader pickles
+    (copies) those later, in the worker's queue feeder thread, so their slot must stay taken until
+    the next iteration, not be rebuilt under them by the worker's next batch."""
+    import types
+
+    import shardkit.loader.transport as transport_module
+    from shardkit.loader.transport import SlotTransport
+
+    monkeypatch.setattr(transport_module, "worker_info", lambda: types.SimpleNamespace(id=0))
+    transport = SlotTransport(1, 3)
+    transport.new_iteration()
+    transport.start_iteration()
+
+    def rows():
+        return torch.from_numpy(transport.alloc((4, 64)).view(np.int64))
+
+    nested = rows()
+    sent = transport.pack({"pair": [nested[:, :-1], nested[:, 1:]]})
+    assert sent["pair"][1].data_ptr() == nested.data_ptr() + 8 and transport.flags.tolist() == [[1, 0, 0]]
+    replaced = rows()  # the next batch is built elsewhere
+    assert replaced.data_ptr() != nested.data_ptr()
+    transport.pack({"ids": replaced + 1})  # a batch_transform replaced the slot tensor: its slot is free
+    assert transport.flags.tolist() == [[1, 0, 0]]
+    as_tuple = rows()
+    transport.pack((as_tuple, as_tuple.T))
+    assert transport.flags.tolist() == [[1, 1, 0]] and transport._pending == []
+    transport.new_iteration()
+    transport.reclaim()
+    assert transport.flags.tolist() == [[0, 0, 0]]

@@ -118,10 +118,16 @@ class SlotTransport:
     def pack(self, batch):
         """Worker side: the batch's slot tensors become SlotRefs, small tensors numpy arrays."""
         info = worker_info()
-        if info is None or not isinstance(batch, dict):
+        if info is None:
             return batch
         # By address: a tensor made by torch.from_numpy over part of a slot has a storage of its own.
         spans = [(self._slots[s][0].data_ptr(), self._slots[s][1], s) for s in self._pending]
+        pending, self._pending = self._pending, []
+        if not isinstance(batch, dict):
+            # DataLoader pickles (copies) it later, in the worker's queue feeder thread: the slots of
+            # the tensors it holds stay taken until the next iteration's reclaim.
+            self._free(info, set(pending) - _slots_in(batch, spans))
+            return batch
         out, used = {}, set()
         for name, value in batch.items():
             if isinstance(value, torch.Tensor):
@@ -133,10 +139,17 @@ class SlotTransport:
                 if value.nbytes < SMALL_BYTES:
                     value = Small(_numpy(value), value.dtype)
             out[name] = value
-        for slot in set(self._pending) - used:  # a batch_transform replaced that tensor
-            self.flags[info.id, slot] = 0
-        self._pending = []
+        # Free: a batch_transform replaced those tensors. Taken: it put them in a list or dict, which
+        # DataLoader pickles (copies) later, as a batch that is no dict.
+        left = set(pending) - used
+        if left:
+            left -= _slots_in([v for v in batch.values() if not isinstance(v, torch.Tensor)], spans)
+        self._free(info, left)
         return out
+
+    def _free(self, info, slots) -> None:
+        for slot in slots:
+            self.flags[info.id, slot] = 0
 
     def _ref(self, info, slot: int, value) -> SlotRef:
         storage, _, version = self._slots[slot]
@@ -210,6 +223,20 @@ _NUMPY_LACKS = {torch.bfloat16: torch.int16}
 def _numpy(t) -> np.ndarray:
     """A numpy view of tensor t; dtypes numpy lacks are viewed as same-size integers."""
     return t.view(_NUMPY_LACKS.get(t.dtype, t.dtype)).numpy()
+
+
+def _slots_in(value, spans: list) -> set:
+    """The slots (of `spans`: start, nbytes, slot) that tensors in a list, tuple or dict lie in."""
+    found, stack = set(), [value]
+    while stack and spans:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            found.update(s for lo, n, s in spans if lo <= v.data_ptr() < lo + n)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return found
 
 
 def _new_shared(nbytes: int):
