@@ -287,6 +287,28 @@ def test_labels_held_alone_keep_their_slot(packed, monkeypatch):
     assert int(loader._transport.flags.sum()) == 0
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_transforms_that_edit_input_ids_in_place_leave_labels_alone(packed, workers):
+    """A transform is where ids get edited in place (masking, noise): it gets input_ids and labels as two
+    arrays, never as the two views of one, so its edits never reach the targets."""
+    def mask_batch(batch):
+        batch["input_ids"][:, ::2] = 0
+        return batch
+
+    def mask_sample(sample):
+        sample["input_ids"][::2] = 0
+        return sample
+
+    labels = [b["labels"] for b in make_loader(StreamingDataset(str(packed), seed=2), batch_size=4, num_workers=0)]
+    for kw in (dict(batch_transform=mask_batch), dict(transform=mask_sample)):
+        ds = StreamingDataset(str(packed), seed=2, **kw)
+        got = list(make_loader(ds, batch_size=4, num_workers=workers, prefetch_factor=2))
+        assert len(got) == len(labels) and all((b["input_ids"][:, ::2] == 0).all() for b in got)
+        assert all(torch.equal(b["labels"], y) for b, y in zip(got, labels))
+    sample = StreamingDataset(str(packed), transform=mask_sample)[0]  # random access applies transform too
+    assert sample["labels"].tolist() == StreamingDataset(str(packed))[0]["labels"].tolist()
+
+
 def test_token_fields_travel_in_reused_slots(packed):
     def dataset():
         return StreamingDataset(str(packed), seed=4, fields=TRAIN_FIELDS)

@@ -130,7 +130,9 @@ class EpochDataset(IterableDataset):
         """The batch of global sample ids `ids` as shown in `epoch`, transforms applied."""
         if alloc is None or self.transform is not None:  # a transform rebuilds the batch
             alloc = decode.np_empty
-        batch = self.reader.read(ids, epoch, alloc, cross)
+        # input_ids and labels as two views of one array only where no transform may edit one in place.
+        plain = self.transform is None and self.batch_transform is None
+        batch = self.reader.read(ids, epoch, alloc, cross, shared=plain)
         if self.transform is not None:
             samples = [self.transform(decode.unbatch(batch, i)) for i in range(length(batch))]
             batch = decode.collate(samples)

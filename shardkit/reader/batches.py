@@ -88,15 +88,17 @@ class BatchReader:
         bad = self.bad.nonzero().flatten().tolist()
         return [self.shards[i].path if len(self.shards.roots) == 1 else self.shards.url(i) for i in bad]
 
-    def read(self, ids: np.ndarray, epoch: int, alloc=decode.np_empty, cross: bool = False) -> dict:
+    def read(self, ids: np.ndarray, epoch: int, alloc=decode.np_empty, cross: bool = False,
+             shared: bool = False) -> dict:
         """The batch of `ids` as shown in `epoch`: {'__key__': [str], field: tensor or list}; batch
         memory from `alloc`. `cross`: packed token rows stay as stored (widened in the main process).
+        `shared`: packed rows' input_ids and labels may be two views of one array (no transform edits them).
 
         Under on_error='skip' a failing shard's samples, or samples failing their checksum, are left out."""
         while True:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
-                return self._build(shard_idx, rows, epoch, alloc, cross)
+                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
@@ -112,7 +114,8 @@ class BatchReader:
                 self.close(bad)
                 ids = np.asarray(ids)[shard_idx != bad]
 
-    def _build(self, shard_idx: np.ndarray, rows: np.ndarray, epoch: int, alloc, cross: bool) -> dict:
+    def _build(self, shard_idx: np.ndarray, rows: np.ndarray, epoch: int, alloc, cross: bool,
+               shared: bool) -> dict:
         n = len(rows)
         groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
         for s in dict.fromkeys(shard_idx.tolist()):
@@ -124,7 +127,7 @@ class BatchReader:
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
                 return self._tag(tokens.packed_batch(groups, n, alloc, _guard), shard_idx)
-            return self._tag(tokens.finish(tokens.packed_batch(groups, n, tokens.scratch, _guard), alloc), shard_idx)
+            return self._tag(tokens.finish(tokens.packed_batch(groups, n, tokens.scratch, _guard), alloc, shared), shard_idx)
         batch = {"__key__": _keys(groups, n)} if self.keys else {}
         for name in self.fields:
             batch[name] = self._column(name, groups, n, epoch, alloc)

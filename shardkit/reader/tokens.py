@@ -235,11 +235,11 @@ class TokenBatches:
             batch[STARTS] = torch.from_numpy(np.concatenate(starts) if starts else np.zeros((0, 2), np.int64))
         return batch
 
-    def finish(self, batch: dict, alloc=_np_empty, shared: bool = True) -> dict:
+    def finish(self, batch: dict, alloc=_np_empty, shared: bool = False) -> dict:
         """Stored rows -> the training fields (or tokens="rows": the rows) in the asked dtype, each
         widened once into memory from `alloc`. `shared`: `input_ids` and `labels` may be views of one
-        array (train_fields); the main process widening into pinned memory passes False, since a
-        strided view would be copied once more on its way to the device."""
+        array (train_fields): not where a transform may edit one in place, nor when widening into
+        pinned memory, since a strided view would be copied once more on its way to the device."""
         import torch
 
         ids = batch[STORED].numpy()
