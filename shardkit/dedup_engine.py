@@ -26,6 +26,7 @@ from shardkit.stages.dedup.decide import BucketParams, bucket_count, bucket_task
 from shardkit.stages.dedup.partitions import PartitionRef, PartitionSet
 from shardkit.stages.dedup.report import DedupResult, cluster_table, in_key_order, summarise
 from shardkit.stages.dedup.store import ArrayFile, save_arrays
+from shardkit.stages.dedup.text import SCHEME as TEXT_SCHEME
 from shardkit.tasks import LazyClient, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.dedup")
@@ -121,9 +122,10 @@ def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
 
 
 def plan_partitions(items, cfg: DedupConfig, workdir: str, per_partition: int | None = None) -> list[Partition]:
-    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters."""
+    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters
+    (the text hashing scheme included: files signed under another are never reused)."""
     size = per_partition or cfg.partition_size
-    params = repr((WORK_VERSION, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+    params = repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
     parts = []
     for index, start in enumerate(range(0, len(items), size)):
         chunk = tuple(items[start:start + size])

@@ -137,6 +137,23 @@ def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
     assert len(after) == len(stamps) and len(after - set(stamps)) == 1
 
 
+def test_signature_files_of_another_text_hashing_scheme_are_never_reused(tmp_path, monkeypatch):
+    import shardkit.dedup_engine as engine
+
+    samples = corpus(n=40)
+    cfg = DedupConfig(progress=False)
+    find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
+    folder = tmp_path / "signatures"
+    before = set(os.listdir(folder))
+    monkeypatch.setattr(engine, "TEXT_SCHEME", "an-earlier-scheme")
+    seen = []
+    compute = engine.sigmod.compute
+    monkeypatch.setattr(engine.sigmod, "compute", lambda *a, **k: seen.append(1) or compute(*a, **k))
+    find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
+    after = set(os.listdir(folder))
+    assert len(seen) == len(before) == len(after) and not after & before  # all signed again, old files gone
+
+
 def test_verify_drops_pairs_under_the_threshold(tmp_path):
     samples = corpus(n=40)
     result = find_duplicates(samples, DedupConfig(verify=True, progress=False), None, str(tmp_path))
