@@ -85,16 +85,27 @@ def shard_sources(root: str, shard) -> tuple[list, list] | None:
 
 
 class ShardReader:
-    """Shards of a built dataset → samples with stored field values and recorded sources (picklable)."""
+    """Shards of a built dataset → samples with stored field values and recorded sources (picklable).
+    A dataset without image fields gives each shard as one `StoredTexts` block instead: texts in
+    bulk, no Sample per row."""
 
     def __init__(self, root: str, manifest):
         self.root, self.manifest = root, manifest
+        fields = manifest.fields
+        self.texts_only = "txt" in fields and not set(sigmod.image_fields("auto", fields)) & set(fields)
 
     def __call__(self, shard):
-        from shardkit.reader.shards import read_shard_samples
+        from shardkit.reader.shards import read_shard_columns, read_shard_samples
 
-        samples = read_shard_samples(self.root, self.manifest, shard)
         recorded = shard_sources(self.root, shard)
+        if self.texts_only:
+            keys, columns = read_shard_columns(self.root, self.manifest, shard)
+            paths, rows = recorded if recorded is not None else ([None] * len(keys), [None] * len(keys))
+            # A row without a recorded source is named by the shard and its row in it.
+            sources = [shard.path if p is None else p for p in paths]
+            source_rows = [i if p is None else (-1 if r is None else r) for i, (p, r) in enumerate(zip(paths, rows))]
+            return [sigmod.StoredTexts(keys, columns.get("txt", [None] * len(keys)), sources, source_rows)]
+        samples = read_shard_samples(self.root, self.manifest, shard)
         for row, s in enumerate(samples):
             if recorded is not None and recorded[0][row] is not None:
                 s.meta.update(source_path=recorded[0][row], source_row=recorded[1][row])

@@ -70,3 +70,13 @@ def test_partitioned_clustering_equals_the_single_process_path(tmp_path, make):
     assert summary["removed"] > 0
     if make is hundred_copies:
         assert summary["removed"] == 99 + 29 and summary["clusters"] == 2
+
+
+def test_entry_order_equals_a_lexsort_by_hash_then_row():
+    from shardkit.stages.dedup.signatures import _order
+
+    rng = np.random.default_rng(5)
+    for n, values in [(1, 1), (2000, 3), (2000, 400), (50000, 2**64 - 1)]:
+        h = rng.integers(0, values, n, dtype=np.uint64)
+        row = rng.permutation(n).astype(np.uint32)
+        assert np.array_equal(_order(h, row), np.lexsort((row, h)))

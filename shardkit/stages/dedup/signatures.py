@@ -53,6 +53,18 @@ class Unreadable:
     source_row: int | None = None
 
 
+@dataclass(frozen=True)
+class StoredTexts:
+    """A whole shard of a dataset without image fields, as columns: its rows are texts (or have
+    nothing to compare), added in bulk rather than as one Sample each. `sources`/`source_rows` as
+    `_source_of` gives them; texts None where a row has no text."""
+
+    keys: list
+    texts: list
+    sources: list
+    source_rows: list
+
+
 def image_fields(modality: str, specs: dict | None) -> tuple[str, ...]:
     """The fields looked at for an image, in order (none when only text is compared)."""
     if modality not in ("auto", "image"):
@@ -116,10 +128,26 @@ class _Rows:
         if len(self.pending) >= TEXT_BATCH:
             self.sign()
 
+    def add_texts(self, block: StoredTexts, compared: bool) -> None:
+        """A shard's rows at once (`compared`: its texts are; else every row is one of 'none')."""
+        base, n = len(self.keys), len(block.keys)
+        has = np.fromiter((t is not None for t in block.texts), bool, n) if compared else np.zeros(n, bool)
+        self.keys += block.keys
+        self.sources += block.sources
+        self.source_rows += block.source_rows
+        self.kind += np.where(has, MODALITY_CODES["text"], MODALITY_CODES["none"]).tolist()
+        self.digests += [b"\0" * 16] * n
+        self.image_hashes += [0] * n
+        self.text_rows += (base + np.flatnonzero(has)).tolist()
+        self.pending += block.texts if has.all() else [t for t, h in zip(block.texts, has.tolist()) if h]
+        while len(self.pending) >= TEXT_BATCH:
+            self.sign()
+
     def sign(self) -> None:
-        """Tokenise, shingle and sign the pending texts; keep their content digests, distinct
-        counts, mostly-symbols flags, signatures (and shingle sets)."""
-        tok, per_text, symbolic = token_hashes(self.pending)
+        """Tokenise, shingle and sign the pending texts (TEXT_BATCH at most); keep their content
+        digests, distinct counts, mostly-symbols flags, signatures (and shingle sets)."""
+        texts, self.pending = self.pending[:TEXT_BATCH], self.pending[TEXT_BATCH:]
+        tok, per_text, symbolic = token_hashes(texts)
         self.text_digests.append(content_digests(tok, per_text, symbolic))
         self.symbolic.append(symbolic)
         hashes, offsets = shingles_of(tok, per_text, self.params.ngram)
@@ -129,12 +157,14 @@ class _Rows:
         self.signatures.append(self.hasher.signatures(hashes, offsets)[nonempty])
         if self.params.keep_sets:
             self.sets += [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in nonempty.tolist()]
-        self.pending = []
 
 
 def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
     rows, images = _Rows(params), image_fields(params.modality, specs)
     for s in samples:
+        if isinstance(s, StoredTexts):
+            rows.add_texts(s, params.modality in ("auto", "text"))
+            continue
         if isinstance(s, Unreadable):
             rows.rejections.append(Rejection(s.source if s.source_row is None else f"{s.source}:{s.source_row}",
                                              "read", s.reason))
@@ -156,7 +186,9 @@ def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
             rows.add(s.key, _source_of(s), "text")
         else:
             rows.add(s.key, _source_of(s), "none")
-    rows.sign()
+    rows.sign()  # once at least: a partition without texts still gets its (empty) text arrays
+    while rows.pending:
+        rows.sign()
     return rows
 
 
@@ -213,10 +245,22 @@ def range_starts(tasks: int) -> np.ndarray:
     return np.array([(i * 2**64) // tasks for i in range(tasks)], np.uint64)
 
 
+def _order(h: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """np.lexsort((row, h)), ~3x faster: an unstable sort by h, then the rare runs of equal h
+    (the candidates: near-duplicates share band keys) put in row order."""
+    order = np.argsort(h)
+    hs = h[order]
+    tied = np.flatnonzero(hs[1:] == hs[:-1])
+    if len(tied):
+        at = np.unique(np.concatenate([tied, tied + 1]))
+        order[at] = order[at][np.lexsort((row[order[at]], hs[at]))]
+    return order
+
+
 def _sorted(entries: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
     """Entries sorted by (mixed hash, row), and the position where each bucket range starts in them
     (plus the end): a bucket task reads its two bounds and one slice, whatever the file's size."""
-    entries = entries[np.lexsort((entries["row"], entries["h"]))]
+    entries = entries[_order(entries["h"], entries["row"])]
     bounds = np.searchsorted(entries["h"], range_starts(tasks), side="left").astype(np.int64)
     return entries, np.append(bounds, len(entries))
 
