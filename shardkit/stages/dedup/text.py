@@ -261,12 +261,19 @@ def shingles_of(tok: np.ndarray, counts: np.ndarray, ngram: int) -> tuple[np.nda
     offsets = np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64)
     out = np.empty(int(offsets[-1]), np.uint64)
     if len(tok) >= ngram:
-        acc = np.zeros(len(tok) - ngram + 1, np.uint64)
-        for j in range(ngram):  # Horner over the window: acc = acc*K + tok[i+j]
-            acc = acc * k + tok[j:len(tok) - ngram + 1 + j]
-        _, pos = _positions(counts)
-        valid = pos[:len(acc)] <= np.repeat(counts - ngram, counts)[:len(acc)]  # the window ends in its document
-        out[np.repeat(~short, per_doc)] = acc[valid]
+        m = len(tok) - ngram + 1
+        acc = tok[:m].copy()
+        for j in range(1, ngram):  # Horner over the window: acc = acc*K + tok[i+j], in place
+            acc *= k
+            acc += tok[j:m + j]
+        # A window is valid unless it starts in the last n-1 tokens of its document.
+        late = (np.cumsum(counts)[:, None] - np.arange(1, ngram)[None, :]).ravel()
+        valid = np.ones(m, bool)
+        valid[late[(late >= 0) & (late < m)]] = False
+        if short.any():
+            out[np.repeat(~short, per_doc)] = acc[valid]
+        else:
+            out = acc[valid]
     if short.any():  # documents shorter than n tokens: one shingle of them all
         first, pos = _positions(counts)
         mine = np.repeat(short, counts)
