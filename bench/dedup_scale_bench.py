@@ -164,10 +164,11 @@ def main() -> int:
             stages = big / sum(b["stages"].values()) / loop
             cpu = big / b["cpu"] / loop_cpu
             line += f"; dedup stages {stages:.1f}x wall; end to end {cpu:.1f}x by CPU time"
-            ok &= max(stages, cpu) >= TARGET_SPEEDUP
+            ok &= cpu >= TARGET_SPEEDUP  # end to end; CPU time, which other work on the machine distorts least
         print(line)
         ok &= growth <= TARGET_BYTES_PER_DOC
-    print(f"speed target: >= {TARGET_SPEEDUP}x the datasketch loop, one process each")
+    print(f"speed target: `shardkit dedup DATASET OUT` end to end >= {TARGET_SPEEDUP}x the datasketch loop, one "
+          "process each, by CPU time")
     return 0 if ok else 1
 
 
