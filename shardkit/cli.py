@@ -68,8 +68,10 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-            sys.exit(EXIT_PIPE)
+            # Left at once: a normal exit would flush stdout into the closed pipe, and tear down native
+            # threads still running (pyarrow's), which aborts ("terminate called ...") now and then.
+            sys.stderr.flush()
+            os._exit(EXIT_PIPE)
         except KeyboardInterrupt:
             if debug:
                 raise

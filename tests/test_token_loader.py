@@ -242,6 +242,51 @@ def test_train_fields_segments_on_a_hand_made_batch():
     assert masked["labels"].tolist() == [[6, -100, 8, 9, -100], [12, -100, -100, -100, -100]]
 
 
+def test_inputs_and_labels_are_views_of_one_widened_array_unless_they_must_differ():
+    ids = np.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], np.uint16)
+    full, first, starts = np.array([6, 6]), np.array([0, 1]), (np.array([0]), np.array([3]))
+    opts = TokenOptions(eos_id=1)
+    shared = train_fields(ids, first, full, starts, opts, shared=True)
+    x, y = shared["input_ids"], shared["labels"]
+    assert np.shares_memory(x, y) and x.dtype == y.dtype == np.int64  # each id widened once
+    assert x.tolist() == ids[:, :-1].tolist() and y.tolist() == ids[:, 1:].tolist()
+    apart = train_fields(ids, first, full, starts, opts, shared=False)
+    assert not np.shares_memory(apart["input_ids"], apart["labels"])
+    assert all((apart[k] == shared[k]).all() for k in ("input_ids", "labels"))
+    # Padding (EOS as input, ignored as target) or masked boundaries: inputs and targets differ.
+    padded = train_fields(ids, first, np.array([6, 4]), starts, opts, shared=True)
+    assert not np.shares_memory(padded["input_ids"], padded["labels"])
+    assert padded["input_ids"][1].tolist() == [11, 12, 13, 14, 1] and padded["labels"][1].tolist() == [12, 13, 14, -100, -100]
+    masked = train_fields(ids, first, full, starts, TokenOptions(mask_boundaries=True), shared=True)
+    assert not np.shares_memory(masked["input_ids"], masked["labels"]) and masked["labels"][0, 2] == IGNORE_INDEX
+
+
+def test_labels_held_alone_keep_their_slot(packed, monkeypatch):
+    """Workers send input_ids and labels as two views of one slot: the slot is reused only once neither
+    is referenced, so labels kept after their input_ids are dropped stay intact."""
+    monkeypatch.setattr("shardkit.loader.transport.SMALL_BYTES", 0)  # these tiny rows would travel by value
+    monkeypatch.setattr("shardkit.reader.base.GROUP_ROWS", 4)  # items of 2 batches: most hold no padding
+
+    def dataset():
+        return StreamingDataset(str(packed), seed=6)
+
+    loader = make_loader(dataset(), batch_size=2, num_workers=2, prefetch_factor=2)
+    kept, views = [], 0
+    for _ in range(3):  # more batches than slots: later ones take DataLoader's own path
+        for b in loader:
+            x, y = b["input_ids"], b["labels"]
+            views += x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+            kept.append(y)
+            del b, x, y
+    assert views > 0  # both crossed in one slot
+    reference = make_loader(dataset(), batch_size=2, num_workers=0)
+    expected = [b["labels"] for _ in range(3) for b in reference]
+    assert len(kept) == len(expected) and all(torch.equal(a, b) for a, b in zip(kept, expected))
+    del kept
+    loader._transport.release()
+    assert int(loader._transport.flags.sum()) == 0
+
+
 def test_token_fields_travel_in_reused_slots(packed):
     def dataset():
         return StreamingDataset(str(packed), seed=4, fields=TRAIN_FIELDS)

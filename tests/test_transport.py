@@ -65,9 +65,11 @@ def test_with_no_free_slot_dataloaders_own_path_gives_the_same_batches(data, mon
     assert loader._transport._main == {}  # nothing went through a slot
 
 
-def test_slots_are_public_shared_storages(data, monkeypatch):
+@pytest.mark.parametrize("private", [True, False])
+def test_slots_are_shared_storages_with_or_without_the_private_constructor(data, monkeypatch, private):
     root, _ = data
-    monkeypatch.delattr(torch.storage._StorageBase, "_new_shared")  # the private constructor is not needed
+    if not private:
+        monkeypatch.delattr(torch.storage._StorageBase, "_new_shared")
     _, loader = loader_for(root, monkeypatch, workers=1, seed=1)
     batch = next(iter(loader))
     assert batch["raw"].untyped_storage().is_shared()

@@ -30,6 +30,9 @@ class StreamingLoader(DataLoader):
     def __init__(self, dataset: EpochDataset, *, batch_size: int, drop_last: bool, num_workers: int,
                  prefetch_factor: int, pin_memory: bool, multiprocessing_context=None):
         self.source = dataset
+        # prefetch_factor counts batches; a worker item may hold several (packed token rows).
+        group = dataset.group_size(batch_size)
+        prefetch_factor = prefetch_factor if group == 1 else max(2, -(-prefetch_factor // group))
         self._transport = SlotTransport(num_workers, _slots(dataset, num_workers, prefetch_factor),
                                         pin=pin_memory) if num_workers else None
         # batch_size=None: the stream already yields batches; in_order keeps the round-robin

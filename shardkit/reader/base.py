@@ -16,8 +16,9 @@ from shardkit.reader.tokens import STORED
 
 # Packed token rows per DataLoader item: a worker builds this many rows (several consecutive batches)
 # at once, because each item costs ~100-200 us of DataLoader and transport work in the main process
-# (measured), which at 16 rows a batch was more than reading them.
-GROUP_ROWS = 256
+# (measured), which at 16 rows a batch was more than reading them. 512 rows (8.4 MB of int64) measured
+# 10% faster than 256 and than 1,024 at B=64 (bench/token_loader_bench.py).
+GROUP_ROWS = 512
 
 
 class EpochDataset(IterableDataset):
@@ -97,8 +98,7 @@ class EpochDataset(IterableDataset):
             decode.tune_worker_malloc()
         epoch, consumed, layers = self.position.published()
         worker, num_workers = worker_identity()
-        plain = transport is not None and self.transform is None and self.batch_transform is None
-        group = self._group_size(batch_size, plain)
+        group = self.group_size(batch_size, transport is not None)
         plan = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
         # Groups of consecutive batches, still dealt round-robin: the same order; a dropped last
         # batch is cut off before grouping.
@@ -106,7 +106,9 @@ class EpochDataset(IterableDataset):
         done = {}
         if self.config.cache_limit is not None and any(is_remote(r) for r in self.reader.shards.roots):
             done = last_uses(plan.batches(consumed, worker, num_workers, stop), self.reader.offsets)
-        cross = plain and getattr(transport, "pin", False)  # packed rows widen into pinned memory
+        # Packed rows widen into pinned memory in the main process, untransformed.
+        cross = group > 1 or (self.transform is None and self.batch_transform is None)
+        cross = cross and getattr(transport, "pin", False)
         alloc = transport.alloc if transport is not None else None
         for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop)):
             batch = self.load(ids, epoch, alloc, cross)
@@ -114,10 +116,12 @@ class EpochDataset(IterableDataset):
             for s in done.get(j, ()):
                 self.reader.close(s)
 
-    def _group_size(self, batch_size: int, plain: bool) -> int:
-        """Batches a worker builds per item: several for packed token rows sent as they are (see
-        GROUP_ROWS), one otherwise (under on_error='skip' a batch may come out short)."""
+    def group_size(self, batch_size: int, transport: bool = True) -> int:
+        """Batches a worker builds per item: several for packed token rows sent through the loader's
+        transport untransformed (see GROUP_ROWS), one otherwise (under on_error='skip' a batch may
+        come out short)."""
         packed = self.tokens is not None and self.tokens.packed
+        plain = transport and self.transform is None and self.batch_transform is None
         if not packed or not plain or self.config.on_error != "fail":
             return 1
         return max(1, GROUP_ROWS // batch_size)
@@ -140,7 +144,7 @@ class EpochDataset(IterableDataset):
             return
         sizes = item.pop("__batches__", None) or [length(item)]
         for part in self.tokens.cut(item, sizes):
-            yield self.tokens.finish(part, _pinned) if STORED in part else part
+            yield self.tokens.finish(part, _pinned, shared=False) if STORED in part else part
 
     def __iter__(self):
         """One decoded sample at a time (a plain DataLoader batches them itself)."""

@@ -91,10 +91,14 @@ def documents_of(offsets: np.ndarray, rows: np.ndarray, width: int):
 
 
 def train_fields(ids: np.ndarray, first_doc: np.ndarray, real_end: np.ndarray, starts: tuple, opts: TokenOptions,
-                 alloc=_np_empty) -> dict:
+                 alloc=_np_empty, shared: bool = False) -> dict:
     """Rows of ids (B, L+1) -> the selected training fields, each a (B, L) array of opts.dtype in memory from
     `alloc`. real_end[b]: where row b's padding begins; starts: (rows, columns) of document starts after
-    column 0; first_doc[b]: the document holding row b's column 0."""
+    column 0; first_doc[b]: the document holding row b's column 0.
+
+    `shared`: where nothing differs between a row's inputs and its targets (no padding in the batch, no
+    boundary masking), `input_ids` and `labels` are the two shifted views of one widened (B, L+1) array:
+    each id is widened once, half the bytes written (see `widened_once`)."""
     n, width = ids.shape
     length, dtype = width - 1, np.dtype(opts.dtype)
     rr, cc = starts
@@ -104,12 +108,16 @@ def train_fields(ids: np.ndarray, first_doc: np.ndarray, real_end: np.ndarray, s
 
     out = {}
     padded = np.nonzero(real_end < width)[0].tolist()
-    if "input_ids" in opts.outputs:
+    if shared and widened_once(opts, padded):
+        wide = alloc((n, width * dtype.itemsize)).view(dtype)
+        np.copyto(wide, ids, casting="unsafe")  # the one widening pass
+        out["input_ids"], out["labels"] = wide[:, :-1], wide[:, 1:]
+    if "input_ids" in opts.outputs and "input_ids" not in out:
         out["input_ids"] = x = new()
         np.copyto(x, ids[:, :-1], casting="unsafe")  # the one widening pass
         for r in padded:  # padding as input: any valid id; its label is ignored and it comes last
             x[r, real_end[r]:] = opts.eos_id
-    if "labels" in opts.outputs:
+    if "labels" in opts.outputs and "labels" not in out:
         out["labels"] = y = new()
         np.copyto(y, ids[:, 1:], casting="unsafe")
         for r in padded:
@@ -122,6 +130,13 @@ def train_fields(ids: np.ndarray, first_doc: np.ndarray, real_end: np.ndarray, s
         _segments(pos, doc, first_doc, real_end, starts, length)
         out.update({k: v for k, v in (("position_ids", pos), ("document_ids", doc)) if v is not None})
     return out
+
+
+def widened_once(opts: TokenOptions, padded: list) -> bool:
+    """Whether a batch's `input_ids` and `labels` can be views of one widened array: both asked for, and
+    no id where they must differ (padding: EOS as input, ignored as target; with mask_boundaries, a
+    document's first id is ignored as a target only)."""
+    return "input_ids" in opts.outputs and "labels" in opts.outputs and not padded and not opts.mask_boundaries
 
 
 def _segments(pos, doc, first_doc, real_end, starts: tuple, length: int) -> None:
@@ -220,9 +235,11 @@ class TokenBatches:
             batch[STARTS] = torch.from_numpy(np.concatenate(starts) if starts else np.zeros((0, 2), np.int64))
         return batch
 
-    def finish(self, batch: dict, alloc=_np_empty) -> dict:
+    def finish(self, batch: dict, alloc=_np_empty, shared: bool = True) -> dict:
         """Stored rows -> the training fields (or tokens="rows": the rows) in the asked dtype, each
-        widened once into memory from `alloc`."""
+        widened once into memory from `alloc`. `shared`: `input_ids` and `labels` may be views of one
+        array (train_fields); the main process widening into pinned memory passes False, since a
+        strided view would be copied once more on its way to the device."""
         import torch
 
         ids = batch[STORED].numpy()
@@ -234,7 +251,7 @@ class TokenBatches:
             out[TOKENS_FIELD] = torch.from_numpy(rows)
             return out
         docs, starts = batch[DOCS].numpy(), batch[STARTS].numpy()
-        fields = train_fields(ids, docs[:, 0], docs[:, 1], (starts[:, 0], starts[:, 1]), self.options, alloc)
+        fields = train_fields(ids, docs[:, 0], docs[:, 1], (starts[:, 0], starts[:, 1]), self.options, alloc, shared)
         out.update({k: torch.from_numpy(v) for k, v in fields.items()})
         return out
 
