@@ -25,6 +25,9 @@ import time
 import numpy as np
 
 DOCS_PER_SHARD, WORDS = 10_000, 120
+# In the dataset folders' names: a dataset kept from before a change of the shard layout (here the
+# per-value checksums) would measure a reader and writer path that users no longer get.
+LAYOUT = "v2"
 TARGET_BYTES_PER_DOC, TARGET_SPEEDUP = 150, 8.0
 
 CHILD = r'''
@@ -92,7 +95,7 @@ def dataset(size: int, largest: str) -> str:
     """The first `size` documents of the largest dataset, as a dataset of their own (hard links)."""
     from shardkit.manifest import Manifest, load_manifest, write_manifest
 
-    root = os.path.join(tempfile.gettempdir(), f"shardkit-bench-dedup-{size}")
+    root = os.path.join(tempfile.gettempdir(), f"shardkit-bench-dedup-{LAYOUT}-{size}")
     if not os.path.exists(os.path.join(root, "manifest.json")):
         m = load_manifest(largest)
         shards = m.shards_of()[: size // DOCS_PER_SHARD]
@@ -131,7 +134,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="100000,1000000")
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    largest = os.path.join(tempfile.gettempdir(), f"shardkit-bench-dedup-{sizes[-1]}")
+    largest = os.path.join(tempfile.gettempdir(), f"shardkit-bench-dedup-{LAYOUT}-{sizes[-1]}")
     generated(largest, lambda p: make_dataset(p, sizes[-1]), f"a dataset of {sizes[-1]} documents")
     results = {}
     rates = [loop_rate(largest)]
@@ -161,10 +164,11 @@ def main() -> int:
             stages = big / sum(b["stages"].values()) / loop
             cpu = big / b["cpu"] / loop_cpu
             line += f"; dedup stages {stages:.1f}x wall; end to end {cpu:.1f}x by CPU time"
-            ok &= max(stages, cpu) >= TARGET_SPEEDUP
+            ok &= cpu >= TARGET_SPEEDUP  # end to end; CPU time, which other work on the machine distorts least
         print(line)
         ok &= growth <= TARGET_BYTES_PER_DOC
-    print(f"speed target: >= {TARGET_SPEEDUP}x the datasketch loop, one process each")
+    print(f"speed target: `shardkit dedup DATASET OUT` end to end >= {TARGET_SPEEDUP}x the datasketch loop, one "
+          "process each, by CPU time")
     return 0 if ok else 1
 
 

@@ -26,6 +26,7 @@ from shardkit.stages.dedup.decide import BucketParams, bucket_count, bucket_task
 from shardkit.stages.dedup.partitions import PartitionRef, PartitionSet
 from shardkit.stages.dedup.report import DedupResult, cluster_table, in_key_order, summarise
 from shardkit.stages.dedup.store import ArrayFile, save_arrays
+from shardkit.stages.dedup.text import SCHEME as TEXT_SCHEME
 from shardkit.tasks import LazyClient, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.dedup")
@@ -84,16 +85,27 @@ def shard_sources(root: str, shard) -> tuple[list, list] | None:
 
 
 class ShardReader:
-    """Shards of a built dataset → samples with stored field values and recorded sources (picklable)."""
+    """Shards of a built dataset → samples with stored field values and recorded sources (picklable).
+    A dataset without image fields gives each shard as one `StoredTexts` block instead: texts in
+    bulk, no Sample per row."""
 
     def __init__(self, root: str, manifest):
         self.root, self.manifest = root, manifest
+        fields = manifest.fields
+        self.texts_only = "txt" in fields and not set(sigmod.image_fields("auto", fields)) & set(fields)
 
     def __call__(self, shard):
-        from shardkit.reader.shards import read_shard_samples
+        from shardkit.reader.shards import read_shard_columns, read_shard_samples
 
-        samples = read_shard_samples(self.root, self.manifest, shard)
         recorded = shard_sources(self.root, shard)
+        if self.texts_only:
+            keys, columns = read_shard_columns(self.root, self.manifest, shard)
+            paths, rows = recorded if recorded is not None else ([None] * len(keys), [None] * len(keys))
+            # A row without a recorded source is named by the shard and its row in it.
+            sources = [shard.path if p is None else p for p in paths]
+            source_rows = [i if p is None else (-1 if r is None else r) for i, (p, r) in enumerate(zip(paths, rows))]
+            return [sigmod.StoredTexts(keys, columns.get("txt", [None] * len(keys)), sources, source_rows)]
+        samples = read_shard_samples(self.root, self.manifest, shard)
         for row, s in enumerate(samples):
             if recorded is not None and recorded[0][row] is not None:
                 s.meta.update(source_path=recorded[0][row], source_row=recorded[1][row])
@@ -121,9 +133,10 @@ def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
 
 
 def plan_partitions(items, cfg: DedupConfig, workdir: str, per_partition: int | None = None) -> list[Partition]:
-    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters."""
+    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters
+    (the text hashing scheme included: files signed under another are never reused)."""
     size = per_partition or cfg.partition_size
-    params = repr((WORK_VERSION, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+    params = repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
     parts = []
     for index, start in enumerate(range(0, len(items), size)):
         chunk = tuple(items[start:start + size])

@@ -13,7 +13,7 @@ import numpy as np
 from shardkit.config import DedupConfig
 from shardkit.dedup_engine import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, count_by_reason
-from shardkit.fs import folder_lock
+from shardkit.fs import folder_lock, is_remote
 from shardkit.stages.dedup.report import DedupResult, dedup_record, write_report
 from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
 
@@ -27,12 +27,17 @@ def _filter_shard(task: tuple, root: str, manifest, out: str):
     A shard that loses nothing and keeps its id is copied byte for byte."""
     from shardkit.reader.shards import read_shard_samples
     from shardkit.writers import get_writer
+    from shardkit.writers.parquet import write_parquet_table
 
     shard, new_id, drop = task
     if not len(drop) and new_id == shard.id:
         for rel in [shard.path] + ([shard.index["path"]] if shard.index else []):
             shutil.copyfile(os.path.join(root, rel), os.path.join(out, rel))
         return shard
+    if shard.format == "parquet" and not is_remote(root):
+        kept = _filter_parquet(os.path.join(root, shard.path), shard, drop, manifest.fields)
+        if kept is not None:
+            return write_parquet_table(kept, out, new_id, manifest.fields)
     samples = read_shard_samples(root, manifest, shard)
     recorded = shard_sources(root, shard)
     if recorded is not None:  # carry each sample's source over to the new shard
@@ -41,6 +46,29 @@ def _filter_shard(task: tuple, root: str, manifest, out: str):
     dropped = set(np.asarray(drop).tolist())
     kept = [s for i, s in enumerate(samples) if i not in dropped]
     return get_writer(shard.format)(kept, out, new_id, manifest.fields)
+
+
+def _filter_parquet(path: str, shard, drop, fields: dict):
+    """The kept rows of a Parquet shard as an Arrow table, when the file holds exactly the columns
+    the writer makes of its samples (else None: the caller goes through samples). Rows are taken
+    as stored, no Python object per sample; the writer then makes the same bytes as from the
+    samples. Stored values are not checked against their xxh3 sums again: the signature stage read
+    and checked every one of them; the pages' CRCs are."""
+    import pyarrow.parquet as pq
+
+    from shardkit.writers.parquet import samples_table
+
+    expected = samples_table([], fields).schema
+    with open(path, "rb") as f:
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
+        if not pf.schema_arrow.remove_metadata().equals(expected):
+            return None
+        table = pf.read()
+    if table.num_rows != shard.samples:
+        return None
+    keep = np.ones(table.num_rows, bool)
+    keep[np.asarray(drop, np.int64)] = False
+    return table.filter(keep)
 
 
 def _merge_errors(errors: dict, rejections: list[Rejection]) -> dict:

@@ -137,11 +137,81 @@ def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
     assert len(after) == len(stamps) and len(after - set(stamps)) == 1
 
 
+def test_signature_files_of_another_text_hashing_scheme_are_never_reused(tmp_path, monkeypatch):
+    import shardkit.dedup_engine as engine
+
+    samples = corpus(n=40)
+    cfg = DedupConfig(progress=False)
+    find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
+    folder = tmp_path / "signatures"
+    before = set(os.listdir(folder))
+    monkeypatch.setattr(engine, "TEXT_SCHEME", "an-earlier-scheme")
+    seen = []
+    compute = engine.sigmod.compute
+    monkeypatch.setattr(engine.sigmod, "compute", lambda *a, **k: seen.append(1) or compute(*a, **k))
+    find_duplicates(samples, cfg, None, str(tmp_path), per_partition=10)
+    after = set(os.listdir(folder))
+    assert len(seen) == len(before) == len(after) and not after & before  # all signed again, old files gone
+
+
 def test_verify_drops_pairs_under_the_threshold(tmp_path):
     samples = corpus(n=40)
     result = find_duplicates(samples, DedupConfig(verify=True, progress=False), None, str(tmp_path))
     assert result.summary["parameters"]["verify"] is True
     assert all(r["similarity"] >= 0.8 for r in result.rows if r["modality"] == "text" and not r["kept"])
+
+
+def test_parquet_shards_are_filtered_as_tables_into_the_bytes_the_samples_make(tmp_path, monkeypatch):
+    import shardkit.dedup_job as job
+
+    src = tmp_path / "src"
+    manifest = make_dataset(src, corpus(), formats=("parquet",))
+    shard = manifest.shards_of()[1]
+    outs, taken = [], []
+    filter_parquet = job._filter_parquet
+    for fast in (True, False):
+        out = tmp_path / f"out-{fast}"
+        os.makedirs(out / "shards")
+        monkeypatch.setattr(job, "_filter_parquet", lambda *a: taken.append(1) or filter_parquet(*a) if fast else None)
+        info = job._filter_shard((shard, 0, np.array([0, 5, 39])), str(src), manifest, str(out))
+        outs.append((info, (out / info.path).read_bytes()))
+    assert taken and outs[0] == outs[1] and outs[0][0].samples == shard.samples - 3
+    # A file without the columns the writer makes now (an older layout) goes through samples.
+    old = pq.read_table(src / shard.path).drop_columns(["txt.xxh3"])
+    pq.write_table(old, src / shard.path)
+    assert filter_parquet(str(src / shard.path), shard, np.array([0]), manifest.fields) is None
+
+
+def test_text_datasets_are_read_in_blocks_with_the_report_of_one_sample_at_a_time(tmp_path):
+    from shardkit.dedup_engine import ShardReader
+
+    fields = {"txt": {"kind": "text"}, "cls": {"kind": "int", "dtype": "int64"}}
+    samples = [Sample(s.key, {k: v for k, v in s.fields.items() if k in fields}) for s in corpus(n=60)
+               if isinstance(s.fields.get("txt", ""), str)]
+    samples += [Sample("zz/no-text", {"cls": 1}), Sample("zz/symbols", {"txt": "### *** ### ***"}),
+                Sample("zz/unicode", {"txt": "Ünïcödé ｆｕｌｌ " * 5})]
+    for i, s in enumerate(samples):
+        if i % 3:  # some rows record where they came from, the others are named by shard and row
+            s.meta.update(source_path=f"raw/{i % 4}.jsonl", source_row=i if i % 5 else None)
+    reports = []
+    for fmt in ("parquet", "tar"):
+        root = tmp_path / fmt
+        infos = [{"tar": write_tar, "parquet": write_parquet}[fmt](samples[i:i + 25], str(root), i // 25, fields)
+                 for i in range(0, len(samples), 25)]
+        manifest = Manifest(samples=len(samples), fields=fields, shards=infos)
+        write_manifest(str(root), manifest)
+        for blocks in (True, False):
+            reader = ShardReader(str(root), manifest)
+            assert reader.texts_only
+            reader.texts_only = blocks
+            result = find_duplicates(infos, DedupConfig(progress=False), None, str(tmp_path / f"w-{fmt}-{blocks}"),
+                                     reader=reader, specs=fields, per_partition=2)
+            result.summary.pop("execution")
+            write_report(str(tmp_path / f"r-{fmt}-{blocks}"), result)
+            reports.append([(tmp_path / f"r-{fmt}-{blocks}" / f).read_bytes() for f in ("clusters.parquet", "summary.json")])
+    assert reports[0] == reports[1] and reports[2] == reports[3]  # per format: they name their shards
+    summary = json.loads(reports[0][1])
+    assert summary["removed"] > 0 and summary["text"]["symbolic"] == 2 and summary["no_content"] >= 1
 
 
 def test_dataset_in_dataset_out(tmp_path):

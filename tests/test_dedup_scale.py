@@ -70,3 +70,16 @@ def test_partitioned_clustering_equals_the_single_process_path(tmp_path, make):
     assert summary["removed"] > 0
     if make is hundred_copies:
         assert summary["removed"] == 99 + 29 and summary["clusters"] == 2
+
+
+def test_hash_order_equals_a_lexsort_by_hash_then_the_tie_breakers():
+    from shardkit.stages.dedup.cluster import hash_order
+
+    rng = np.random.default_rng(5)
+    for n, values in [(1, 1), (2000, 3), (2000, 400), (50000, 2**64 - 1)]:
+        h = rng.integers(0, values, n, dtype=np.uint64)
+        row, x = rng.permutation(n).astype(np.uint32), rng.integers(0, 3, n, dtype=np.uint64)
+        assert np.array_equal(hash_order(h, row), np.lexsort((row, h)))
+        assert np.array_equal(hash_order(h, x, row, runs=True), np.lexsort((row, x, h)))
+        runs = np.concatenate([np.sort(part) for part in np.array_split(h, 7)])
+        assert np.array_equal(hash_order(runs, row, runs=True), np.lexsort((row, runs)))

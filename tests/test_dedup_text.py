@@ -13,7 +13,8 @@ from shardkit.sample import Sample
 from shardkit.stages.dedup.cluster import band_candidates, exact_links
 from shardkit.stages.dedup.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
 from shardkit.stages.dedup.minhash import MinHasher, estimate_jaccard
-from shardkit.stages.dedup.text import distinct_counts, normalise, shingle_hash, shingle_hashes, shingles, words
+from shardkit.stages.dedup.text import (content_digests, distinct_counts, normalise, shingle_hash, shingle_hashes,
+                                        shingles, token_hash, token_hashes, tokens, words)
 from shardkit.stages.dedup.unionfind import components, linked_components
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
@@ -49,10 +50,45 @@ def test_vectorised_shingle_hashes_equal_the_scalar_hash(ngram):
     rng = np.random.default_rng(ngram)
     vocab = vocabulary(rng, 200)
     docs = [" ".join(rng.choice(vocab, int(rng.integers(0, 40)))) for _ in range(50)] + ["Ünïcode ｆｕｌｌ"]
-    hashes, offsets = shingle_hashes([words(d) for d in docs], ngram)
+    hashes, offsets = shingle_hashes(docs, ngram)
     for i, d in enumerate(docs):
         expected = [shingle_hash(s) for s in shingles(normalise(d), ngram)]
         assert hashes[offsets[i]:offsets[i + 1]].tolist() == expected
+
+
+# Prose, case, punctuation runs, every ASCII whitespace, NUL, non-ASCII (NFKC), mostly symbols
+# (ASCII and not), empty, blank, repetitive, shorter than n: each path of the batch tokeniser.
+ODD_DOCS = ["Hello,  World! A b_c", "ｆｕｌｌ — Ünïcode x\x1cy", "", "   ", "a\x00 b\tc\nd\re\x0bf\x0cg",
+            "### *** ---- !!! ab", "ÀB ### *** !!!! ---", "ha " * 40, "x", "a b c d", "|--|--|\n|x|\x00|",
+            "The Quick brown FOX jumps over the lazy dog, again and AGAIN.", "日本語のテキスト 123"]
+
+
+@pytest.mark.parametrize("ngram", [1, 3, 5])
+def test_batch_tokens_and_shingles_equal_the_scalar_reference_on_every_path(ngram, monkeypatch):
+    from shardkit.stages.dedup import text
+
+    monkeypatch.setattr(text, "CHUNK_BYTES", 64)  # many chunks, and texts longer than a chunk
+    rng = np.random.default_rng(ngram)
+    docs = ODD_DOCS + [" ".join(rng.choice(["alpha", "Beta", "gam-ma", "dé", "x", "!!"], int(rng.integers(0, 30))))
+                       for _ in range(100)]
+    tok, counts, symbolic = token_hashes(docs)
+    assert tok.tolist() == [token_hash(t) for d in docs for t in tokens(d)[0]]
+    assert counts.tolist() == [len(tokens(d)[0]) for d in docs]
+    assert symbolic.tolist() == [tokens(d)[1] for d in docs]
+    hashes, offsets = shingle_hashes(docs, ngram)
+    for i, d in enumerate(docs):
+        expected = [shingle_hash(s) for s in shingles(b" ".join(tokens(d)[0]).decode(), ngram)]
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == expected, d
+
+
+def test_content_digests_equal_exactly_for_equal_token_sequences():
+    docs = ["Same text, here.", "same TEXT here", "same text here!", "here same text", "same text",
+            "### same text ###", "x", "y", ""]
+    tok, counts, symbolic = token_hashes(docs)
+    d = [tuple(row) for row in content_digests(tok, counts, symbolic).tolist()]
+    assert d[0] == d[1] == d[2]
+    assert len({d[0], d[3], d[4], d[6], d[7]}) == 5  # order, length and each token count
+    assert d[6][0] != d[6][1]  # two independent 64-bit lanes, even for one token
 
 
 @pytest.mark.parametrize("scheme", ["affine32", "legacy"])
@@ -62,7 +98,7 @@ def test_signatures_equal_datasketch_minhash_and_lean_jaccard_agrees(scheme):
     docs = [" ".join(rng.choice(vocab, int(rng.integers(1, 600)))) for _ in range(25)]
     docs += ["a b", docs[0] + " tail words here"]
     hasher = MinHasher(num_perm=64, seed=42, scheme=scheme)
-    hashes, offsets = shingle_hashes([words(d) for d in docs], 5)
+    hashes, offsets = shingle_hashes(docs, 5)
     sig = hasher.signatures(hashes, offsets)
     reference = []
     for i, d in enumerate(docs):
@@ -79,7 +115,7 @@ def test_signatures_equal_datasketch_minhash_and_lean_jaccard_agrees(scheme):
 def test_large_document_is_reduced_in_slices_identically():
     rng = np.random.default_rng(3)
     doc = " ".join(rng.choice(vocabulary(rng, 5000), 40000))
-    hashes, offsets = shingle_hashes([words(doc), words("small doc")], 5)
+    hashes, offsets = shingle_hashes([doc, "small doc"], 5)
     sig = MinHasher(num_perm=32).signatures(hashes, offsets)
     m = MinHash(num_perm=32, hashfunc=shingle_hash)
     m.update_batch(shingles(normalise(doc), 5))
@@ -87,7 +123,7 @@ def test_large_document_is_reduced_in_slices_identically():
 
 
 def test_empty_document_gets_the_empty_minhash():
-    hashes, offsets = shingle_hashes([[], words("x y z")], 5)
+    hashes, offsets = shingle_hashes(["", "x y z"], 5)
     sig = MinHasher(num_perm=16).signatures(hashes, offsets)
     assert np.array_equal(sig[0], MinHash(num_perm=16).hashvalues)
 
@@ -136,7 +172,7 @@ def test_band_candidates_star_big_buckets_and_pair_small_ones():
 
 
 def test_distinct_counts_count_repeated_shingles_once():
-    hashes, offsets = shingle_hashes([words("ha " * 40), words("a b c d e f g"), [], words("x")], 5)
+    hashes, offsets = shingle_hashes(["ha " * 40, "a b c d e f g", "", "x"], 5)
     assert distinct_counts(hashes, offsets).tolist() == [1, 3, 0, 1]
 
 

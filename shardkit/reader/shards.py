@@ -234,10 +234,11 @@ class ParquetShard:
         for g, sel, local in self._by_group(rows):
             # Bytes as stored (a string column viewed as binary: no UTF-8 check yet), checked first.
             arr, sums = _as_binary(self._group(g, field)), self._sums(g, field, local)
-            raw = [arr[r].as_py() for r in local.tolist()]
+            raw = arr.take(local).to_pylist()  # bytes or None each; one C loop, not a scalar per row
             if sums is not None:
                 read = [k for k, v in enumerate(raw) if v is not None]
-                check_digests(self.url, field, self.keys, rows[sel[read]], [checksum(raw[k]) for k in read], sums[read])
+                digest = _bytes_digest()
+                check_digests(self.url, field, self.keys, rows[sel[read]], [digest(raw[k]) for k in read], sums[read])
             for j, v in zip(sel.tolist(), stored_values(self.specs[field], raw, (self.url, field), self.keys, rows[sel])):
                 out[j] = v
         return out
@@ -351,6 +352,18 @@ def open_shard(path: str, shard: ShardInfo, specs: dict, url: str, *, index_path
 
 def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo) -> list[Sample]:
     """All samples of one shard, field values in stored form (bytes, int, str, dict), no decoding."""
+    keys, columns = read_shard_columns(root, manifest, shard)
+    samples = []
+    for i, key in enumerate(keys):
+        fields = {f: (bytes(v) if isinstance(v, (memoryview, bytearray)) else v)
+                  for f, col in columns.items() if (v := col[i]) is not None}
+        samples.append(Sample(key, fields))
+    return samples
+
+
+def read_shard_columns(root: str, manifest: Manifest, shard: ShardInfo) -> tuple[list[str], dict[str, list]]:
+    """(keys, {field: its stored values, None where absent}) of one whole shard, each value checked
+    against its recorded checksum: `read_shard_samples` without a Python object per sample."""
     url = join(root, shard.path)
     if is_remote(root):
         from shardkit.reader.cache import fetch_to_temp
@@ -371,13 +384,6 @@ def missing_shard(url: str, error: FileNotFoundError) -> ShardError:
                       "incomplete: restore it or rebuild it with `shardkit build`")
 
 
-def _read_all(reader) -> list[Sample]:
-    keys = reader.keys
-    rows = np.arange(len(keys))
-    columns = {f: reader.values(f, rows) for f in reader.specs if reader.has(f)}
-    samples = []
-    for i, key in enumerate(keys):
-        fields = {f: (bytes(v) if isinstance(v, (memoryview, bytearray)) else v)
-                  for f, col in columns.items() if (v := col[i]) is not None}
-        samples.append(Sample(key, fields))
-    return samples
+def _read_all(reader) -> tuple[list[str], dict[str, list]]:
+    rows = np.arange(len(reader.keys))
+    return list(reader.keys), {f: reader.values(f, rows) for f in reader.specs if reader.has(f)}

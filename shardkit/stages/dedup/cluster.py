@@ -17,6 +17,20 @@ MAX_BUCKET_PAIRS = 64
 EMPTY_PAIRS = np.empty((0, 2), np.int64)
 
 
+def hash_order(h: np.ndarray, *then: np.ndarray, runs: bool = False) -> np.ndarray:
+    """np.lexsort((*reversed(then), h)) — by hash, ties by then[0], then[1], … — ~3x faster: one
+    sort by h, then the rare runs of equal h (the candidates) ordered by the rest. `runs`: h is a
+    concatenation of sorted runs (one per partition), which a stable sort merges in near-linear time."""
+    order = np.argsort(h, kind="stable" if runs else None)
+    hs = h[order]
+    tied = np.flatnonzero(hs[1:] == hs[:-1])
+    if len(tied):
+        at = np.unique(np.concatenate([tied, tied + 1]))
+        sub = order[at]
+        order[at] = sub[np.lexsort(tuple(t[sub] for t in reversed(then)) + (hs[at],))]
+    return order
+
+
 def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(start, length) of each run of equal values in a sorted array (structured arrays too)."""
     if not len(keys):
@@ -35,7 +49,7 @@ def _star(starts: np.ndarray, lens: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def exact_links(h: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Pairs (first, other) within each group of equal 128-bit digests (h, x); first = smallest id."""
-    order = np.lexsort((ids, x, h))
+    order = hash_order(h, x, ids, runs=True)
     h, x, ids = h[order], x[order], ids[order]
     same = np.empty(len(h), bool)
     same[:1] = False
@@ -51,7 +65,7 @@ def band_candidates(h: np.ndarray, ids: np.ndarray, max_pairs: int = MAX_BUCKET_
     connected components — and buckets of up to `max_pairs` members add all their other pairs, so
     that the threshold check can keep a link when the first member is the odd one out.
     """
-    order = np.lexsort((ids, h))
+    order = hash_order(h, ids, runs=True)
     h, ids = h[order], ids[order]
     starts, lens = run_starts(h)
     multi = lens > 1
@@ -69,7 +83,7 @@ def band_candidates(h: np.ndarray, ids: np.ndarray, max_pairs: int = MAX_BUCKET_
 
 def image_links(h: np.ndarray, hashes: np.ndarray, ids: np.ndarray, distance: int) -> np.ndarray:
     """Unique pairs (i < j) sharing a band value whose 64-bit hashes differ in at most `distance` bits."""
-    order = np.lexsort((ids, h))
+    order = hash_order(h, ids, runs=True)
     pairs = close_in_runs(h[order], hashes[order], ids[order], distance)
     return np.unique(np.sort(pairs, axis=1), axis=0) if len(pairs) else EMPTY_PAIRS
 

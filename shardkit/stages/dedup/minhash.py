@@ -83,12 +83,12 @@ class MinHasher:
         n = len(offsets) - 1
         sig = np.full((n, self.num_perm), 0xFFFFFFFF, self.dtype)  # datasketch's empty MinHash
         nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+        ends = offsets[nonempty + 1]
         start = 0
         while start < len(nonempty):
             # Whole documents per chunk (at least one), so reduceat never spans two chunks.
             first = offsets[nonempty[start]]
-            stop = int(np.searchsorted(offsets[nonempty + 1], first + CHUNK_ROWS, side="right"))
-            stop = max(stop, start + 1)
+            stop = max(int(np.searchsorted(ends, first + CHUNK_ROWS, side="right")), start + 1)
             docs = nonempty[start:stop]
             lo, hi = offsets[docs[0]], offsets[docs[-1] + 1]
             if hi - lo > 4 * CHUNK_ROWS:  # one huge document: reduce it in slices

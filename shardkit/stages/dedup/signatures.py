@@ -16,10 +16,11 @@ from shardkit.contract import IMAGE_FIELDS as DATASET_IMAGE_FIELDS
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
 from shardkit.stages.dedup import image as image_mod
+from shardkit.stages.dedup.cluster import hash_order
 from shardkit.stages.dedup.lsh import band_keys
 from shardkit.stages.dedup.minhash import MinHasher
 from shardkit.stages.dedup.store import pack_strings, save_arrays
-from shardkit.stages.dedup.text import content_hash, distinct_counts, fmix64, shingle_hashes, tokens
+from shardkit.stages.dedup.text import content_digests, distinct_counts, fmix64, shingles_of, token_hashes
 
 # "image": a raw-folder sample before the image stage; then the dataset's own image fields.
 IMAGE_FIELDS = ("image",) + DATASET_IMAGE_FIELDS
@@ -51,6 +52,18 @@ class Unreadable:
     source: str
     reason: str
     source_row: int | None = None
+
+
+@dataclass(frozen=True)
+class StoredTexts:
+    """A whole shard of a dataset without image fields, as columns: its rows are texts (or have
+    nothing to compare), added in bulk rather than as one Sample each. `sources`/`source_rows` as
+    `_source_of` gives them; texts None where a row has no text."""
+
+    keys: list
+    texts: list
+    sources: list
+    source_rows: list
 
 
 def image_fields(modality: str, specs: dict | None) -> tuple[str, ...]:
@@ -86,9 +99,8 @@ def _source_of(sample) -> tuple[str, int]:
     return path, -1 if row is None else int(row)
 
 
-# Texts tokenised, shingled and signed together: their word lists (the bulkiest thing a signature
-# task holds, ~40 bytes per word) are dropped once signed, so a task's memory follows this, not its
-# partition size.
+# Texts tokenised, shingled and signed together (dropped once signed, so a task's memory follows
+# this, not its partition size).
 TEXT_BATCH = 4096
 
 
@@ -100,8 +112,8 @@ class _Rows:
         self.image_hashes, self.text_rows, self.symbolic = [], [], []
         self.rejections, self.utf8_replaced = [], 0
         self.params, self.hasher = params, MinHasher(params.num_perm, params.seed)
-        self.pending: list = []  # token lists of texts not signed yet
-        self.counts, self.signatures, self.sets = [], [], []
+        self.pending: list[str] = []  # texts not signed yet
+        self.counts, self.signatures, self.sets, self.text_digests = [], [], [], []
 
     def add(self, key: str, source: tuple[str, int], kind: str, digest: bytes = b"\0" * 16, phash: int = 0):
         self.keys.append(key)
@@ -111,28 +123,49 @@ class _Rows:
         self.digests.append(digest)
         self.image_hashes.append(phash)
 
-    def add_text(self, toks: list[bytes], symbolic: bool) -> None:
+    def add_text(self, text: str) -> None:
         self.text_rows.append(len(self.keys))
-        self.symbolic.append(symbolic)
-        self.pending.append(toks)
+        self.pending.append(text)
         if len(self.pending) >= TEXT_BATCH:
             self.sign()
 
+    def add_texts(self, block: StoredTexts, compared: bool) -> None:
+        """A shard's rows at once (`compared`: its texts are; else every row is one of 'none')."""
+        base, n = len(self.keys), len(block.keys)
+        has = np.fromiter((t is not None for t in block.texts), bool, n) if compared else np.zeros(n, bool)
+        self.keys += block.keys
+        self.sources += block.sources
+        self.source_rows += block.source_rows
+        self.kind += np.where(has, MODALITY_CODES["text"], MODALITY_CODES["none"]).tolist()
+        self.digests += [b"\0" * 16] * n
+        self.image_hashes += [0] * n
+        self.text_rows += (base + np.flatnonzero(has)).tolist()
+        self.pending += block.texts if has.all() else [t for t, h in zip(block.texts, has.tolist()) if h]
+        while len(self.pending) >= TEXT_BATCH:
+            self.sign()
+
     def sign(self) -> None:
-        """Shingle and sign the pending texts; keep their distinct counts, signatures (and sets)."""
-        hashes, offsets = shingle_hashes(self.pending, self.params.ngram)
+        """Tokenise, shingle and sign the pending texts (TEXT_BATCH at most); keep their content
+        digests, distinct counts, mostly-symbols flags, signatures (and shingle sets)."""
+        texts, self.pending = self.pending[:TEXT_BATCH], self.pending[TEXT_BATCH:]
+        tok, per_text, symbolic = token_hashes(texts)
+        self.text_digests.append(content_digests(tok, per_text, symbolic))
+        self.symbolic.append(symbolic)
+        hashes, offsets = shingles_of(tok, per_text, self.params.ngram)
         counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
         nonempty = np.flatnonzero(counts > 0)
         self.counts.append(counts)
         self.signatures.append(self.hasher.signatures(hashes, offsets)[nonempty])
         if self.params.keep_sets:
             self.sets += [np.unique(hashes[offsets[i]:offsets[i + 1]]) for i in nonempty.tolist()]
-        self.pending = []
 
 
 def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
     rows, images = _Rows(params), image_fields(params.modality, specs)
     for s in samples:
+        if isinstance(s, StoredTexts):
+            rows.add_texts(s, params.modality in ("auto", "text"))
+            continue
         if isinstance(s, Unreadable):
             rows.rejections.append(Rejection(s.source if s.source_row is None else f"{s.source}:{s.source_row}",
                                              "read", s.reason))
@@ -150,12 +183,13 @@ def _read_rows(samples, params: SignatureParams, specs: dict | None) -> _Rows:
         elif kind == "text":
             text, bad = decode_text(s.fields[name])
             rows.utf8_replaced += bad + s.meta.get("utf8_replaced", 0)
-            toks, symbolic = tokens(text)
-            rows.add_text(toks, symbolic)
-            rows.add(s.key, _source_of(s), "text", content_hash(toks, symbolic))
+            rows.add_text(text)
+            rows.add(s.key, _source_of(s), "text")
         else:
             rows.add(s.key, _source_of(s), "none")
-    rows.sign()
+    rows.sign()  # once at least: a partition without texts still gets its (empty) text arrays
+    while rows.pending:
+        rows.sign()
     return rows
 
 
@@ -173,7 +207,7 @@ def _text_arrays(rows: _Rows, n: int) -> tuple[dict, dict]:
     if rows.params.keep_sets:
         arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in rows.sets])]).astype(np.int64)
         arrays["set_values"] = np.concatenate(rows.sets) if rows.sets else np.empty(0, np.uint32)
-    symbolic = np.asarray(rows.symbolic, bool)
+    symbolic = np.concatenate(rows.symbolic)
     stats = {"texts": len(text_rows), "empty": int(np.sum(counts == 0)), "symbolic": int(np.sum(symbolic & (counts > 0))),
              "utf8_replaced": rows.utf8_replaced}
     return arrays, stats
@@ -186,7 +220,8 @@ def compute(samples, params: SignatureParams, specs: dict | None = None) -> tupl
     n = len(rows.keys)
     kind = np.asarray(rows.kind, np.uint8)
     arrays, stats = _text_arrays(rows, n)
-    digests = np.frombuffer(b"".join(rows.digests), "<u8").reshape(n, 2) if n else np.empty((0, 2), "<u8")
+    digests = np.frombuffer(b"".join(rows.digests), "<u8").reshape(n, 2).copy() if n else np.empty((0, 2), "<u8")
+    digests[rows.text_rows] = np.concatenate(rows.text_digests)
     keys, sources = pack_strings(rows.keys), pack_strings(rows.sources)
     arrays.update({"kind": kind, "digests": digests, "image_hashes": np.asarray(rows.image_hashes, np.uint64),
                    "source_rows": np.asarray(rows.source_rows, np.int64),
@@ -214,7 +249,7 @@ def range_starts(tasks: int) -> np.ndarray:
 def _sorted(entries: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
     """Entries sorted by (mixed hash, row), and the position where each bucket range starts in them
     (plus the end): a bucket task reads its two bounds and one slice, whatever the file's size."""
-    entries = entries[np.lexsort((entries["row"], entries["h"]))]
+    entries = entries[hash_order(entries["h"], entries["row"])]
     bounds = np.searchsorted(entries["h"], range_starts(tasks), side="left").astype(np.int64)
     return entries, np.append(bounds, len(entries))
 
