@@ -4,7 +4,7 @@
     .venv/bin/python bench/loader_bench.py --n 600 --rounds 2   # quick check
 
 Generated data is kept in $TMPDIR/shardkit-loader-bench-N and reused by the next run (--work).
-Prints samples/s per path (median of the rounds) and the ratios issue 3 names, each the median
+Prints samples/s per path (median of the rounds) and the ratios its targets name, each the median
 of its per-round ratios.
 """
 

@@ -138,7 +138,7 @@ def _documents(path: str):
 
 
 def litdata_prepare(out: Path, lit: Path) -> None:
-    """The same documents optimized for LitData's TokensLoader (uint16, as the issue's comparison)."""
+    """The same documents optimized for LitData's TokensLoader (uint16, the reference comparison's layout)."""
     from litdata import TokensLoader, optimize
 
     from shardkit.manifest import load_manifest
@@ -211,7 +211,7 @@ VARIANTS = {  # name -> StreamingDataset options
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=85_300_000, help="corpus size (the issue's run: 85.3M)")
+    ap.add_argument("--tokens", type=int, default=85_300_000, help="corpus size (the reference run: 85.3M)")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--mean-doc", type=int, default=2843, help="mean document length in ids (85.3M / 30,000)")
     ap.add_argument("--batch-sizes", default="64,16")
