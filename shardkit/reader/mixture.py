@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from shardkit.reader.mixing import MixConfig, MixPlan, Schedule, Source, epoch_u
 from shardkit.reader.partition import EpochPlan, Plan, rank_size
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
+
+log = logging.getLogger(__name__)
 
 # What must agree between sources for a field to be read from all of them into one batch.
 SPEC_KEYS = ("kind", "encoding", "dtype", "shape", "layout", "seq_len", "eos_id", "pad_id", "tokenizer_sha256",
@@ -65,11 +68,14 @@ class Mixture(EpochDataset):
         opened = [_open(name, s, self.config) for name, s in zip(self.names, self.sources)]
         self._setup_reader(opened)
         self.sizes = [int(t.samples.sum()) for _, t in opened]
+        self._tables = [t for _, t in opened]  # for the content digests a saved state records
+        self._digests: list[str] | None = None
         self._setup_plan()
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self.planned = np.zeros(len(self.names), np.int64)  # main process: what the plan put in the batches
         self.observed = np.zeros(len(self.names), np.int64)  # ... and what the batches held
+        self.untagged = 0  # samples of batches without their __dataset__ tags (a batch_transform dropped them)
         self._orders: dict = {}
         self._yielded: list = []  # main process: [(epoch, layers), first, end] runs yielded, not yet counted
         self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
@@ -179,8 +185,14 @@ class Mixture(EpochDataset):
         for i, name in enumerate(self.names):
             passes, offset = divmod(int(starts[i]) * unit, self.sizes[i])
             out.append({"name": name, "samples": self.sizes[i], "epoch_samples": int(counts[i]) * unit,
-                        "pass": passes, "offset": offset})
+                        "pass": passes, "offset": offset, "checksums": self.digests()[i]})
         return out
+
+    def digests(self) -> list[str]:
+        """Per source, a digest of its shards' checksums: what tells two sources of equal size apart."""
+        if self._digests is None:
+            self._digests = [t.content_digest() for t in self._tables]
+        return self._digests
 
     def check_state(self, state: dict) -> None:
         saved = state.get("mixture")
@@ -192,7 +204,8 @@ class Mixture(EpochDataset):
             raise ConfigError(f"the loader state was saved with sources {[s['name'] for s in saved]}, this mixture has "
                               f"{self.names}: resume with the same sources")
         for then, now in zip(saved, ours):
-            diff = [f"{k}={then[k]} then, {now[k]} now" for k in now if then.get(k) != now[k]]
+            # Keys a state of an earlier version lacks are not checked.
+            diff = [f"{k}={then[k]} then, {now[k]} now" for k in now if k in then and then[k] != now[k]]
             if diff:
                 raise ConfigError(f"source {now['name']!r} of the saved state differs: {', '.join(diff)}; resume with "
                                   "the same datasets, weights and schedule (to change weights during training, "
@@ -210,6 +223,8 @@ class Mixture(EpochDataset):
         tags = batch.get(DATASET_KEY) if isinstance(batch, dict) else None
         if tags is not None:
             self.observed += np.bincount(np.asarray(tags, np.int64), minlength=len(self.names))
+        else:
+            self.untagged += size
 
     def _count_planned(self) -> None:
         """Add the sources of the positions yielded since the last count to `planned`."""
@@ -226,6 +241,10 @@ class Mixture(EpochDataset):
         `observed` (their share), `target` (the share the plan put there), and `weight` (the target
         weight at the current position)."""
         self._count_planned()
+        if self.untagged:
+            log.warning("%d yielded samples came in batches without %r (a batch_transform dropped it): 'samples' and "
+                        "'observed' leave them out; keep the key in what batch_transform returns", self.untagged,
+                        DATASET_KEY)
         pos = self.position
         weights = self.mixplan.weights(pos.epoch, pos.consumed * self.world_size // self.mix.unit)
         planned, observed = int(self.planned.sum()), int(self.observed.sum())
