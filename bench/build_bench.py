@@ -17,7 +17,7 @@ from pathlib import Path
 from shardkit.config import BuildConfig
 from shardkit.datagen import generated, image_folder
 from shardkit.executor import build
-from shardkit.tasks import dask_client
+from shardkit.cluster import dask_client
 from shardkit.stages.image import process_image
 
 

@@ -60,9 +60,9 @@ class _Group(click.Group):
     def invoke(self, ctx):
         debug = ctx.params.get("debug") or os.environ.get("SHARDKIT_DEBUG")
         if debug:
-            from shardkit import tasks
+            from shardkit import cluster
 
-            tasks.worker_log_level = logging.WARNING  # Dask workers report their failures too
+            cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):

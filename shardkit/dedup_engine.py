@@ -27,7 +27,8 @@ from shardkit.stages.dedup.partitions import PartitionRef, PartitionSet
 from shardkit.stages.dedup.report import DedupResult, cluster_table, in_key_order, summarise
 from shardkit.stages.dedup.store import ArrayFile, save_arrays
 from shardkit.stages.dedup.text import SCHEME as TEXT_SCHEME
-from shardkit.tasks import LazyClient, progress_bar, run_tasks
+from shardkit.cluster import LazyClient
+from shardkit.tasks import progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.dedup")
 WORK_VERSION = 2

@@ -15,7 +15,8 @@ from shardkit.dedup_engine import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, count_by_reason
 from shardkit.fs import folder_lock, is_remote
 from shardkit.stages.dedup.report import DedupResult, dedup_record, write_report
-from shardkit.tasks import lazy_client, plan_execution, progress_bar, run_tasks
+from shardkit.cluster import lazy_client, plan_execution
+from shardkit.tasks import progress_bar, run_tasks
 
 # Single-core bytes per second of a dataset dedup (signatures of stored samples + the filtered
 # copy), what `plan_execution` weighs an embedded cluster against.

@@ -35,7 +35,8 @@ from shardkit.dedup_engine import dedup_records, estimate_seconds
 from shardkit.sources import records
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.tasks import Execution, Then, background_client, plan_execution, progress_bar, run_tasks
+from shardkit.cluster import Execution, background_client, plan_execution
+from shardkit.tasks import Then, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
 _Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
@@ -344,7 +345,7 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
     # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
     # build) only when some shard or row file turns out to need it, and a dedup build once its
-    # dedup step knows whether the work can pay for one (tasks.plan_execution).
+    # dedup step knows whether the work can pay for one (cluster.plan_execution).
     rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
     with background_client(cfg.scheduler, cfg.workers, start=not rerun and dcfg is None) as pending:
         b = _prepare(cfg, dcfg, pending)

@@ -326,18 +326,18 @@ def test_a_broken_or_changed_row_file_is_rejected_not_fatal(tmp_path):
 
 
 def test_a_rerun_with_nothing_to_do_starts_no_cluster(raw_folder, tmp_path, monkeypatch):
-    import shardkit.tasks
+    import shardkit.cluster
 
     out = tmp_path / "out"
     _build(raw_folder, out, workers=1, max_samples_per_shard=8)
     started = []
-    real = shardkit.tasks.dask_client
+    real = shardkit.cluster.dask_client
 
     def counting(scheduler, workers):
         started.append(workers)
         return real(scheduler, workers)
 
-    monkeypatch.setattr(shardkit.tasks, "dask_client", counting)
+    monkeypatch.setattr(shardkit.cluster, "dask_client", counting)
     again = _build(raw_folder, out, workers=1, max_samples_per_shard=8)
     assert again.reused_shards == len({s.id for s in again.shards}) and started == []
     (raw_folder / "corpus.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")

@@ -107,7 +107,7 @@ def _attempt(item, log):
 def client():
     import cloudpickle
 
-    from shardkit.tasks import dask_client
+    from shardkit.cluster import dask_client
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     with dask_client(None, 1) as c:

@@ -159,7 +159,7 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
 
 def test_embedded_cluster_workers_keep_glibc_adaptive_malloc(monkeypatch):
     """The nanny's default MALLOC_TRIM_THRESHOLD_ made every image ~25% slower in the workers."""
-    from shardkit.tasks import dask_client
+    from shardkit.cluster import dask_client
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with dask_client(None, 2) as client:

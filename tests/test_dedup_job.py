@@ -15,7 +15,7 @@ from shardkit.config import BuildConfig, DedupConfig
 from shardkit.dedup_engine import dedup_records, find_duplicates
 from shardkit.dedup_job import dedup
 from shardkit.stages.dedup.report import write_report
-from shardkit.tasks import dask_client
+from shardkit.cluster import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
 from shardkit.sample import Sample

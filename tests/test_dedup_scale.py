@@ -11,7 +11,7 @@ from shardkit.config import DedupConfig
 from shardkit.dedup_engine import find_duplicates
 from shardkit.sample import Sample
 from shardkit.stages.dedup.report import write_report
-from shardkit.tasks import dask_client
+from shardkit.cluster import dask_client
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 

@@ -17,7 +17,7 @@ from shardkit.config import DedupConfig
 from shardkit.dedup_engine import find_duplicates
 from shardkit.manifest import load_manifest
 from shardkit.sample import Sample
-from shardkit.tasks import CLUSTER_START_SECONDS, plan_execution
+from shardkit.cluster import CLUSTER_START_SECONDS, plan_execution
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 

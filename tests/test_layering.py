@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
 BASE = {"sample", "config", "errors", "fs", "_version", "datagen", "contract", "identity"}
 FLOW = ["sources", "stages", "writers", "manifest", "reader", "loader", "meter", "train"]
-TOP = {"executor", "build_tasks", "cli", "dedup_job", "dedup_engine", "demo", "bench", "tasks",
+TOP = {"executor", "build_tasks", "cli", "cluster", "dedup_job", "dedup_engine", "demo", "bench", "tasks",
        "recipes"}  # and cli_* modules
 
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from shardkit.tasks import PendingClient, Then, run_tasks
+from shardkit.cluster import PendingClient
+from shardkit.tasks import Then, run_tasks
 
 
 def _item(i: int, delay: float) -> tuple[int, int]:
