@@ -161,3 +161,21 @@ def test_rank_world_prefers_torch_distributed(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDKIT_WORKER", "2")
     monkeypatch.setenv("SHARDKIT_NUM_WORKERS", "3")
     assert worker_identity() == (2, 3)
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_a_lead_of_small_first_items_keeps_the_run_in_order(name):
+    """Grouped worker items start with one small item per worker (`lead`): round-robin over the
+    workers still gives the rank's run in order, from any position, for any worker count."""
+    from shardkit.reader.partition import EpochPlan
+
+    counts = COUNTS[name]
+    for world, workers, bs, lead, consumed in product([1, 2], [1, 2, 3], [4, 5], [1, 3], [0, 7]):
+        plan = EpochPlan.of(counts, Plan(seed=3, batch_size=bs), 1, 0, world, ())
+        if consumed > len(plan):
+            continue
+        items = round_robin([list(plan.batches(consumed, w, workers, None, lead)) for w in range(workers)])
+        assert np.array_equal(np.concatenate(items) if items else np.zeros(0, np.int64),
+                              plan.ids(consumed, len(plan)))
+        head = [len(i) for i in items[:workers]]
+        assert all(n <= lead for n in head) and all(len(i) <= bs for i in items[workers:])

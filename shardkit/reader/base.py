@@ -103,14 +103,16 @@ class EpochDataset(IterableDataset):
         # Groups of consecutive batches, still dealt round-robin: the same order; a dropped last
         # batch is cut off before grouping.
         stop = consumed + (len(plan) - consumed) // batch_size * batch_size if group > 1 and drop_last else None
+        # Grouped items: each worker's first is one batch, so the first batch does not wait for a group.
+        lead = batch_size if group > 1 else 0
         done = {}
         if self.config.cache_limit is not None and any(is_remote(r) for r in self.reader.shards.roots):
-            done = last_uses(plan.batches(consumed, worker, num_workers, stop), self.reader.offsets)
+            done = last_uses(plan.batches(consumed, worker, num_workers, stop, lead), self.reader.offsets)
         # Packed rows widen into pinned memory in the main process, untransformed.
         cross = group > 1 or (self.transform is None and self.batch_transform is None)
         cross = cross and getattr(transport, "pin", False)
         alloc = transport.alloc if transport is not None else None
-        for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop)):
+        for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
             batch = self.load(ids, epoch, alloc, cross)
             yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
             for s in done.get(j, ()):

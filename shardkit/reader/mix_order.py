@@ -205,7 +205,7 @@ class ChunkPlan:
     def ids(self, lo: int, hi: int) -> np.ndarray:
         return self.inner.ids(lo // self.unit, -(-hi // self.unit)).reshape(-1)
 
-    def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None):
+    def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None, lead: int = 0):
         stop = None if stop is None else stop // self.unit
-        for ids in self.inner.batches(consumed // self.unit, worker, num_workers, stop):
+        for ids in self.inner.batches(consumed // self.unit, worker, num_workers, stop, lead // self.unit):
             yield ids.reshape(-1)

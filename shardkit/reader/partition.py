@@ -172,7 +172,7 @@ class EpochPlan:
         """Sample ids at positions [lo, hi) of this rank's run."""
         return self.order.ids(self.positions(lo, hi))
 
-    def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None):
+    def batches(self, consumed: int, worker: int, num_workers: int, stop: int | None = None, lead: int = 0):
         """Batches (arrays of ids) that `worker` yields after the first `consumed` samples (up to
         position `stop` of the run, default its end).
 
@@ -181,6 +181,10 @@ class EpochPlan:
         order whatever W is; resume therefore needs only `consumed`. Ids are computed a few of
         the worker's batches at a time (IDS_PER_CALL ids), when it reaches them: one `order.ids`
         call per group costs about what one per batch did (a mixture's order ~150 us a call).
+
+        `lead` (samples, below the batch size): the first W chunks hold `lead` samples each, so that
+        every worker's first item is small and the first batch comes sooner; the rest follows in
+        chunks of the batch size, dealt again from worker 0 (chunk W + k goes to worker k mod W).
         """
         _check_worker(worker, num_workers)
         end = self.size if stop is None else min(stop, self.size)
@@ -188,6 +192,14 @@ class EpochPlan:
             raise ConfigError(f"consumed={consumed}: expected 0..{self.size} samples for this rank's epoch "
                               "(was the state saved with another dataset, world size or drop_remainder?)")
         bs = self.plan.batch_size
+        if 0 < lead < bs:
+            head = min(end, consumed + lead * num_workers)
+            lo = consumed + worker * lead
+            if lo < head:
+                yield self.ids(lo, min(lo + lead, head))
+            if head < end:
+                yield from self.batches(head, worker, num_workers, stop)
+            return
         mine = range(worker, num_batches(end - consumed, bs, self.plan.drop_last), num_workers)
         group = max(1, IDS_PER_CALL // bs)
         for g in range(0, len(mine), group):
