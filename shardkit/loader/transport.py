@@ -63,7 +63,7 @@ class SlotTransport:
         self._gen = 0  # worker side: the generation of the iteration being produced
         self.pin = pin
         self.copy_out = pin or _use_count() is None  # decided in the main process, which unpacks
-        self._slots: dict[int, list] = {}  # worker side: slot -> [storage, nbytes, version]
+        self._slots: dict[int, list] = {}  # worker side: slot -> [storage, nbytes, version, numpy view of it]
         self._pending: list[int] = []      # slots handed out for the batch being built
         self._main: dict[tuple, object] = {}  # main side: (pid, slot) -> storage
         self._lent: list[tuple] = []       # main side: (worker, slot, handle on the slot) while lent out
@@ -100,7 +100,8 @@ class SlotTransport:
         n = int(np.prod(shape))
         if info is None:
             return np.empty(shape, np.uint8)
-        free = (self.flags[info.id] == 0).nonzero().flatten().tolist()
+        flags = self.flags[info.id].numpy()  # numpy over the shared flags: ~50x cheaper per call than torch ops
+        free = np.flatnonzero(flags == 0).tolist()
         if not free:
             return np.empty(shape, np.uint8)
         fits = [s for s in free if s in self._slots and self._slots[s][1] >= n]
@@ -109,11 +110,11 @@ class SlotTransport:
             # Unique across worker processes too, in case DataLoader ever replaces one.
             self._versions = max(self._versions + 1, os.getpid() << 24)
             storage = _new_shared(max(n, 1))
-            self._slots[slot] = [storage, max(n, 1), self._versions]
-        self.flags[info.id, slot] = self._gen
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (max(n, 1),)).numpy()
+            self._slots[slot] = [storage, max(n, 1), self._versions, whole]
+        flags[slot] = self._gen
         self._pending.append(slot)
-        storage = self._slots[slot][0]
-        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (n,)).numpy().reshape(shape)
+        return self._slots[slot][3][:n].reshape(shape)
 
     def pack(self, batch):
         """Worker side: the batch's slot tensors become SlotRefs, small tensors numpy arrays."""
@@ -152,7 +153,7 @@ class SlotTransport:
             self.flags[info.id, slot] = 0
 
     def _ref(self, info, slot: int, value) -> SlotRef:
-        storage, _, version = self._slots[slot]
+        storage, _, version, _ = self._slots[slot]
         attach = None if int(self.known[info.id, slot]) == version else storage
         offset = (value.data_ptr() - storage.data_ptr()) // value.element_size()
         return SlotRef(os.getpid(), info.id, slot, version, attach, value.dtype, tuple(value.shape),
