@@ -126,3 +126,15 @@ def test_plan_for_a_billion_samples_stays_small():
     shards = set((np.concatenate(first) // 10_000).tolist())
     own = set(p.order.shards_at(p.start, p.start + p.size).tolist())
     assert shards <= own and len(own) <= 15_625_000 // 10_000 + 5
+
+
+def test_ids_of_positions_in_any_order_and_across_many_blocks():
+    """`ids` of any positions equals the ids of each position alone, whether the positions run in a
+    few blocks (a worker's batches: one pass per block run) or in many, unsorted (one per block)."""
+    order = EpochOrder(COUNTS, seed=4, epoch=2, block=7)
+    one_by_one = np.array([order.ids([p])[0] for p in range(len(order))])
+    rng = np.random.default_rng(0)
+    for positions in (np.arange(len(order)), np.arange(30, 61), rng.permutation(len(order)),
+                      np.concatenate([np.arange(40, 48), np.arange(5, 9), np.arange(40, 44)])):
+        assert np.array_equal(order.ids(positions), one_by_one[positions])
+    assert sorted(one_by_one.tolist()) == list(range(len(order)))

@@ -66,6 +66,13 @@ class EpochOrder:
         if first == last:  # the common case: a batch inside one block
             return first * self.block + self._permutation(first)[p - first * self.block]
         out = np.empty_like(p)
+        cuts = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
+        if len(cuts) < 64:  # a few runs of one block each (a worker's batches): no sort of the positions
+            bounds = [0, *cuts.tolist(), len(p)]
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                b = int(blocks[lo])
+                out[lo:hi] = b * self.block + self._permutation(b)[p[lo:hi] - b * self.block]
+            return out
         for b in np.unique(blocks).tolist():
             sel = blocks == b
             out[sel] = b * self.block + self._permutation(b)[p[sel] - b * self.block]
