@@ -1,9 +1,11 @@
 """Build at scale: throughput under default shard settings, and the client's memory as jsonl grows.
 
-    .venv/bin/python bench/build_scale_bench.py [--images 2000,6000] [--reps 3] [--lines 200000,2000000]
+    .venv/bin/python bench/build_scale_bench.py [--images 2000,6000] [--reps 3] [--pools auto,processes]
+        [--lines 200000,2000000]
 
 Throughput: photo-like JPEGs ~500×375 → raw uint8 224² (center crop), `--workers 2`, every other
-option at its default (--shard-size 256MB). Each build runs in a fresh process, timed end to end
+option at its default (--shard-size 256MB, --worker-pool auto: threads for a folder of images;
+`--pools auto,processes` measures worker processes too, interleaved). Each build runs in a fresh process, timed end to end
 around `build()` (cluster start-up and close included, imports excluded), interleaved with the
 one-process loop of the same per-image work (`process_image`); ratio = build rate / (loop × 2).
 
@@ -78,30 +80,33 @@ def loop_rate(files: list[Path], cfg: BuildConfig) -> tuple[float, float]:
     return len(files) / (time.perf_counter() - start), time.process_time() - cpu
 
 
-def throughput(n: int, reps: int, work: Path) -> list[float]:
+def throughput(n: int, reps: int, work: Path, pools: list[str]) -> None:
     raw = work / f"raw-{n}"
     generated(raw, lambda root: image_folder(root, n=n, classes=10, size=(500, 375), seed=0), f"{n} images")
     files = sorted(raw.rglob("*.jpg"))
-    cfg = BuildConfig(src=str(raw), out=str(work / f"out-{n}"), image_size=224, resize_mode="center-crop",
-                      encode="raw", workers=WORKERS, progress=False)
-    loop_rate(files[:50], cfg)  # warm-up: imports, codec tables, page cache
-    ratios, builds, loops, cpu = [], [], [], []
+    cfgs = {pool: BuildConfig(src=str(raw), out=str(work / f"out-{n}"), image_size=224, resize_mode="center-crop",
+                              encode="raw", workers=WORKERS, progress=False, worker_pool=pool) for pool in pools}
+    loop_rate(files[:50], cfgs[pools[0]])  # warm-up: imports, codec tables, page cache
+    loops = []
+    ratios, builds, cpu = ({pool: [] for pool in pools} for _ in range(3))
     for _ in range(reps):
-        rate, loop_cpu = loop_rate(files, cfg)
+        rate, loop_cpu = loop_rate(files, cfgs[pools[0]])
         loops.append(rate)
-        run = build_in_child(cfg)
-        assert run["samples"] == n, run
-        builds.append(n / run["seconds"])
-        ratios.append(builds[-1] / (loops[-1] * WORKERS))
-        cpu.append(loop_cpu / run["cpu"])
+        for pool in pools:  # interleaved: each build is compared with the loop of its repetition
+            run = build_in_child(cfgs[pool])
+            assert run["samples"] == n, run
+            builds[pool].append(n / run["seconds"])
+            ratios[pool].append(builds[pool][-1] / (loops[-1] * WORKERS))
+            cpu[pool].append(loop_cpu / run["cpu"])
     print(f"{n} JPEGs → raw 224², --workers {WORKERS}, defaults ({run['shards']} shards): "
-          f"loop {statistics.median(loops):.0f} images/s, build {statistics.median(builds):.0f} images/s "
-          f"({n / statistics.median(builds):.2f} s end to end)")
-    print(f"  build / (loop × {WORKERS}) per rep: {' '.join(f'{r:.2f}' for r in ratios)}; "
-          f"median {statistics.median(ratios):.2f}   (target ≥ 0.85)")
-    print(f"  CPU: loop / build (all its processes) per rep: {' '.join(f'{r:.2f}' for r in cpu)} — the "
-          "ratio's ceiling with no idle core; less affected by other load on the machine")
-    return ratios
+          f"loop {statistics.median(loops):.0f} images/s")
+    for pool in pools:
+        print(f"  --worker-pool {pool}: build {statistics.median(builds[pool]):.0f} images/s "
+              f"({n / statistics.median(builds[pool]):.2f} s end to end)")
+        print(f"    build / (loop × {WORKERS}) per rep: {' '.join(f'{r:.2f}' for r in ratios[pool])}; "
+              f"median {statistics.median(ratios[pool]):.2f}   (target ≥ 0.85)")
+        print(f"    CPU: loop / build (all its processes) per rep: {' '.join(f'{r:.2f}' for r in cpu[pool])} — "
+              "the ratio's ceiling with no idle core")
 
 
 def jsonl_folder(root: str, lines: int, files: int = 20) -> None:
@@ -141,6 +146,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", default="2000,6000", help="image counts for the throughput runs ('' skips)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pools", default="auto", help="--worker-pool values to compare, e.g. auto,processes "
+                    "(auto: threads for these images)")
     ap.add_argument("--lines", default="200000,2000000", help="two jsonl sizes for the memory run ('' skips)")
     ap.add_argument("--workdir", default="bench/out/build-scale")
     args = ap.parse_args()
@@ -148,7 +155,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
     for n in [int(x) for x in args.images.split(",") if x]:
-        throughput(n, args.reps, work)
+        throughput(n, args.reps, work, args.pools.split(","))
     if args.lines:
         memory([int(x) for x in args.lines.split(",")], work)
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ class BuildContext:
     config_hash: str
     reader: SourceReader
     pack: bool  # --seq-len: documents are packed into token rows per shard, in the shard step
+    in_memory: bool = False  # every task runs in this process: units hand their tables over as they are
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class UnitResult:
     stats: dict = field(default_factory=dict)
     failed: Rejection | None = None
     path: str | None = None  # the unit's table file
+    table: object = None  # or the table itself (BuildContext.in_memory)
     linked: list = field(default_factory=list)  # files read by path from Parquet rows: [path, size, mtime_ns]
 
 
@@ -195,11 +198,14 @@ def _table(samples, fields: dict):
 
 
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
-    """A work unit: its samples through the per-sample stages, saved as a table file for the shard step."""
+    """A work unit: its samples through the per-sample stages, as a table for the shard step: a file,
+    unless every task runs in this process (threads share the table itself, no copy)."""
     import pyarrow as pa
 
     result, table = _process(unit.pieces, ctx, unit.shard)
-    if table is not None:
+    if table is not None and ctx.in_memory:
+        result.table = table
+    elif table is not None:
         result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
         # Temp name, then rename, but no fsync: a unit file lives for seconds and is never reused by
         # a later build, so it need not reach the disk (fsync here cost as much as writing the shard).
@@ -231,21 +237,24 @@ def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_p
 
 
 _SYNC: dict = {}  # this process's fsync thread and the shards handed to it
+_SYNC_LOCK = threading.Lock()
 
 
 def _in_background(fn, *args) -> None:
     """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
     from concurrent.futures import ThreadPoolExecutor
 
-    if "pool" not in _SYNC:
-        _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
-    _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
+    with _SYNC_LOCK:  # worker threads of one process share the fsync thread
+        if "pool" not in _SYNC:
+            _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
+        _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
 
 
 def flush_durable() -> int:
     """Wait until every shard this process wrote is on disk with its marker (raises the first failure).
     Run in every worker (and here) before the manifest names any shard."""
-    jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
+    with _SYNC_LOCK:
+        jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
     for job in jobs:
         job.result()
     return len(jobs)
@@ -291,5 +300,5 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     done = reusable(ctx.cfg, shard.id, shard.fingerprint)
     if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
         return done
-    tables = [pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    tables = [p.table if p.table is not None else pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
     return _write(shard, pa.concat_tables(tables), parts, ctx, start)

@@ -10,7 +10,7 @@ import sys
 import click
 
 from shardkit._version import __version__
-from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES
+from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
 from shardkit.cli_options import image_field_option, text_field_option
 from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
 
@@ -144,6 +144,9 @@ def _parse_size(ctx, param, value):
               help="Label .parquet rows by this column (integers, or strings → class list) instead of by folder.")
 @click.option("--workers", type=int, default=None,
               help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+@click.option("--worker-pool", type=click.Choice(WORKER_POOLS), default="auto", show_default=True,
+              help="How embedded workers run: threads of this process (images: Pillow releases the GIL, and "
+                   "nothing is copied between processes) or processes; auto: threads for folders of images.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage "
                    "the workers share, under the same paths).")

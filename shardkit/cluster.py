@@ -27,9 +27,10 @@ worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --
 
 
 @contextlib.contextmanager
-def dask_client(scheduler: str | None, workers: int | None):
+def dask_client(scheduler: str | None, workers: int | None, threads: bool = False):
     """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
-    embedded LocalCluster closed on exit."""
+    embedded LocalCluster closed on exit: one worker process per worker, or with `threads` one worker
+    in this process with that many threads (for work that releases the GIL: see threaded_workers)."""
     if workers == 0:
         yield None
         return
@@ -53,6 +54,12 @@ def dask_client(scheduler: str | None, workers: int | None):
     # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
     # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
     quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
+    if threads:  # no worker process to start, no task or result copied between processes
+        with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
+                LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=":0",
+                             silence_logs=quiet) as cluster, Client(cluster) as client:
+            yield client
+        return
     # Workers are forked from a fork server that has imported Dask and the build's modules once
     # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
     # small build's fixed cost). The server starts with the environment the nanny prepares
@@ -62,6 +69,18 @@ def dask_client(scheduler: str | None, workers: int | None):
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                          silence_logs=quiet) as cluster, Client(cluster) as client:
         yield client
+
+
+def threaded_workers(pool: str, images: bool) -> bool:
+    """Whether the embedded cluster's workers are threads of this process (`pool` "threads"), worker
+    processes ("processes"), or, for "auto", threads when the work is decoding and resizing images.
+
+    Pillow releases the GIL while it decodes, resizes and encodes, which is nearly all of an image's
+    time: two threads of one process did the per-image work 0.89x as fast as two processes on 2
+    cores (0.93x; bench/RESULTS.md), and they pay no worker start-up, no fork server, and no copy
+    of tasks, results and unit tables between processes (a raw image build spent 20-25% more CPU
+    in worker processes). Text work (tokenising, JSON) holds the GIL: processes."""
+    return pool == "threads" or (pool == "auto" and images)
 
 
 # Seconds an embedded cluster costs before its first task runs and after its last (start-up,
@@ -106,6 +125,18 @@ def plan_execution(scheduler: str | None, workers: int | None, work_seconds: flo
                      f"more than the {CLUSTER_START_SECONDS} s a cluster takes to start")
 
 
+def import_in_background() -> None:
+    """Import Dask's client and cluster (and the progress bar) in a thread: ~0.5 s of a small build's
+    start-up that then overlaps the listing of SRC, before the kind of cluster is decided."""
+    import threading
+
+    def load():
+        import tqdm.auto  # noqa: F401 — the bar comes first, the cluster later
+        import distributed  # noqa: F401
+
+    threading.Thread(target=load, name="shardkit-import", daemon=True).start()
+
+
 def _preload_forkserver() -> None:
     import multiprocessing
     from multiprocessing import forkserver
@@ -125,6 +156,8 @@ class PendingClient:
 
         self._box, self._ready, self._done, self._lock = {}, threading.Event(), threading.Event(), threading.Lock()
         self._local = workers == 0
+        self._embedded = not scheduler
+        self.threads = False  # an embedded cluster of threads of this process (use_threads)
         self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
                                         daemon=True)
         if start:
@@ -135,9 +168,21 @@ class PendingClient:
             if not self._thread.is_alive() and not self._ready.is_set():
                 self._thread.start()
 
+    def use_threads(self, threads: bool) -> None:
+        """Start an embedded cluster as worker threads of this process (or not); before it starts."""
+        with self._lock:
+            if self.started:
+                raise RuntimeError("use_threads: the cluster has already started")
+            self.threads = threads and self._embedded and not self._local
+
+    @property
+    def in_process(self) -> bool:
+        """Whether every task runs in this process: no cluster, or one of threads (use_threads)."""
+        return self._local or self.threads
+
     def _hold(self, scheduler, workers) -> None:
         try:
-            with dask_client(scheduler, workers) as client:
+            with dask_client(scheduler, workers, self.threads) as client:
                 self._box["client"] = client
                 self._ready.set()
                 self._done.wait()

@@ -16,6 +16,7 @@ FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
 ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
+WORKER_POOLS = ("auto", "threads", "processes")  # how embedded Dask workers run (cluster.threaded_workers)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -68,6 +69,7 @@ class BuildConfig:
     workers: int | None = None
     scheduler: str | None = None
     unit_samples: int | None = None  # samples per work unit; None: chosen from the worker count
+    worker_pool: str = "auto"  # embedded workers: "threads" of this process, "processes", or auto (cluster.py)
     on_error: str = "skip"
     progress: bool = True
     tokenizer: str | None = None  # a tokenizer.json file, or bpe:VOCAB_SIZE (trained on the corpus)
@@ -87,7 +89,7 @@ class BuildConfig:
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "progress", "allow_empty")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty")
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -95,6 +97,7 @@ class BuildConfig:
         choice("resample", self.resample, RESAMPLE_FILTERS, "--resample")
         choice("encode", self.encode, ENCODINGS, "--encode")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
+        choice("worker_pool", self.worker_pool, WORKER_POOLS, "--worker-pool")
         positive("shard_size", self.shard_size, "--shard-size")
         positive("max_samples_per_shard", self.max_samples_per_shard, "--max-samples-per-shard")
         positive("image_size", self.image_size, "--image-size", allow_none=True)

@@ -35,7 +35,7 @@ from shardkit.dedup_engine import dedup_records, estimate_seconds
 from shardkit.sources import records
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.cluster import Execution, background_client, plan_execution
+from shardkit.cluster import Execution, background_client, import_in_background, plan_execution, threaded_workers
 from shardkit.tasks import Then, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
@@ -138,12 +138,16 @@ class _Corpus:
                     yield text
 
 
-def _scan(cfg: BuildConfig, pending) -> Inventory:
-    """List SRC here (while the cluster starts), count row files on the cluster, order everything.
-    Source rejections go through the policy; OUT's manifest is retired before any write."""
+def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
+    """List SRC here, then (`start`) start the cluster in the background, of threads for image work
+    (cluster.threaded_workers), count row files on the cluster, order everything. Source rejections
+    go through the policy; OUT's manifest is retired before any write."""
     if not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src, cfg.out)
+    pending.use_threads(threaded_workers(cfg.worker_pool, _image_work(listing, cfg)))
+    if start:
+        pending.start()
     opts = scan_options(cfg)
     counts = {rf.id: c for rf in listing.row_files if (c := counted(rf, opts)) is not None}
     todo = [rf for rf in listing.row_files if rf.id not in counts]
@@ -165,6 +169,12 @@ def _scan(cfg: BuildConfig, pending) -> Inventory:
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(cfg.out, MANIFEST_NAME))
     return inv
+
+
+def _image_work(listing, cfg: BuildConfig) -> bool:
+    """Whether the build's work is images (from files), which threads share well: no .jsonl/.parquet
+    rows to parse and no tokenizer (both hold the GIL)."""
+    return listing.images > 0 and not listing.row_files and not cfg.tokenizer
 
 
 def _reader(inv: Inventory) -> SourceReader:
@@ -292,8 +302,8 @@ class _Plan:
     reused: dict[int, ShardResult]
 
 
-def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending) -> _Plan:
-    scanned = inv = _scan(cfg, pending)
+def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -> _Plan:
+    scanned = inv = _scan(cfg, pending, start)
     dedup_result = None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
@@ -316,7 +326,7 @@ def _build_todo(b: _Plan, pending) -> list[ShardResult]:
     if not todo:
         return []
     ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
-                       bool(b.tok is not None and b.cfg.seq_len))
+                       bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process)
     tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
     with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
                       enabled=b.cfg.progress) as bar:
@@ -343,12 +353,15 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
 def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     start = time.perf_counter()
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
-    # A first build starts the cluster at once, in the background; a rerun (markers from an earlier
-    # build) only when some shard or row file turns out to need it, and a dedup build once its
-    # dedup step knows whether the work can pay for one (cluster.plan_execution).
+    # A first build starts the cluster in the background once SRC is listed (the listing says whether
+    # its workers are threads); a rerun (markers from an earlier build) only when some shard or row
+    # file turns out to need it, and a dedup build once its dedup step knows whether the work can pay
+    # for one (cluster.plan_execution).
     rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
-    with background_client(cfg.scheduler, cfg.workers, start=not rerun and dcfg is None) as pending:
-        b = _prepare(cfg, dcfg, pending)
+    if not rerun and cfg.workers != 0:
+        import_in_background()
+    with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
+        b = _prepare(cfg, dcfg, pending, start=not rerun and dcfg is None)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)
 

@@ -204,13 +204,13 @@ class _Run:
     def run(self, client, bar, check) -> list:
         import threading
 
-        from distributed import as_completed
-
         helper = None
-        if isinstance(client, PendingClient):
+        if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
             helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
             helper.start()
             client = client.get()
+        from distributed import as_completed
+
         self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
         self.done = as_completed(loop=client.loop)
         self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()

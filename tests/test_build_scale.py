@@ -152,6 +152,72 @@ def test_images_jsonl_and_parquet_give_the_same_bytes_on_0_1_2_workers(mixed_fol
     assert {"bird/more/000000", "corpus/000001", "cat/000000"} <= keys
 
 
+_RAN_ON: list = []  # (thread name, in_memory) of the units that ran in this process
+
+
+def _recorded_unit(item, ctx):
+    """unit_task, noting where it ran (Dask sends it by reference: workers in other processes note there)."""
+    import threading
+
+    from shardkit.build_tasks import unit_task
+
+    _RAN_ON.append((threading.current_thread().name, ctx.in_memory))
+    return unit_task(item, ctx)
+
+
+@pytest.fixture
+def image_only_folder(tmp_path):
+    """Class folders of images with a few sidecars and a corrupt image: the work threads share."""
+    from shardkit.datagen import image_folder
+
+    root = tmp_path / "images"
+    image_folder(str(root), n=30, classes=3, size=(48, 36), seed=3)
+    first = sorted(root.rglob("*.jpg"))[0]
+    first.with_suffix(".txt").write_text("a caption", encoding="utf-8")
+    (first.parent / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    return root
+
+
+def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(image_only_folder, tmp_path,
+                                                                           monkeypatch):
+    import shardkit.executor as executor
+
+    ran_on = _RAN_ON
+    monkeypatch.setattr(executor, "unit_task", _recorded_unit)
+    opts = dict(image_size=24, resize_mode="center-crop", encode="raw", format="both", max_samples_per_shard=12,
+                unit_samples=3)
+    results, here = {}, {}
+    for pool in ("auto", "processes"):
+        results[pool] = _build(image_only_folder, tmp_path / pool, workers=2, worker_pool=pool, **opts)
+        here[pool], ran_on[:] = list(ran_on), []
+    _build(image_only_folder, tmp_path / "w0", **opts)
+    # auto chose threads: units ran on the worker's threads here, and handed their tables over in memory
+    assert len(here["auto"]) == 11 and all(in_memory for _, in_memory in here["auto"])
+    assert any("Dask-Default-Threads" in name for name, _ in here["auto"]), here["auto"]
+    # processes: only the head start's units ran here (if any), and they wrote unit files
+    assert all(name == "shardkit-head-start" and not in_memory for name, in_memory in here["processes"])
+    trees = [tree_bytes(tmp_path / name) for name in ("auto", "processes", "w0")]
+    assert len(trees[0]) > 5 and trees[0] == trees[1] == trees[2]
+    assert results["auto"].samples == 30
+    assert [r.path for r in results["auto"].rejections] == ["class_00/broken.jpg"]
+
+
+def test_threads_for_images_only(tmp_path):
+    from shardkit.cluster import threaded_workers
+    from shardkit.executor import _image_work
+    from shardkit.sources.walk import Listing
+
+    images, rows = Listing(files=None, row_files=[], images=3), Listing(files=None, row_files=[object()], images=3)
+    cfg = BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"))
+    assert _image_work(images, cfg) and not _image_work(rows, cfg)
+    assert not _image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
+    assert not _image_work(Listing(files=None, row_files=[]), cfg)
+    assert threaded_workers("auto", True) and not threaded_workers("auto", False)
+    assert threaded_workers("threads", False) and not threaded_workers("processes", True)
+    with pytest.raises(ConfigError, match="--worker-pool"):
+        BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), worker_pool="fibers")
+
+
 def test_work_units_never_change_the_bytes(mixed_folder, tmp_path):
     opts = dict(image_size=24, resize_mode="shorter", format="both", max_samples_per_shard=11)
     trees = []
@@ -333,9 +399,9 @@ def test_a_rerun_with_nothing_to_do_starts_no_cluster(raw_folder, tmp_path, monk
     started = []
     real = shardkit.cluster.dask_client
 
-    def counting(scheduler, workers):
+    def counting(scheduler, workers, threads=False):
         started.append(workers)
-        return real(scheduler, workers)
+        return real(scheduler, workers, threads)
 
     monkeypatch.setattr(shardkit.cluster, "dask_client", counting)
     again = _build(raw_folder, out, workers=1, max_samples_per_shard=8)

@@ -132,7 +132,7 @@ class SlotTransport:
         out, used = {}, set()
         for name, value in batch.items():
             if isinstance(value, torch.Tensor):
-                slot = next((s for lo, n, s in spans if lo <= value.data_ptr() < lo + n), None)
+                slot = _slot_of(value, spans)
                 if slot is not None:
                     out[name] = self._ref(info, slot, value)
                     used.add(slot)
@@ -149,8 +149,8 @@ class SlotTransport:
         return out
 
     def _free(self, info, slots) -> None:
-        for slot in slots:
-            self.flags[info.id, slot] = 0
+        if slots:
+            self.flags[info.id].numpy()[sorted(slots)] = 0
 
     def _ref(self, info, slot: int, value) -> SlotRef:
         storage, _, version, _ = self._slots[slot]
@@ -226,13 +226,20 @@ def _numpy(t) -> np.ndarray:
     return t.view(_NUMPY_LACKS.get(t.dtype, t.dtype)).numpy()
 
 
+def _slot_of(tensor, spans: list):
+    """The slot (of `spans`: start, nbytes, slot) whose memory holds the tensor's first byte, or None."""
+    ptr = tensor.data_ptr()
+    return next((s for lo, n, s in spans if lo <= ptr < lo + n), None)
+
+
 def _slots_in(value, spans: list) -> set:
-    """The slots (of `spans`: start, nbytes, slot) that tensors in a list, tuple or dict lie in."""
+    """The slots (of `spans`) that tensors in a list, tuple or dict lie in."""
     found, stack = set(), [value]
     while stack and spans:
         v = stack.pop()
         if isinstance(v, torch.Tensor):
-            found.update(s for lo, n, s in spans if lo <= v.data_ptr() < lo + n)
+            if (slot := _slot_of(v, spans)) is not None:
+                found.add(slot)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, dict):
