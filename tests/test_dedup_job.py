@@ -294,6 +294,22 @@ def test_raw_folder_and_cli(tmp_path):
     assert result.removed_keys == {"doc_100", "cat/000101"}
 
 
+def test_jsonl_texts_with_lone_surrogate_escapes_are_deduplicated_and_written(tmp_path):
+    from shardkit.cli import main
+
+    (tmp_path / "raw").mkdir()
+    lines = ['{"text": "\\ud800\\ud800 ### *** !!"}', '{"text": "\\ud800\\ud800 ### *** !!"}', '{"text": "plain words"}']
+    (tmp_path / "raw" / "d.jsonl").write_text("\n".join(lines) + "\n")
+    run = CliRunner().invoke(main, ["dedup", str(tmp_path / "raw"), str(tmp_path / "out"), "--workers", "0",
+                                    "--no-progress"])
+    assert run.exit_code == 0, run.output
+    summary = json.loads((tmp_path / "out" / "dedup" / "summary.json").read_text())
+    assert summary["inputs"] == 3 and summary["removed"] == 1 and summary["text"]["utf8_replaced"] == 4
+    m = load_manifest(str(tmp_path / "out"))
+    texts = [s.fields["txt"] for shard in m.shards_of() for s in read_shard_samples(str(tmp_path / "out"), m, shard)]
+    assert texts == ["\ufffd\ufffd ### *** !!", "plain words"]
+
+
 def test_config_errors_name_the_flag():
     for kwargs, flag in [({"threshold": 1.5}, "--threshold"), ({"bands": 20, "rows": 9}, "--num-perm"),
                          ({"image_distance": 40}, "--image-distance"), ({"modality": "audio"}, "--modality")]:
