@@ -182,6 +182,22 @@ def test_parquet_shards_are_filtered_as_tables_into_the_bytes_the_samples_make(t
     assert filter_parquet(str(src / shard.path), shard, np.array([0]), manifest.fields) is None
 
 
+def test_a_damaged_parquet_shard_met_on_a_rerun_is_a_shard_error_naming_it(tmp_path):
+    from shardkit.errors import ShardError
+
+    manifest = make_dataset(tmp_path / "src", corpus(n=40), formats=("parquet",))
+    cfg = DedupConfig(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False)
+    dedup(cfg)  # the rerun below reuses its signature files: the first read of the shards is the filter's
+    path = tmp_path / "src" / manifest.shards_of()[0].path
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    column = next(c for c in map(group.column, range(group.num_columns)) if c.path_in_schema == "txt")
+    data = bytearray(path.read_bytes())
+    data[(column.dictionary_page_offset or column.data_page_offset) + column.total_compressed_size // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="data-00000.parquet: cannot read .*rebuild"):
+        dedup(cfg)
+
+
 def test_text_datasets_are_read_in_blocks_with_the_report_of_one_sample_at_a_time(tmp_path):
     from shardkit.dedup_engine import ShardReader
 
