@@ -12,7 +12,7 @@ import numpy as np
 
 from shardkit.config import DedupConfig
 from shardkit.dedup_engine import ShardReader, find_duplicates, shard_sources
-from shardkit.errors import ConfigError, Rejection, count_by_reason
+from shardkit.errors import ConfigError, Rejection, ShardError, count_by_reason
 from shardkit.fs import folder_lock, is_remote
 from shardkit.stages.dedup.report import DedupResult, dedup_record, write_report
 from shardkit.cluster import lazy_client, plan_execution
@@ -54,17 +54,22 @@ def _filter_parquet(path: str, shard, drop, fields: dict):
     the writer makes of its samples (else None: the caller goes through samples). Rows are taken
     as stored, no Python object per sample; the writer then makes the same bytes as from the
     samples. Stored values are not checked against their xxh3 sums again: the signature stage read
-    and checked every one of them; the pages' CRCs are."""
+    and checked every one of them; the pages' CRCs are. A rerun that reuses the signature files
+    reads the shard here first, so a damaged one is a ShardError naming it, as the reader's."""
     import pyarrow.parquet as pq
 
     from shardkit.writers.parquet import samples_table
 
     expected = samples_table([], fields).schema
-    with open(path, "rb") as f:
-        pf = pq.ParquetFile(f, page_checksum_verification=True)
-        if not pf.schema_arrow.remove_metadata().equals(expected):
-            return None
-        table = pf.read()
+    try:
+        with open(path, "rb") as f:
+            pf = pq.ParquetFile(f, page_checksum_verification=True)
+            if not pf.schema_arrow.remove_metadata().equals(expected):
+                return None
+            table = pf.read()
+    except (OSError, ValueError) as e:  # pyarrow's errors for a broken file (a CRC mismatch: OSError)
+        raise ShardError(f"shard {path}: cannot read ({type(e).__name__}: {e}); restore or rebuild the dataset "
+                         "(`shardkit verify` names the damaged shards)") from e
     if table.num_rows != shard.samples:
         return None
     keep = np.ones(table.num_rows, bool)

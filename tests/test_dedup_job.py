@@ -182,6 +182,22 @@ def test_parquet_shards_are_filtered_as_tables_into_the_bytes_the_samples_make(t
     assert filter_parquet(str(src / shard.path), shard, np.array([0]), manifest.fields) is None
 
 
+def test_a_damaged_parquet_shard_met_on_a_rerun_is_a_shard_error_naming_it(tmp_path):
+    from shardkit.errors import ShardError
+
+    manifest = make_dataset(tmp_path / "src", corpus(n=40), formats=("parquet",))
+    cfg = DedupConfig(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False)
+    dedup(cfg)  # the rerun below reuses its signature files: the first read of the shards is the filter's
+    path = tmp_path / "src" / manifest.shards_of()[0].path
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    column = next(c for c in map(group.column, range(group.num_columns)) if c.path_in_schema == "txt")
+    data = bytearray(path.read_bytes())
+    data[(column.dictionary_page_offset or column.data_page_offset) + column.total_compressed_size // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="data-00000.parquet: cannot read .*rebuild"):
+        dedup(cfg)
+
+
 def test_text_datasets_are_read_in_blocks_with_the_report_of_one_sample_at_a_time(tmp_path):
     from shardkit.dedup_engine import ShardReader
 
@@ -292,6 +308,22 @@ def test_raw_folder_and_cli(tmp_path):
     keep, result = dedup_records(scanned.records, str(raw), DedupConfig(progress=False), None, str(tmp_path / "w"))
     assert {r.key for r, k in zip(scanned.records, keep) if not k} == {"doc_100", "cat/000101"}
     assert result.removed_keys == {"doc_100", "cat/000101"}
+
+
+def test_jsonl_texts_with_lone_surrogate_escapes_are_deduplicated_and_written(tmp_path):
+    from shardkit.cli import main
+
+    (tmp_path / "raw").mkdir()
+    lines = ['{"text": "\\ud800\\ud800 ### *** !!"}', '{"text": "\\ud800\\ud800 ### *** !!"}', '{"text": "plain words"}']
+    (tmp_path / "raw" / "d.jsonl").write_text("\n".join(lines) + "\n")
+    run = CliRunner().invoke(main, ["dedup", str(tmp_path / "raw"), str(tmp_path / "out"), "--workers", "0",
+                                    "--no-progress"])
+    assert run.exit_code == 0, run.output
+    summary = json.loads((tmp_path / "out" / "dedup" / "summary.json").read_text())
+    assert summary["inputs"] == 3 and summary["removed"] == 1 and summary["text"]["utf8_replaced"] == 4
+    m = load_manifest(str(tmp_path / "out"))
+    texts = [s.fields["txt"] for shard in m.shards_of() for s in read_shard_samples(str(tmp_path / "out"), m, shard)]
+    assert texts == ["\ufffd\ufffd ### *** !!", "plain words"]
 
 
 def test_config_errors_name_the_flag():

@@ -91,6 +91,21 @@ def test_content_digests_equal_exactly_for_equal_token_sequences():
     assert d[6][0] != d[6][1]  # two independent 64-bit lanes, even for one token
 
 
+def test_texts_that_swap_words_along_thue_morse_signs_are_not_exact_duplicates(tmp_path):
+    # 2048 words alpha/beta in Thue-Morse order, four distinct filler words after each; the other
+    # text swaps alpha and beta. No 5-gram is shared, yet a digest linear in the token hashes was
+    # equal (the signed sum of K^j over those signs is 0 mod 2^64), and one was removed as "exact".
+    signs = [bin(i).count("1") % 2 for i in range(2048)]
+    a, b = (" ".join(f"{('alpha', 'beta')[s ^ flip]} f{i}a f{i}b f{i}c f{i}d" for i, s in enumerate(signs))
+            for flip in (0, 1))
+    tok, counts, symbolic = token_hashes([a, b])
+    digests = content_digests(tok, counts, symbolic)
+    assert (digests[0] != digests[1]).all()
+    result = find_duplicates([Sample("a", {"txt": a}), Sample("b", {"txt": b})], DedupConfig(progress=False),
+                             None, str(tmp_path))
+    assert result.kept == 2 and not len(result.removed_ids)
+
+
 @pytest.mark.parametrize("scheme", ["affine32", "legacy"])
 def test_signatures_equal_datasketch_minhash_and_lean_jaccard_agrees(scheme):
     rng = np.random.default_rng(7)

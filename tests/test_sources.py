@@ -119,6 +119,14 @@ def test_invalid_utf8_is_replaced_and_counted(tmp_path):
     assert sample.fields["txt"] == "na\ufffdve" and sample.meta["utf8_replaced"] == 1
 
 
+def test_lone_surrogate_escapes_in_jsonl_are_replaced_and_counted(tmp_path):
+    # "\\ud800" is valid JSON but no UTF-8 text: kept as is, it stopped the build and the dedup.
+    _touch(tmp_path, "d.jsonl", '{"text": "!! \\udfff\\ud800 ??"}\n{"text": "ok \\ud83d\\ude00 pair"}\n')
+    lone, pair = (read_record(str(tmp_path), r) for r in scan(BuildConfig(src=str(tmp_path), out="o")).records)
+    assert lone.fields["txt"] == "!! \ufffd\ufffd ??" and lone.meta["utf8_replaced"] == 2
+    assert pair.fields["txt"] == "ok \U0001f600 pair" and pair.meta["utf8_replaced"] == 0
+
+
 def test_generated_folder_appears_only_when_complete(tmp_path):
     from shardkit.datagen import generated
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict
 
 import numpy as np
@@ -20,6 +21,9 @@ INDEX_VERSION = 1
 BLOCK = 4 << 20  # bytes read per step while indexing a jsonl file: bounds the task's memory
 _WHITESPACE = np.zeros(256, bool)
 _WHITESPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.strip() removes: a line of only these is blank
+# A JSON "\ud800" escape without its pair decodes to a lone surrogate, which no UTF-8 writer or
+# encoder accepts: replaced like an invalid byte (and counted with them), or the line stops the run.
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 
@@ -118,6 +122,9 @@ def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str, number
     value = obj.pop(text_field, None)
     if not isinstance(value, str):
         raise RejectedInput(f"missing text field: no string {text_field!r} in the JSON line (choose it with --text-field)")
+    if not value.isascii():
+        value, lone = _LONE_SURROGATE.subn("\ufffd", value)
+        replaced += lone
     fields = {"txt": value}
     if obj:
         fields["json"] = obj

@@ -84,7 +84,7 @@ _DIGEST_K = (0xA0761D6478BD642F, 0xE7037ED1A0B428DB)
 _SYMBOLS_SALT = 0x8EBC6AF09C88C6E3
 # Names the token, shingle and digest hashes: partition files record it, so that files signed
 # under another scheme are never mixed with these.
-SCHEME = "poly64-fmix64-v1"
+SCHEME = "poly64-fmix64-v2"
 
 
 def _fmix64_py(h: int) -> int:
@@ -290,13 +290,18 @@ def shingle_hashes(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray
 
 def content_digests(tok: np.ndarray, counts: np.ndarray, symbolic: np.ndarray) -> np.ndarray:
     """(n, 2) uint64 digests of documents' token sequences: equal digests are exact duplicates
-    (the same tokens in the same order, both prose or both mostly symbols)."""
+    (the same tokens in the same order, both prose or both mostly symbols).
+
+    Each lane sums fmix64(token_j * K^(j+1)), not token_j * K^(j+1): a sum linear in the token
+    hashes is zero mod 2^64 over the Thue-Morse signs (+-+--+-+...) of 2048 terms for every odd K,
+    so two texts that swap two words along that pattern, with no shingle in common, were equal.
+    """
     out = np.zeros((len(counts), 2), np.uint64)
     docs = np.flatnonzero(counts > 0)
     if len(docs):
         first, pos = _positions(counts)
         for lane, k in enumerate(_DIGEST_K):
-            out[docs, lane] = np.add.reduceat(tok * _powers(k, int(counts.max()) + 1)[pos + 1], first[docs])
+            out[docs, lane] = np.add.reduceat(fmix64(tok * _powers(k, int(counts.max()) + 1)[pos + 1]), first[docs])
     salt = counts.astype(np.uint64) ^ np.where(symbolic, np.uint64(_SYMBOLS_SALT), np.uint64(0))
     return fmix64(out ^ salt[:, None])
 
