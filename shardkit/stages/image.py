@@ -102,6 +102,8 @@ def encode(im, encoding: str, quality: int) -> bytes:
     import numpy as np
 
     if encoding == "raw":
+        if im.mode == "RGB":  # PIL's own bytes are already C-order HWC uint8: no copy through numpy
+            return im.tobytes()
         return np.asarray(im, dtype=np.uint8).tobytes()
     buf = io.BytesIO()
     if encoding == "jpeg":

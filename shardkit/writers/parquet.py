@@ -49,10 +49,22 @@ def samples_table(samples, fields: dict):
     for name in sorted(fields):
         spec = fields[name]
         values = [_column_value(spec, s.fields.get(name)) for s in samples]
-        columns[name] = pa.array(values, arrow_type(spec))
+        columns[name] = _arrow_values(values, arrow_type(spec))
         columns[name + CHECKSUM_SUFFIX] = pa.array([None if v is None else checksum(v) for v in values], pa.uint64())
     columns.update(source_columns(samples))
     return pa.table(columns)
+
+
+def _arrow_values(values: list, type_):
+    """pa.array(values, type_); a fixed-size binary column without nulls (raw images, arrays) from one
+    joined buffer instead: bytes.join copies large values without holding the GIL, so worker threads
+    building tables do not queue behind each other (pa.array copies each value holding it)."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_binary(type_) and values and all(type(v) is bytes and len(v) == type_.byte_width
+                                                                 for v in values):
+        return pa.FixedSizeBinaryArray.from_buffers(type_, len(values), [None, pa.py_buffer(b"".join(values))])
+    return pa.array(values, type_)
 
 
 def table_samples(table, fields: dict) -> list:
