@@ -76,10 +76,10 @@ def threaded_workers(pool: str, images: bool) -> bool:
     processes ("processes"), or, for "auto", threads when the work is decoding and resizing images.
 
     Pillow releases the GIL while it decodes, resizes and encodes, which is nearly all of an image's
-    time: two threads of one process did the per-image work 0.89x as fast as two processes on 2
-    cores (0.93x; bench/RESULTS.md), and they pay no worker start-up, no fork server, and no copy
-    of tasks, results and unit tables between processes (a raw image build spent 20-25% more CPU
-    in worker processes). Text work (tokenising, JSON) holds the GIL: processes."""
+    time: on 2 cores two threads did the per-image work at 0.89-0.98 of 2x one core, two processes
+    at 0.93-1.01; and threads pay no worker start-up, no fork server, and no copy of tasks, results
+    and unit tables between processes (docs/DESIGN.md, "Threads for images, processes for text").
+    Text work (tokenising, JSON) holds the GIL: processes."""
     return pool == "threads" or (pool == "auto" and images)
 
 
