@@ -153,7 +153,11 @@ class _Run:
                                   priority=self.priority, key=f"{self.name}-{key}-{self.stamp}")
 
     def _then_parts(self, g):
-        """The group's item results (values computed here, or futures); None while one still runs here."""
+        """The group's item results (values computed here, or futures); None while one still runs here.
+        A value in the task graph is pickled with it: a copy, even for workers that are threads of this
+        process, and Dask warns on stderr once the graph passes 10 MB (a few unit tables of raw images).
+        So threads of this process get the values scattered, as they are; worker processes get them in
+        the graph, where a retry after a lost worker still finds them (scattered, they die with it)."""
         parts = []
         for i in self.members[g]:
             if i in self.local:
@@ -162,8 +166,13 @@ class _Run:
                 parts.append(self.futures[i])
             else:
                 return None
+        here = [j for j, i in enumerate(self.members[g]) if i in self.local and self.in_process]
+        if here:
+            for j, future in zip(here, self.client.scatter([parts[j] for j in here], hash=False)):
+                parts[j] = future
         for i in self.members[g]:
             self.futures.pop(i, None)
+            self.local.pop(i, None)  # the graph or the cluster holds it now
         return parts
 
     def _submit_then(self, g) -> bool:
@@ -204,7 +213,7 @@ class _Run:
     def run(self, client, bar, check) -> list:
         import threading
 
-        helper = None
+        helper, self.in_process = None, isinstance(client, PendingClient) and client.in_process
         if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
             helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
             helper.start()

@@ -6,6 +6,7 @@ import datetime
 import io
 import json
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -153,15 +154,21 @@ def test_images_jsonl_and_parquet_give_the_same_bytes_on_0_1_2_workers(mixed_fol
 
 
 _RAN_ON: list = []  # (thread name, in_memory) of the units that ran in this process
+_ON_WORKER_THREAD = threading.Event()  # a unit ran on a worker thread of this process
 
 
 def _recorded_unit(item, ctx):
-    """unit_task, noting where it ran (Dask sends it by reference: workers in other processes note there)."""
-    import threading
-
+    """unit_task, noting where it ran (Dask sends it by reference: workers in other processes note there).
+    A head start beside worker threads holds its first unit until they run one: tiny units could all
+    be done here before the cluster is up (it imports Dask first in a fresh process)."""
     from shardkit.build_tasks import unit_task
 
-    _RAN_ON.append((threading.current_thread().name, ctx.in_memory))
+    name = threading.current_thread().name
+    if "Dask-Default-Threads" in name:
+        _ON_WORKER_THREAD.set()
+    elif name == "shardkit-head-start" and ctx.in_memory:
+        _ON_WORKER_THREAD.wait(60)
+    _RAN_ON.append((name, ctx.in_memory))
     return unit_task(item, ctx)
 
 
@@ -183,6 +190,7 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
     import shardkit.executor as executor
 
     ran_on = _RAN_ON
+    _ON_WORKER_THREAD.clear()
     monkeypatch.setattr(executor, "unit_task", _recorded_unit)
     opts = dict(image_size=24, resize_mode="center-crop", encode="raw", format="both", max_samples_per_shard=12,
                 unit_samples=3)

@@ -4,6 +4,7 @@ this process while the cluster starts."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -62,3 +63,44 @@ class _Bar:
 
     def update(self, n: int) -> None:
         self.seen.append(n)
+
+
+_MADE: dict = {}  # item -> the value it returned (worker threads share this process)
+_ON_DASK = threading.Event()  # an item ran on a worker thread: the cluster is up
+
+
+def _big_item(i: int) -> bytes:
+    """64 KB; the head start's first item waits until the cluster runs items, so that its group's
+    step runs on the cluster with a result made here."""
+    if threading.current_thread().name == "shardkit-head-start":
+        _ON_DASK.wait(60)
+    else:
+        _ON_DASK.set()
+    _MADE[i] = bytes([i]) * 65536
+    return _MADE[i]
+
+
+def _same_objects(name: str, parts: list) -> list[bool]:
+    return [threading.current_thread().name != "shardkit-head-start"] + [p is _MADE[i] for i, p in enumerate(parts)]
+
+
+def test_a_cluster_of_threads_gets_the_head_starts_results_as_they_are():
+    """Not pickled into the task graph (a copy, and Dask's 'Sending large graph' warning on stderr
+    once they pass 10 MB: a few units of raw images)."""
+    import warnings
+
+    import dask
+
+    _MADE.clear()
+    _ON_DASK.clear()
+    pending = PendingClient(None, 2, start=False)
+    pending.use_threads(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught, \
+                dask.config.set({"distributed.admin.large-graph-warning-threshold": "16kB"}):
+            warnings.simplefilter("always")
+            out = run_tasks(_big_item, list(range(4)), client=pending, then=Then(_same_objects, ["g"], [[0, 1, 2, 3]]))
+    finally:
+        pending.close()
+    assert out == [[True] * 5]  # the step ran on the cluster, with every item's own object
+    assert not [w for w in caught if "large graph" in str(w.message)], [str(w.message) for w in caught]
