@@ -55,6 +55,11 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
     # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
     quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
     if threads:  # no worker process to start, no task or result copied between processes
+        from PIL import Image
+
+        # Every image plugin registered once, here: Image.open registers the rest on its first miss,
+        # which two worker threads could otherwise do at the same time.
+        Image.init()
         with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
                 LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=":0",
                              silence_logs=quiet) as cluster, Client(cluster) as client:
