@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ import click
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
 from shardkit.cli_options import image_field_option, text_field_option
-from shardkit.errors import ON_ERROR_CHOICES, ShardkitError
+from shardkit.errors import ON_ERROR_CHOICES, ShardkitError, Terminated
 
 
 def human_bytes(n: float) -> str:
@@ -26,6 +27,34 @@ def human_bytes(n: float) -> str:
 # Exit statuses (README "Exit codes"); click itself exits 2 on a bad flag or argument.
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_SYSTEM, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 4, 70, 130
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended, now after a clean stop
+
+
+def _on_sigterm(signum, frame):
+    """The first SIGTERM stops the command as Ctrl-C does (tasks cancelled, cluster closed, lock
+    released); a second one during that clean-up leaves at once."""
+    import signal
+
+    signal.signal(signum, lambda *_: os._exit(EXIT_TERMINATED))
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM (what spot/preemptible machines, Kubernetes and `kill` send) raises Terminated in the
+    main thread for the duration; the previous handler comes back after. Independent of SIGINT, so a
+    job a shell started in the background (SIGINT ignored) still stops cleanly on SIGTERM."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def describe(error: BaseException) -> tuple[int, str]:
@@ -64,7 +93,8 @@ class _Group(click.Group):
 
             cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
         try:
-            return super().invoke(ctx)
+            with stop_on_sigterm():
+                return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error
@@ -72,7 +102,15 @@ class _Group(click.Group):
             # threads still running (pyarrow's), which aborts ("terminate called ...") now and then.
             sys.stderr.flush()
             os._exit(EXIT_PIPE)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                if debug:
+                    import traceback
+
+                    traceback.print_exc()
+                # One line, and the same status a shell shows for SIGTERM: schedulers read it as "stopped".
+                click.secho(f"stopped by {e.name}: rerun the same command to continue", fg="red", err=True)
+                sys.exit(EXIT_TERMINATED)
             if debug:
                 raise
             click.secho("interrupted", fg="red", err=True)
@@ -102,7 +140,8 @@ def main(debug):
     Exit status: 0 done; 1 failed (the message says how to fix it); 2 bad usage;
     3 OUT is being written by another build or dedup; 4 system error (disk full,
     permission denied, missing file); 70 internal error (a bug: rerun with --debug);
-    130 interrupted; 141 the output's reader went away (e.g. `| head`).
+    130 interrupted; 141 the output's reader went away (e.g. `| head`); 143 stopped
+    by SIGTERM (a preempted machine, `kill`): rerun the same command to continue.
     """
 
 

@@ -9,6 +9,20 @@ from dataclasses import asdict, dataclass
 ON_ERROR_CHOICES = ("skip", "fail")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or another stop signal) arrived: raised in the main thread by `stop_on_signals`.
+
+    A KeyboardInterrupt, so that every clean-up path written for Ctrl-C (cancel tasks, close the
+    cluster, release the lock) runs for a preempted machine's SIGTERM as well."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.name}")
+
+
 class ShardkitError(Exception):
     """Base of every error shardkit raises on purpose; the message says how to fix it."""
 

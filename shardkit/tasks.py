@@ -115,7 +115,7 @@ class _Run:
             self.steps.extend(("item", i, g) for i in members)
             if then is not None:
                 self.steps.append(("then", None, g))
-        self.lock, self.up, self.error = threading.Lock(), False, None
+        self.lock, self.up, self.error, self.stopped = threading.Lock(), False, None, False
         self.local, self.local_groups, self.futures, self.deferred, self.what = {}, {}, {}, [], {}
         self.results, self.reported, self.busy, self.priority = [None] * len(self.members), set(), 0, 0
 
@@ -142,7 +142,9 @@ class _Run:
                     self.local[i] = value
                 if kind == "then" or self.then is None:
                     self.local_groups[g] = value
-                if self.up:  # the main loop may be waiting on Dask alone: give it something to see
+                # The main loop may be waiting on Dask alone: give it something to see (unless it has
+                # stopped, on a failure or a stop signal, and the client may be closing).
+                if self.up and not self.stopped:
                     future = self.submit(_wake, f"wake-{kind}-{i}-{g}")
                     self.what[future.key] = ("wake", g, future)
                     self.done.add(future)
@@ -217,13 +219,17 @@ class _Run:
         if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
             helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
             helper.start()
-            client = client.get()
-        from distributed import as_completed
+        try:  # a failure or a stop signal (SIGTERM, Ctrl-C) while the cluster starts stops the head start too
+            client = client.get() if helper is not None else client
+            from distributed import as_completed
 
-        self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
-        self.done = as_completed(loop=client.loop)
-        self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
-        self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+            self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
+            self.done = as_completed(loop=client.loop)
+            self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
+            self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+        except BaseException:
+            self._stop()
+            raise
         with self.lock:
             self.up = True
         try:
@@ -244,10 +250,15 @@ class _Run:
                     return self.results
                 assert self.steps or self.deferred, "run_tasks: groups left without a step to run them"
         except BaseException:
-            with self.lock:
-                self.steps.clear()
+            self._stop()
             client.cancel([f for _, _, f in self.what.values()])
             raise
+
+    def _stop(self) -> None:
+        """No step starts after this, here or on the cluster (the client may be closing)."""
+        with self.lock:
+            self.steps.clear()
+            self.stopped = True
 
     def _report_local(self, bar, check) -> None:
         """Results of groups the head start finished (or its error)."""
