@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import zlib
@@ -47,6 +48,8 @@ class Recipe:
     step_delay_ms: float = 0.0
     trace: bool = False
     build_workers: int | None = None
+    # Stop signals: finish the step, checkpoint, exit 128 + signal. SIGUSR1: `sbatch --signal=USR1@120`.
+    stop_signals: str = "SIGTERM,SIGUSR1"
 
     def __post_init__(self):
         for name in ("batch_size", "accum_steps", "max_steps", "eval_every", "ckpt_every", "keep",
@@ -57,9 +60,18 @@ class Recipe:
             raise SystemExit(f"--device {self.device}: expected auto, cpu, cuda or cuda:N")
         if not 0 < self.val_pct < 100:
             raise SystemExit(f"--val-pct {self.val_pct}: expected a percentage between 1 and 99")
+        for name in self.signals():
+            if name not in signal.Signals.__members__:
+                raise SystemExit(f"--stop-signals {self.stop_signals}: {name!r} is not a signal name "
+                                 "(e.g. SIGTERM,SIGUSR1)")
         if self.batch_size % self.accum_steps:
             raise SystemExit(f"--batch-size {self.batch_size} is not a multiple of --accum-steps {self.accum_steps}: "
                              "the micro-batch is batch_size / accum_steps")
+
+    def signals(self) -> tuple[str, ...]:
+        """--stop-signals as signal names: "term, usr1" → ("SIGTERM", "SIGUSR1")."""
+        names = (n.strip().upper() for n in self.stop_signals.split(",") if n.strip())
+        return tuple(n if n.startswith("SIG") else f"SIG{n}" for n in names)
 
 
 # -- data: split once, build once ------------------------------------------------------------
@@ -227,8 +239,10 @@ class Trace:
             self.f.flush()
 
 
-def train_steps(s: Session, step: int, ckpt_dir: str, trace: Trace) -> int:
-    """One pass of the loader (the rest of an epoch); returns the optimizer step reached."""
+def train_steps(s: Session, step: int, ckpt_dir: str, trace: Trace, guard=None) -> int:
+    """One pass of the loader (the rest of an epoch); returns the optimizer step reached. Once `guard`
+    (a PreemptionGuard) has seen a stop signal, the step in progress finishes, is checkpointed with the
+    loader's position, and the process exits (guard.exit)."""
     from shardkit.train import autocast, save_checkpoint, to_device
 
     r = s.recipe
@@ -248,9 +262,13 @@ def train_steps(s: Session, step: int, ckpt_dir: str, trace: Trace) -> int:
             val = evaluate(s)
             s.early(val, step=step)
             log.info("step %d: train loss %.4f, val loss %.4f", step, float(loss.detach()), val)
-        if step % r.ckpt_every == 0 or step >= r.max_steps or s.early.should_stop:
+        stopping = guard is not None and guard.stop_requested
+        if step % r.ckpt_every == 0 or step >= r.max_steps or s.early.should_stop or stopping:
             # Only at optimizer-step boundaries: gradients mid-accumulation are not saved.
-            save_checkpoint(ckpt_dir, s.stateful, step=step, epoch=s.loader.source.epoch, keep=r.keep)
+            path = save_checkpoint(ckpt_dir, s.stateful, step=step, epoch=s.loader.source.epoch, keep=r.keep)
+            if stopping:
+                trace.write(event="stopped", step=step, signal=guard.signal_name)
+                guard.exit(f"step {step} saved to {path}")
         if step >= r.max_steps or s.early.should_stop:
             break
     return step
@@ -260,7 +278,7 @@ def fit(s: Session) -> dict:
     """Resume if a checkpoint exists, train to max_steps or early stop, report the meter."""
     import torch
 
-    from shardkit.train import load_checkpoint, smoke_test
+    from shardkit.train import PreemptionGuard, load_checkpoint, smoke_test
 
     r = s.recipe
     ckpt_dir = os.path.join(r.run, "checkpoints")
@@ -272,8 +290,10 @@ def fit(s: Session) -> dict:
         smoke = smoke_test(s.model, s.val_loader, loss_fn=s.loss_fn, steps=1, device=s.device)
         if not smoke:
             raise SystemExit(f"smoke test failed ({smoke.problem}): {smoke.message}")
-    while step < r.max_steps and not s.early.should_stop:
-        step = train_steps(s, step, ckpt_dir, trace)
+    # Entered before the loader starts its workers, which then inherit it (see PreemptionGuard).
+    with PreemptionGuard(r.signals()) as guard:
+        while step < r.max_steps and not s.early.should_stop:
+            step = train_steps(s, step, ckpt_dir, trace, guard)
     torch.save(s.model.state_dict(), os.path.join(r.run, "final.pt"))
     summary = s.meter.to_json(os.path.join(r.run, "meter.json"))
     result = {"step": step, "resumed_from": ck.step if ck else None, "best_val": s.early.best,

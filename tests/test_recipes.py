@@ -49,7 +49,7 @@ def trace(run_dir):
             continue  # the half line a SIGKILL can leave
         if rec.get("event") == "start":
             starts.append((rec["resumed_from"], []))
-        else:
+        elif rec.get("event") is None:
             starts[-1][1].append((rec["step"], rec["micro"], rec["keys"]))
     return starts
 
@@ -175,3 +175,61 @@ def test_a_recipe_copied_alone_trains(raw_texts, tmp_path):
                      "--num-workers", "0", "--max-steps", "2"]
     out, _ = run(alone / "lm.py", raw_texts, tmp_path / "data", tmp_path / "run", *args)
     assert json.loads(out.strip().splitlines()[-1])["step"] == 2
+
+
+STOP_ARGS = [*IMAGE_ARGS, "--ckpt-every", "100"]  # no periodic checkpoint: the stop writes the only one
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(raw_images, tmp_path_factory):
+    """The dataset, built once, and a run over it that nothing stops."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    run(IMAGE, raw_images, root / "data", root / "a", *STOP_ARGS)
+    return root / "data", root / "a"
+
+
+@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGUSR1, True)],
+                         ids=["sigterm", "sigusr1-to-the-group"])
+def test_a_stop_signal_mid_epoch_saves_and_resumes_exactly(raw_images, uninterrupted, tmp_path, signum, group):
+    """A preempted run (SIGTERM; SLURM's pre-timeout SIGUSR1, sent to every process of the job) finishes
+    its step, checkpoints with the loader's position and exits 128 + signal within seconds; the rerun
+    continues from that step: the samples before and after are the uninterrupted run's, exactly once."""
+    data, a = uninterrupted
+    args = STOP_ARGS
+    b = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, str(IMAGE), raw_images, data, b, *args, "--step-delay-ms", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                            start_new_session=group)
+    try:
+        deadline = time.monotonic() + 90
+        while len(trace_lines(b)) < 8 and time.monotonic() < deadline:  # a few steps into the epoch
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.02)
+        signalled = time.monotonic()
+        os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert took <= 10, took
+    assert f"stopped by {name}: step" in err and "rerun the same command to continue" in err
+    assert not (b / "final.pt").exists(), "the run finished before the signal: raise --max-steps"
+
+    run(IMAGE, raw_images, data, b, *args)
+    (_, full), = trace(a)
+    (_, stopped), (resumed_from, after) = trace(b)
+    saved = [int(p.stem.split("-")[1]) for p in (b / "checkpoints").glob("step-*.pt")]
+    assert 0 < resumed_from < 20 and resumed_from in saved
+    assert stopped == full[: len(stopped)] and stopped[-1][0] == resumed_from  # stopped after a whole step
+    assert stopped + after == full  # every micro-batch once, in the uninterrupted order
+    a_w, b_w = final_weights(a), final_weights(b)
+    for key in a_w:
+        torch.testing.assert_close(b_w[key], a_w[key], rtol=1e-5, atol=1e-6)
+
+
+def trace_lines(run_dir) -> list[str]:
+    path = Path(run_dir) / "trace.jsonl"
+    return path.read_text().splitlines() if path.exists() else []

@@ -64,7 +64,7 @@ def _stop_at(args: list[str], after: float, ignore_sigint: bool) -> subprocess.C
 
 
 def test_sigterm_at_random_moments_of_a_build(tmp_path):
-    src = _corpus(tmp_path / "raw")
+    src = _corpus(tmp_path / "raw", files=4, lines=2000)
     opts = ["--workers", "2", "--max-samples-per-shard", "500", "--unit-samples", "100", "--format", "both",
             "--no-progress"]
     started = time.monotonic()
