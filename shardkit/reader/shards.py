@@ -68,7 +68,12 @@ class TarShard:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             self.buf = np.frombuffer(self.mm, np.uint8)
             if index_path is not None:
-                t = pq.read_table(_index_bytes(index_path, shard, url, checks))
+                # No reader threads, here or below: pyarrow's thread pools, still running while a process
+                # that imported torch exits, aborted it now and then ("terminate called without an
+                # active exception", exit 134). pq.read_table starts them even with use_threads=False,
+                # as does a ParquetFile opened by path with pre_buffer (its I/O thread); one shard's
+                # columns gain nothing from threads.
+                t = pq.ParquetFile(_index_bytes(index_path, shard, url, checks)).read(use_threads=False)
                 self.keys = t.column("__key__").to_pylist()
                 cols = {n[:-7]: (t.column(n).to_numpy(), t.column(n[:-7] + ".size").to_numpy())
                         for n in t.column_names if n.endswith(".offset")}
@@ -148,7 +153,7 @@ class ParquetShard:
         self.url, self.specs, self.cache, self.path, self.checks = url, specs, cache, path, checks
         try:
             _check_size(path, shard, url)
-            self.pf = pq.ParquetFile(path, memory_map=True)
+            self.pf = pq.ParquetFile(path, memory_map=True, pre_buffer=False)  # no I/O thread: see TarShard
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
@@ -181,7 +186,7 @@ class ParquetShard:
         group per sample under shuffle would cost a decode each."""
         if name not in self._whole:
             try:
-                col = self.pf.read(columns=[name]).column(0).combine_chunks()
+                col = self.pf.read(columns=[name], use_threads=False).column(0).combine_chunks()
             except Exception as e:
                 raise ShardError(f"shard {self.url}: cannot read column {name!r} ({type(e).__name__}: {e}); "
                                  "rebuild the dataset") from e
@@ -199,7 +204,7 @@ class ParquetShard:
     def _group(self, i: int, field: str):
         def load():
             try:
-                arr = self.pf.read_row_group(i, columns=[field]).column(0).combine_chunks()
+                arr = self.pf.read_row_group(i, columns=[field], use_threads=False).column(0).combine_chunks()
             except Exception as e:
                 raise ShardError(f"shard {self.url}: cannot read row group {i} column {field!r} "
                                  f"({type(e).__name__}: {e}); rebuild the dataset") from e
@@ -302,9 +307,9 @@ class ParquetShard:
 
         try:
             if self.checks:  # the keys column has no checksums of its own: its pages' CRCs cover it
-                return pq.read_table(self.path, columns=["__key__"], memory_map=True,
-                                     page_checksum_verification=True).column(0).to_pylist()
-            return self.pf.read(columns=["__key__"]).column(0).to_pylist()
+                pf = pq.ParquetFile(self.path, memory_map=True, pre_buffer=False, page_checksum_verification=True)
+                return pf.read(columns=["__key__"], use_threads=False).column(0).to_pylist()
+            return self.pf.read(columns=["__key__"], use_threads=False).column(0).to_pylist()
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
