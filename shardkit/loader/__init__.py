@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import ConfigError
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
-from shardkit.reader.base import EpochDataset
+from shardkit.reader.base import EpochDataset, check_state_shape
 from shardkit.reader.partition import batch_sizes, num_batches
 
 STATE_VERSION = 2
@@ -107,6 +107,7 @@ class StreamingLoader(DataLoader):
 
 def _check_state(state: dict, ds: EpochDataset) -> tuple[int, tuple, int]:
     """(epoch, layers, consumed) of a saved state, checked against this dataset."""
+    check_state_shape(state)  # None or garbage: a ConfigError, not an AttributeError
     version = state.get("version")
     if version not in (1, STATE_VERSION):
         raise ConfigError(f"loader state version {version!r}; this shardkit reads 1 and {STATE_VERSION}")

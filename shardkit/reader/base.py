@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from shardkit.errors import ConfigError
 from shardkit.fs import is_remote
 from shardkit.identity import worker_identity, worker_info
 from shardkit.reader import decode
@@ -174,6 +175,25 @@ def length(batch: dict) -> int:
     if "__key__" in batch:
         return len(batch["__key__"])
     return len(next(iter(batch.values())))
+
+
+STATE_KEYS = ("version", "seed", "epoch", "consumed", "samples_per_rank", "world_size")
+
+
+def check_state_shape(state) -> None:
+    """A loader state is the dict `loader.state_dict()` returned: anything else (None, a whole
+    checkpoint, a damaged file) is a ConfigError saying what was given and what is expected."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"load_state_dict({type(state).__name__}): expected the dict loader.state_dict() returned "
+                          "(for a checkpoint file, pass its loader entry, e.g. shardkit.train.load_checkpoint)")
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ConfigError(f"load_state_dict: the state lacks {missing} (it has {sorted(map(str, state))[:12]}); "
+                          "expected the dict loader.state_dict() returned")
+    bad = [k for k in STATE_KEYS[1:] if not isinstance(state[k], int) or isinstance(state[k], bool)]
+    if bad:
+        raise ConfigError(f"load_state_dict: {', '.join(f'{k}={state[k]!r}' for k in bad)} should be integers; "
+                          "the state is damaged: load it from an earlier checkpoint")
 
 
 def shards_digest(counts) -> str:

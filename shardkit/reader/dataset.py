@@ -51,7 +51,7 @@ class StreamingDataset(EpochDataset):
                                   self.tokens, keys)
         self.rank, self.world_size = rank_world()
         self.position = Position()
-        self._lookup = None
+        self._lookup, self._digest = None, None
         self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
 
     def slotted_fields(self) -> int:
@@ -83,9 +83,26 @@ class StreamingDataset(EpochDataset):
         return {"samples": int(self.counts.sum()), "shards": shards_digest(self.counts), "shuffle": c.shuffle,
                 "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
 
+    def state_extra(self) -> dict:
+        """What the shards hold (an xxh3 of their sha256s) and where they were: a state of another
+        dataset with the same shard counts is refused, the same shard files copied elsewhere resume."""
+        return {"checksums": self.digest(), "dataset": self.src}
+
+    def digest(self) -> str:
+        """A digest of the read shards' checksums (the manifest's table, read once when asked)."""
+        if self._digest is None:
+            self._digest = self.shards.content_digest()
+        return self._digest
+
     def check_state(self, state: dict) -> None:
         if "mixture" in state:
             raise ConfigError("the loader state was saved from a Mixture: resume it with the same Mixture")
+        # A state of an earlier version has no digest: checked by counts only, as it always was.
+        if "checksums" in state and state["checksums"] != self.digest():
+            raise ConfigError(f"the loader state was saved from dataset {state.get('dataset', '(not recorded)')!r} "
+                              f"(shards digest {state['checksums']}), which holds other shards than {self.src!r} "
+                              f"(digest {self.digest()}): resume with the dataset the state was saved from, or "
+                              "start this one without loading the state")
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
