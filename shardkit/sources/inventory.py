@@ -133,6 +133,10 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     """Order everything by key (exploding the rare row files that interleave with other keys)."""
     import pyarrow as pa
 
+    from shardkit.sources.parquet import reject_odd_label_types
+
+    if cfg.label_field:  # a file whose label column has the other type is rejected alone
+        counts = reject_odd_label_types(listing.row_files, counts, cfg.label_field)
     parquet = [counts[rf.id].parquet for rf in listing.row_files if rf.kind == "parquet" and counts[rf.id].rows]
     if parquet and not any(i["text"] or i["image"] for i in parquet):
         raise ConfigError(f"no Parquet file in SRC has a column {opts.text_field!r} (--text-field) or "

@@ -89,6 +89,35 @@ def _label_info(pf, column: str, t) -> dict:
     return {"type": f"bad:{t}"}
 
 
+def reject_odd_label_types(row_files, counts: dict, column: str) -> dict:
+    """`counts` with every Parquet file whose label column holds the minority type (integers vs
+    strings) turned into one rejected input, with its reason; the other files build.
+
+    The type of most label rows wins, integers on a tie (Hugging Face's ClassLabel stores integers,
+    with the names in the schema): string labels would be sorted into a class list that renumbers
+    the integer ones, so the two cannot share one list."""
+    import dataclasses
+
+    typed = [(rf, c) for rf in row_files if rf.kind == "parquet" and (c := counts[rf.id]).rows
+             and (c.parquet.get("label") or {}).get("type") in ("int", "string")]
+    rows = {"int": 0, "string": 0}
+    for _, c in typed:
+        rows[c.parquet["label"]["type"]] += c.rows
+    if not rows["int"] or not rows["string"]:
+        return counts
+    winner = "string" if rows["string"] > rows["int"] else "int"
+    names = {"int": "integers", "string": "strings"}
+    out = dict(counts)
+    for rf, c in typed:
+        kind = c.parquet["label"]["type"]
+        if kind != winner:
+            out[rf.id] = dataclasses.replace(c, rows=0, error=(
+                f"wrong type: label column {column!r} (--label-field) holds {names[kind]} in this file and "
+                f"{names[winner]} in the other Parquet files ({rows[winner]:,} rows against {rows[kind]:,}); "
+                f"write it as {names[winner]} to build this file's {c.rows:,} rows"))
+    return out
+
+
 def describe(pf, opts) -> dict:
     """What a Parquet file holds for the build: content columns, their kinds, metadata columns, labels."""
     schema = pf.schema_arrow
