@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -133,3 +134,45 @@ class RejectionLog:
 def count_by_reason(rejections) -> dict[str, int]:
     """Rejections counted by the kind of reason, sorted for stable output."""
     return dict(sorted(Counter(r.kind for r in rejections).items()))
+
+
+_WORKER = re.compile(r"^Caught (\w+) in DataLoader worker process (\d+)\.")
+
+
+def from_worker(error: BaseException) -> ShardkitError | None:
+    """A shardkit error raised in a DataLoader worker, as the worker raised it; None for anything else.
+
+    torch re-raises a worker's exception in the main process with a message that starts "Caught ...
+    in DataLoader worker process N", then the worker's whole traceback, and shardkit's one line last
+    (as a RuntimeError when the class needs more than a message, like ChecksumMismatch). This gives
+    back the same class with the one line as its message; the worker's traceback is kept as
+    `worker_traceback` and named in a note."""
+    import importlib
+
+    text = str(error)
+    match = _WORKER.match(text)
+    if match is None:
+        return None
+    name, worker = match.groups()
+    # The traceback's last line is "module.Class: message" (the worker's final exception).
+    found = re.findall(rf"^((?:shardkit\.[\w.]+\.)?{name}): ", text, re.MULTILINE)
+    if not found or "." not in found[-1]:
+        return None
+    module, _, qualname = found[-1].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), qualname)
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, ShardkitError)):
+        return None
+    message = text[text.rindex(f"\n{found[-1]}: ") + len(found[-1]) + 3:].strip()
+    clean = cls.__new__(cls)
+    Exception.__init__(clean, message)
+    if isinstance(clean, ChecksumMismatch):
+        clean.rows = None  # the worker acted on them already (on_error="skip")
+    if isinstance(clean, RejectedInput):
+        clean.reason = message
+    clean.worker_traceback = text
+    clean.add_note(f"(raised in DataLoader worker process {worker}; its traceback is the exception's "
+                   "worker_traceback)")
+    return clean

@@ -7,7 +7,7 @@ import os
 
 from torch.utils.data import DataLoader
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, from_worker
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
 from shardkit.reader.base import EpochDataset, check_state_shape
@@ -70,7 +70,7 @@ class StreamingLoader(DataLoader):
 
     def _count(self, items, sizes: list[int], where: tuple):
         ds, pos, j = self.source, self.source.position, 0
-        for item in items:
+        for item in _unwrapped(items):
             # A worker item is one batch, or a group of consecutive batches (packed token rows).
             for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
                 if j >= len(sizes) or (pos.epoch, pos.layers) != where:
@@ -103,6 +103,18 @@ class StreamingLoader(DataLoader):
         (Mixture.proportions); None for a single dataset."""
         report = getattr(self.source, "proportions", None)
         return report() if report is not None else None
+
+
+def _unwrapped(items):
+    """A worker's shardkit error as the worker raised it (errors.from_worker): its one line, not
+    torch's wrapper around the worker's traceback."""
+    try:
+        yield from items
+    except Exception as e:
+        clean = from_worker(e)
+        if clean is None:
+            raise
+        raise clean from None
 
 
 def _check_state(state: dict, ds: EpochDataset) -> tuple[int, tuple, int]:
