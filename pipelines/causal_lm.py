@@ -6,6 +6,8 @@ trained like the image recipe (AMP, accumulation, meter, spot-safe checkpoints, 
 With --tokenizer bpe:N (or a tokenizer.json) the build tokenizes and packs rows of block+1 ids
 (the held-out split reuses the training split's tokenizer). Without it, tokens are UTF-8 bytes
 made in the loader workers by a batch_transform. Either way the loop gets int64 inputs and targets.
+SIGTERM or SIGUSR1 (--stop-signals) mid-run: the step finishes, a checkpoint is written, exit 128 +
+signal; the same command continues from that step.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ the StarvationMeter, spot-safe checkpoints and early stopping on a held-out spli
     python pipelines/image_classification.py RAW DATA RUN --image-size 32 --max-steps 200
 
 Kill it at any moment and run the same command again: it resumes from the last checkpoint with
-the data exactly where it stopped. The plumbing every recipe shares (split and build once,
+the data exactly where it stopped. On SIGTERM (a preempted machine) or SIGUSR1 (SLURM's warning,
+`sbatch --signal=USR1@120`; see --stop-signals) it finishes the step, checkpoints and exits 128 +
+signal; the same command continues from that step. The plumbing every recipe shares (split and build once,
 session, checkpointed loop, command line) is shardkit.recipes: copy this file alone.
 """
 
