@@ -4,7 +4,6 @@ checkpoint with the loader's state and exit inside the grace period, instead of 
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -12,8 +11,6 @@ import threading
 import time
 
 from shardkit.errors import ConfigError
-
-log = logging.getLogger("shardkit.train")
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")  # SIGUSR1: what `sbatch --signal=USR1@120` sends before the time limit
 
@@ -38,8 +35,8 @@ class PreemptionGuard:
                     save_checkpoint(ckpt_dir, {"model": model, "loader": loader, ...}, step=step)
                     guard.exit(f"checkpoint at step {step}")   # message + exit status 128 + signal
 
-    A second signal while stopping is logged and ignored (the platform's SIGKILL ends the grace
-    period anyway). DataLoader workers forked after the guard is entered inherit it, so a signal
+    A second signal while stopping changes nothing (the platform's SIGKILL ends the grace period
+    anyway). DataLoader workers forked after the guard is entered inherit it, so a signal
     sent to the whole process group (a VM shutting down) does not kill them mid-batch. Enter it in
     the main thread: only that thread receives signals in Python.
     """
@@ -65,11 +62,10 @@ class PreemptionGuard:
     def _handle(self, signum, frame) -> None:
         if os.getpid() != self._pid:  # a DataLoader worker forked under the guard: its loop stops it
             return
+        # Nothing else here (no logging: its locks are not safe to take in a handler); a signal
+        # after the first leaves the first one named.
         if self.received is None:
             self.received, self.received_at = signum, time.monotonic()
-            log.warning("%s received: stopping after this step", signal.Signals(signum).name)
-        else:
-            log.warning("%s received again: still stopping", signal.Signals(signum).name)
 
     def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
