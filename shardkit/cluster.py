@@ -142,12 +142,31 @@ def import_in_background() -> None:
     threading.Thread(target=load, name="shardkit-import", daemon=True).start()
 
 
-def _preload_forkserver() -> None:
-    import multiprocessing
+def forkserver_started() -> bool | None:
+    """Whether this process's fork server is running: the one place that reads multiprocessing's
+    private state (`forkserver._forkserver._forkserver_pid`, CPython 3.8-3.13). None when that name
+    is gone (another Python): callers then take the public path (see _preload_forkserver)."""
     from multiprocessing import forkserver
 
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet
-        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or not hasattr(server, "_forkserver_pid"):
+        return None
+    return server._forkserver_pid is not None
+
+
+def _preload_forkserver() -> str:
+    """Ask the fork server to import FORKSERVER_PRELOAD when it starts. Returns which path ran:
+    "preloaded" (not started yet), "running" (a server already started, by an earlier cluster of this
+    process or by a DataLoader, keeps what it imported: changing the list would only confuse a later
+    reader of it), or "preloaded-unknown" (the private state is gone: the public call alone, which
+    at worst sets a list a running server never reads)."""
+    import multiprocessing
+
+    started = forkserver_started()
+    if started:
+        return "running"
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return "preloaded" if started is False else "preloaded-unknown"
 
 
 class PendingClient:
