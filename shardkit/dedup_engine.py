@@ -70,6 +70,21 @@ class RecordReader:
                    if isinstance(got, RejectedInput) else got)
 
 
+class PieceReader:
+    """Pieces of a build's inventory → samples, read on the worker that signs them (picklable: it
+    holds the build's SourceReader). The client sends a partition's pieces, never its rows."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def read_many(self, pieces):
+        for (key, path, number), ref in zip(self.source.names(pieces), self.source.refs(pieces)):
+            try:
+                yield ref.make()
+            except RejectedInput as e:
+                yield sigmod.Unreadable(key, path, e.reason, number)
+
+
 def shard_sources(root: str, shard) -> tuple[list, list] | None:
     """The (source paths, lines/rows) a shard records for its samples, or None if it has none."""
     import pyarrow.parquet as pq
@@ -133,11 +148,16 @@ def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
     return sigmod.SignatureParams(cfg.num_perm, cfg.seed, cfg.ngram, cfg.modality, cfg.image_hash, cfg.verify)
 
 
+def _params(cfg: DedupConfig) -> str:
+    """What a signature file depends on besides its inputs (the text hashing scheme included: files
+    signed under another are never reused)."""
+    return repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+
+
 def plan_partitions(items, cfg: DedupConfig, workdir: str, per_partition: int | None = None) -> list[Partition]:
-    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters
-    (the text hashing scheme included: files signed under another are never reused)."""
+    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters."""
     size = per_partition or cfg.partition_size
-    params = repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+    params = _params(cfg)
     parts = []
     for index, start in enumerate(range(0, len(items), size)):
         chunk = tuple(items[start:start + size])
@@ -245,15 +265,21 @@ def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *,
     Partition files go under WORKDIR (reused when inputs and parameters did not change).
     `client=None` runs every task in this process. The caller writes the report (`write_report`).
     """
+    items = list(items)
+    return _find(plan_partitions(items, cfg, workdir, per_partition), _rows(items), reader or SampleReader(), cfg,
+                 client, specs, bucket_tasks)
+
+
+def _find(parts: list[Partition], rows: int, reader, cfg: DedupConfig, client, specs: dict | None,
+          bucket_tasks: int | None) -> DedupResult:
+    """find_duplicates over planned partitions holding `rows` inputs in all."""
     clock = [time.perf_counter()]
 
     def lap() -> float:
         clock.append(time.perf_counter())
         return round(clock[-1] - clock[-2], 3)
-    items = list(items)
-    tasks = bucket_tasks or bucket_count(_rows(items), cfg.lsh_params()[0])
-    parts = plan_partitions(items, cfg, workdir, per_partition)
-    pset, metas = signature_stage(parts, reader or SampleReader(), cfg, client, specs, tasks)
+    tasks = bucket_tasks or bucket_count(rows, cfg.lsh_params()[0])
+    pset, metas = signature_stage(parts, reader, cfg, client, specs, tasks)
     seconds = {"signatures": lap()}
     links, link_stats = bucket_stage(pset, cfg, client, tasks)
     seconds["buckets"] = lap()
@@ -290,6 +316,43 @@ def dedup_records(records: list, src: str, cfg: DedupConfig, client=None, workdi
     keep = np.ones(len(records), bool)
     keep[result.removed_ids] = False
     return keep, result
+
+
+def dedup_inventory(inv, source, cfg: DedupConfig, client=None, workdir: str = ".") -> tuple[np.ndarray, DedupResult]:
+    """The build's dedup step over its Inventory: (positions in key order of the samples to remove,
+    DedupResult). Partitions are runs of the inventory's pieces (--partition-size samples each, cut
+    as shards are: sources.plan), read and signed on the workers through `source` (the build's
+    SourceReader), so this process holds one entry per partition and per row file, never one per
+    row. Inputs dedup cannot read stay in: the build rejects and records them itself, once."""
+    from shardkit.sources.plan import plan_shards
+
+    params = _params(cfg)
+    tag = hashlib.sha256(params.encode()).hexdigest()[:16]
+    folder = os.path.join(workdir, "signatures")
+    parts = []
+    for plan in plan_shards(inv, 1 << 62, cfg.partition_size):
+        h = hashlib.sha256(f"{params}|{plan.fingerprint(inv, tag)}".encode()).hexdigest()[:16]
+        parts.append(Partition(plan.id, plan.pieces, os.path.join(folder, f"part-{plan.id:05d}-{h}.bin")))
+    result = _find(parts, inv.samples, PieceReader(source), cfg, client, None, None)
+    return result.removed_ids, result
+
+
+def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
+    """estimate_seconds from an Inventory's columns: file samples by their sizes, rows of row files
+    by their byte lengths in the row index (memory-mapped), no per-row object."""
+    from shardkit.sources import walk as W
+    from shardkit.sources.index import load_index
+    from shardkit.sources.order import ATOMS
+
+    image = text = 0
+    if len(inv.atoms):
+        kinds, row_file = inv.atoms.column("kinds").to_numpy(), inv.atoms.column("row_file").to_numpy()
+        is_image = ((kinds & W.IMAGE) != 0) & (row_file < 0)
+        image, text = int(inv.est[is_image].sum()), int(inv.est[~is_image].sum())
+    for p in inv.pieces:
+        if p.source != ATOMS:
+            text += int(load_index(inv.counts[p.source])["length"][p.start:p.stop].sum())
+    return image / IMAGE_BYTES_PER_SECOND["keep" if encode == "keep" else "encode"] + text / TEXT_BYTES_PER_SECOND
 
 
 # Single-core throughput of a dedup run plus the build pass that follows it, by input kind, from

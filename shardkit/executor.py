@@ -31,8 +31,7 @@ from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
-from shardkit.dedup_engine import dedup_records, estimate_seconds
-from shardkit.sources import records
+from shardkit.dedup_engine import dedup_inventory, estimate_inventory_seconds
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
 from shardkit.cluster import Execution, background_client, import_in_background, plan_execution, threaded_workers
@@ -185,10 +184,10 @@ def _reader(inv: Inventory) -> SourceReader:
 
 def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
-    them, DedupResult). It reads samples one record at a time (sources.records: O(samples) here)."""
-    recs = records(inv)
-    keep, result = dedup_records(recs, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
-    return without(inv, {r.key for r, k in zip(recs, keep.tolist()) if not k}), result
+    them, DedupResult). Partitions of the inventory's pieces are read and signed on the workers; this
+    process holds compact columns, as for the build."""
+    removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    return without(inv, removed), result
 
 
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
@@ -307,7 +306,7 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
     dedup_result = None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
-        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_seconds(records(inv), cfg.encode))
+        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
         if execution.mode == "in-process":
             pending.prefer_local()
         inv, dedup_result = _dedup(inv, cfg, dcfg, pending)

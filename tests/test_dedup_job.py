@@ -331,3 +331,66 @@ def test_config_errors_name_the_flag():
                          ({"image_distance": 40}, "--image-distance"), ({"modality": "audio"}, "--modality")]:
         with pytest.raises(ValueError, match=flag):
             DedupConfig(**kwargs)
+
+
+def _jsonl_folder(root, files=3, per_file=60, seed=5):
+    """Raw jsonl files with exact, near and far copies of earlier documents (also across files), and a bad line."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array(["".join(rng.choice(LETTERS, 6)) for _ in range(3000)])
+    docs = []
+    root.mkdir()
+    for f in range(files):
+        lines = []
+        for i in range(per_file):
+            if docs and i % 9 == 4:
+                lines.append(json.dumps({"text": docs[int(rng.integers(len(docs)))].upper(), "id": i}))
+            elif docs and i % 9 == 7:
+                lines.append(json.dumps({"text": docs[int(rng.integers(len(docs)))] + " plus two", "id": i}))
+            else:
+                docs.append(" ".join(rng.choice(vocab, 60)))
+                lines.append(json.dumps({"text": docs[-1], "id": i}))
+        if f == 1:
+            lines.insert(10, "{not json")
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_raw_jsonl_dedup_equals_build_then_dedup(tmp_path):
+    """Same clusters and kept set whether a raw jsonl folder is deduplicated directly (partitions of
+    row-file pieces signed on 2 workers) or built first and the dataset deduplicated."""
+    from shardkit.executor import build
+
+    raw = _jsonl_folder(tmp_path / "raw")
+    cfg = dict(progress=False, partition_size=50, format="parquet")
+    direct = dedup(DedupConfig(str(raw), str(tmp_path / "direct"), workers=2, **cfg))
+    build(BuildConfig(str(raw), str(tmp_path / "built"), format="parquet", workers=0, progress=False))
+    later = dedup(DedupConfig(str(tmp_path / "built"), str(tmp_path / "later"), workers=0, **cfg))
+    assert direct.removed_keys and direct.removed_keys == later.removed_keys
+    assert direct.clusters.to_pylist() == later.clusters.to_pylist()
+    kept = [{s.key for sh in load_manifest(str(tmp_path / d)).shards_of()
+             for s in read_shard_samples(str(tmp_path / d), load_manifest(str(tmp_path / d)), sh)}
+            for d in ("direct", "later")]
+    assert kept[0] == kept[1] and len(kept[0]) == 3 * 60 - len(direct.removed_keys)
+
+
+def test_raw_jsonl_dedup_sends_pieces_and_builds_no_record_per_row(tmp_path, monkeypatch):
+    """The driver of a raw-folder dedup holds compact columns: sources.records (one object per row)
+    is never called, and each signature task gets a partition of pieces, not of rows."""
+    import shardkit.dedup_engine as engine
+    import shardkit.sources as sources
+    from shardkit.sources.order import Piece
+
+    raw = _jsonl_folder(tmp_path / "raw")
+    monkeypatch.setattr(sources, "records", lambda inv: pytest.fail("records() builds one object per row"))
+    sent, real = [], engine.run_tasks
+
+    def recording(fn, items, **kw):
+        if kw.get("name") == "dedup-sig":
+            sent.extend(items)
+        return real(fn, items, **kw)
+    monkeypatch.setattr(engine, "run_tasks", recording)
+    result = dedup(DedupConfig(str(raw), str(tmp_path / "out"), workers=0, progress=False, partition_size=70))
+    assert result.removed_keys
+    assert [sum(len(p) for p in part.items) for part in sent] == [70, 70, 41]  # 181 lines, the bad one included
+    assert all(isinstance(p, Piece) for part in sent for p in part.items)
+    assert len({p.source for part in sent for p in part.items}) == 3  # one block per row file
