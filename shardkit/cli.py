@@ -63,6 +63,11 @@ class _Group(click.Group):
             from shardkit import cluster
 
             cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
+            if not logging.getLogger("shardkit").handlers:  # what a job decided and why (e.g. its worker pool)
+                handler = logging.StreamHandler()
+                handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+                logging.getLogger("shardkit").addHandler(handler)
+                logging.getLogger("shardkit").setLevel(logging.INFO)
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
