@@ -186,30 +186,27 @@ PROBE_IMAGES = 8  # inputs the pool probe cycles over (the first image files in 
 
 def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
     """(GIL share, seconds) of this build's per-image work on a worker thread, over its first few
-    image files (read once here; those that do not decode are left out)."""
+    image files (read once here; one that does not decode costs its failed try, as in the build)."""
     from shardkit.stages.image import keep_image, process_image
 
     table = listing.files
     kinds = table.column("kinds").to_numpy() if len(table) else np.zeros(0, np.int8)
     datas = []
-    for i in np.flatnonzero(kinds & W.IMAGE).tolist():
+    for i in np.flatnonzero(kinds & W.IMAGE)[:PROBE_IMAGES].tolist():
         rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
-        try:
+        with contextlib.suppress(OSError):  # unreadable: the build's to reject, not the probe's
             with open(os.path.join(cfg.src, rel), "rb") as f:
-                data = f.read()
-            keep_image(data) if cfg.encode == "keep" else process_image(data, cfg)
-        except Exception:  # noqa: BLE001 — a bad input is the build's to reject, not the probe's
-            continue
-        datas.append(data)
-        if len(datas) == PROBE_IMAGES:
-            break
+                datas.append(f.read())
     if not datas:
         return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
     turn = iter(range(1 << 62))
 
     def work():
         data = datas[next(turn) % len(datas)]
-        return keep_image(data) if cfg.encode == "keep" else process_image(data, cfg)
+        try:
+            return keep_image(data) if cfg.encode == "keep" else process_image(data, cfg)
+        except Exception:  # noqa: BLE001 — a bad input is the build's to reject
+            return None
 
     return gil_share_min(work)
 
