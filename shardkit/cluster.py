@@ -91,9 +91,11 @@ def gil_share(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> tup
     This thread is the probe: it gives the GIL up (time.sleep(0)) and takes it back over and over,
     and sums how long each take waited beyond what the same loop takes with no worker running. It
     waits exactly while the worker holds the GIL (at most a switch interval, then the worker is made
-    to drop it), so waited / elapsed is the worker's share. Measurable on any number of cores >= 2;
-    other load on the machine can only raise it (a worker descheduled holding the GIL), which errs
-    toward worker processes."""
+    to drop it), so waited / elapsed is the worker's share. Measurable on any number of cores >= 2.
+    It reads high, never low: the probe takes the GIL back at once each time, so a worker coming
+    back from C code waits up to a switch interval for it (a 3 ms hold + 3 ms sleep read 0.77, not
+    0.5), and other load raises it too (a worker descheduled holding the GIL). Both err toward
+    worker processes, which lose nothing to the GIL; a busy loop reads ~0.9, a sleep 0."""
     import threading
 
     def loop(until: float) -> tuple[float, int]:
