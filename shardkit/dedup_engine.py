@@ -54,22 +54,6 @@ class SampleReader:
         return item.key
 
 
-class RecordReader:
-    """Raw-folder records → samples (picklable, for Dask workers)."""
-
-    def __init__(self, src: str, text_field: str, image_field: str = "image"):
-        self.src, self.text_field, self.image_field = src, text_field, image_field
-
-    def read_many(self, records):
-        """A partition's samples, one by one, an Unreadable row where a record cannot be read (one
-        open per .jsonl file of the partition, not one per line)."""
-        from shardkit.sources import read_records
-
-        for rec, got in read_records(self.src, list(records), self.text_field, self.image_field):
-            yield (sigmod.Unreadable(rec.key, rec.files[0], got.reason, rec.line[0] if rec.line else None)
-                   if isinstance(got, RejectedInput) else got)
-
-
 class PieceReader:
     """Pieces of a build's inventory → samples, read on the worker that signs them (picklable: it
     holds the build's SourceReader). The client sends a partition's pieces, never its rows."""
@@ -306,18 +290,6 @@ def _rejected_ids(parts: PartitionSet, metas: list[dict]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def dedup_records(records: list, src: str, cfg: DedupConfig, client=None, workdir: str = ".") -> tuple[np.ndarray, DedupResult]:
-    """The build's dedup step, between scanning and shard assignment: a keep mask over `records`.
-
-    Reads each record with sources.read_record (on `client` when given). Inputs dedup cannot read
-    stay in: the build rejects and records them itself, once.
-    """
-    result = find_duplicates(records, cfg, client, workdir, reader=RecordReader(src, cfg.text_field, cfg.image_field))
-    keep = np.ones(len(records), bool)
-    keep[result.removed_ids] = False
-    return keep, result
-
-
 def dedup_inventory(inv, source, cfg: DedupConfig, client=None, workdir: str = ".") -> tuple[np.ndarray, DedupResult]:
     """The build's dedup step over its Inventory: (positions in key order of the samples to remove,
     DedupResult). Partitions are runs of the inventory's pieces (--partition-size samples each, cut
@@ -338,8 +310,9 @@ def dedup_inventory(inv, source, cfg: DedupConfig, client=None, workdir: str = "
 
 
 def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
-    """estimate_seconds from an Inventory's columns: file samples by their sizes, rows of row files
-    by their byte lengths in the row index (memory-mapped), no per-row object."""
+    """Estimated single-process seconds to deduplicate and write a raw folder, from its Inventory's
+    columns: file samples by their sizes, rows of row files by their byte lengths in the row index
+    (memory-mapped), no per-row object."""
     from shardkit.sources import walk as W
     from shardkit.sources.index import load_index
     from shardkit.sources.order import ATOMS
@@ -359,16 +332,3 @@ def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
 # bench/dedup_image_bench.py and bench/dedup_bench.py: what `plan_execution` weighs a cluster against.
 IMAGE_BYTES_PER_SECOND = {"keep": 60e6, "encode": 12e6}  # original bytes kept / decoded and re-encoded
 TEXT_BYTES_PER_SECOND = 4e6
-
-
-def estimate_seconds(records, encode: str = "keep") -> float:
-    """Estimated single-process seconds to deduplicate and write `records` (raw-folder inputs)."""
-    from shardkit.sources import IMAGE_EXTS
-
-    image = text = 0
-    for r in records:
-        if os.path.splitext(r.files[0])[1].lower() in IMAGE_EXTS:
-            image += r.size
-        else:
-            text += r.size
-    return image / IMAGE_BYTES_PER_SECOND["keep" if encode == "keep" else "encode"] + text / TEXT_BYTES_PER_SECOND

@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit.config import BuildConfig, DedupConfig
-from shardkit.dedup_engine import dedup_records, find_duplicates
+from shardkit.dedup_engine import dedup_inventory, find_duplicates
 from shardkit.dedup_job import dedup
 from shardkit.stages.dedup.report import write_report
 from shardkit.cluster import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
 from shardkit.sample import Sample
-from shardkit.sources import scan
+from shardkit.sources import records
 from shardkit.writers.parquet import write_parquet
 from shardkit.writers.tar import write_tar
 
@@ -303,11 +303,19 @@ def test_raw_folder_and_cli(tmp_path):
     assert {"doc_000", "cat/000001"} <= keys and not {"doc_100", "cat/000101"} & keys
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
-    # The step `shardkit build --dedup` runs between scan and shard assignment: a keep mask.
-    scanned = scan(BuildConfig(str(raw), str(tmp_path / "b")))
-    keep, result = dedup_records(scanned.records, str(raw), DedupConfig(progress=False), None, str(tmp_path / "w"))
-    assert {r.key for r, k in zip(scanned.records, keep) if not k} == {"doc_100", "cat/000101"}
-    assert result.removed_keys == {"doc_100", "cat/000101"}
+    # The step `shardkit build --dedup` runs between scan and shard assignment: positions to remove.
+    from shardkit.executor import _reader
+    from shardkit.sources.inventory import make_inventory, scan_options, without
+    from shardkit.sources.rows import count_rows
+    from shardkit.sources.walk import walk
+
+    cfg = BuildConfig(str(raw), str(tmp_path / "b"))
+    opts, listing = scan_options(cfg), walk(cfg.src, cfg.out)
+    inv = make_inventory(listing, {rf.id: count_rows(rf, opts) for rf in listing.row_files}, cfg, opts)
+    removed, result = dedup_inventory(inv, _reader(inv), DedupConfig(progress=False), None, str(tmp_path / "w"))
+    keys = [r.key for r in records(inv)]
+    assert {keys[i] for i in removed.tolist()} == result.removed_keys == {"doc_100", "cat/000101"}
+    assert [r.key for r in records(without(inv, removed))] == [k for k in keys if k not in result.removed_keys]
 
 
 def test_jsonl_texts_with_lone_surrogate_escapes_are_deduplicated_and_written(tmp_path):
