@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
-from shardkit.fs import atomic_write, fsync_path, tmp_name
+from shardkit.fs import atomic_write, atomic_writer, fsync_path
 from shardkit.sources.order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
@@ -209,16 +209,8 @@ def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
         result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
         # Temp name, then rename, but no fsync: a unit file lives for seconds and is never reused by
         # a later build, so it need not reach the disk (fsync here cost as much as writing the shard).
-        tmp = tmp_name(result.path)
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
-        try:
-            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
-                writer.write_table(table)
-            os.replace(tmp, result.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
-            raise
+        with atomic_writer(result.path, durable=False) as f, pa.ipc.new_file(f, table.schema) as writer:
+            writer.write_table(table)
     return result
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
 EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
@@ -30,7 +32,7 @@ worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --
 def dask_client(scheduler: str | None, workers: int | None, threads: bool = False):
     """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
     embedded LocalCluster closed on exit: one worker process per worker, or with `threads` one worker
-    in this process with that many threads (for work that releases the GIL: see threaded_workers)."""
+    in this process with that many threads (for work that mostly releases the GIL: see choose_pool)."""
     if workers == 0:
         yield None
         return
@@ -76,16 +78,97 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
         yield client
 
 
-def threaded_workers(pool: str, images: bool) -> bool:
-    """Whether the embedded cluster's workers are threads of this process (`pool` "threads"), worker
-    processes ("processes"), or, for "auto", threads when the work is decoding and resizing images.
+# Threads are chosen only when their GIL cap leaves this much headroom over what the cores can do: near
+# the cap, threads queue on the GIL and their rate flattens well before it.
+THREAD_HEADROOM = 1.25
+PROBE_SECONDS = 0.2  # how long gil_share watches the per-image work (after one warm-up call)
 
-    Pillow releases the GIL while it decodes, resizes and encodes, which is nearly all of an image's
-    time: on 2 cores two threads did the per-image work at 0.89-0.98 of 2x one core, two processes
-    at 0.93-1.01; and threads pay no worker start-up, no fork server, and no copy of tasks, results
-    and unit tables between processes (docs/DESIGN.md, "Threads for images, processes for text").
-    Text work (tokenising, JSON) holds the GIL: processes."""
-    return pool == "threads" or (pool == "auto" and images)
+
+def gil_share(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> tuple[float, float]:
+    """(share of the wall time a worker thread running `work` in a loop holds the GIL, seconds per
+    call): what caps a pool of threads at 1 / (share x seconds) calls per second, whatever the cores.
+
+    This thread is the probe: it gives the GIL up (time.sleep(0)) and takes it back over and over,
+    and sums how long each take waited beyond what the same loop takes with no worker running. It
+    waits exactly while the worker holds the GIL (at most a switch interval, then the worker is made
+    to drop it), so waited / elapsed is the worker's share. Measurable on any number of cores >= 2.
+    It reads high, never low: the probe takes the GIL back at once each time, so a worker coming
+    back from C code waits up to a switch interval for it (a 3 ms hold + 3 ms sleep read 0.77, not
+    0.5), and other load raises it too (a worker descheduled holding the GIL). Both err toward
+    worker processes, which lose nothing to the GIL; a busy loop reads ~0.9, a sleep 0."""
+    import threading
+
+    def loop(until: float) -> tuple[float, int]:
+        waited, n = 0.0, 0
+        while (t0 := time.perf_counter()) < until:
+            time.sleep(0)
+            waited += time.perf_counter() - t0
+            n += 1
+        return waited, n
+
+    idle, idle_n = loop(time.perf_counter() + 0.02)
+    base = idle / max(1, idle_n)
+    work()  # warm-up: first-call imports and allocations are not the steady state
+    calls, stop = [], threading.Event()
+
+    def run():
+        while not stop.is_set():
+            t = time.perf_counter()
+            work()
+            calls.append(time.perf_counter() - t)
+
+    worker = threading.Thread(target=run, name="shardkit-gil-probe", daemon=True)
+    start = time.perf_counter()
+    worker.start()
+    try:
+        waited, n = loop(start + seconds)
+        while not calls:  # at least one whole call measured
+            more = loop(time.perf_counter() + 0.01)
+            waited, n = waited + more[0], n + more[1]
+        elapsed = time.perf_counter() - start
+    finally:
+        stop.set()
+        worker.join()
+    share = min(1.0, max(0.0, (waited - n * base) / elapsed))
+    return share, sorted(calls)[len(calls) // 2]
+
+
+def gil_share_min(work: Callable[[], object], rounds: int = 2, seconds: float = PROBE_SECONDS) -> tuple[float, float]:
+    """gil_share over `rounds` short rounds, the least share (and its seconds per call): load from
+    other processes only ever raises a round's share, so the least is the nearest to the work's own."""
+    return min(gil_share(work, seconds / rounds) for _ in range(rounds))
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """Whether an embedded cluster's workers are threads of this process, and why (a --debug line)."""
+
+    threads: bool
+    reason: str
+
+
+def choose_pool(pool: str, images: bool, workers: int, probe: Callable[[], tuple[float, float]] | None = None) -> PoolChoice:
+    """--worker-pool: "threads" and "processes" as asked; "auto" picks threads only for image work
+    whose measured GIL cap is above what `workers` cores do: `probe()` gives (GIL share, seconds per
+    image) of one worker thread (gil_share); threads when 1 / (share x seconds) >= THREAD_HEADROOM x
+    workers / seconds, i.e. share <= 1 / (THREAD_HEADROOM x workers). Threads pay no worker start-up
+    and copy no task, result or unit table between processes; processes scale with the cores. Text
+    work (tokenising, JSON) holds the GIL: processes, unprobed."""
+    if pool != "auto":
+        return PoolChoice(pool == "threads", f"--worker-pool {pool}")
+    if not images:
+        return PoolChoice(False, "text or rows to parse (the GIL is held): worker processes")
+    if workers <= 1:
+        return PoolChoice(True, "one worker: a thread (nothing to share the GIL with)")
+    if probe is None:
+        return PoolChoice(False, "image work, no probe: worker processes")
+    share, seconds = probe()
+    cap, cores = 1 / max(share * seconds, 1e-9), workers / seconds
+    verdict = "threads" if share <= 1 / (THREAD_HEADROOM * workers) else "worker processes"
+    return PoolChoice(verdict == "threads",
+                      f"{verdict}: one image takes {seconds * 1e3:.1f} ms, {share:.0%} of it holding the GIL, so "
+                      f"threads cap near {cap:,.0f} images/s against {cores:,.0f}/s for {workers} cores "
+                      f"(threads need {THREAD_HEADROOM}x that)")
 
 
 # Seconds an embedded cluster costs before its first task runs and after its last (start-up,
@@ -142,12 +225,31 @@ def import_in_background() -> None:
     threading.Thread(target=load, name="shardkit-import", daemon=True).start()
 
 
-def _preload_forkserver() -> None:
-    import multiprocessing
+def forkserver_started() -> bool | None:
+    """Whether this process's fork server is running: the one place that reads multiprocessing's
+    private state (`forkserver._forkserver._forkserver_pid`, CPython 3.8-3.13). None when that name
+    is gone (another Python): callers then take the public path (see _preload_forkserver)."""
     from multiprocessing import forkserver
 
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet
-        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or not hasattr(server, "_forkserver_pid"):
+        return None
+    return server._forkserver_pid is not None
+
+
+def _preload_forkserver() -> str:
+    """Ask the fork server to import FORKSERVER_PRELOAD when it starts. Returns which path ran:
+    "preloaded" (not started yet), "running" (a server already started, by an earlier cluster of this
+    process or by a DataLoader, keeps what it imported: changing the list would only confuse a later
+    reader of it), or "preloaded-unknown" (the private state is gone: the public call alone, which
+    at worst sets a list a running server never reads)."""
+    import multiprocessing
+
+    started = forkserver_started()
+    if started:
+        return "running"
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return "preloaded" if started is False else "preloaded-unknown"
 
 
 class PendingClient:

@@ -54,20 +54,19 @@ class SampleReader:
         return item.key
 
 
-class RecordReader:
-    """Raw-folder records → samples (picklable, for Dask workers)."""
+class PieceReader:
+    """Pieces of a build's inventory → samples, read on the worker that signs them (picklable: it
+    holds the build's SourceReader). The client sends a partition's pieces, never its rows."""
 
-    def __init__(self, src: str, text_field: str, image_field: str = "image"):
-        self.src, self.text_field, self.image_field = src, text_field, image_field
+    def __init__(self, source):
+        self.source = source
 
-    def read_many(self, records):
-        """A partition's samples, one by one, an Unreadable row where a record cannot be read (one
-        open per .jsonl file of the partition, not one per line)."""
-        from shardkit.sources import read_records
-
-        for rec, got in read_records(self.src, list(records), self.text_field, self.image_field):
-            yield (sigmod.Unreadable(rec.key, rec.files[0], got.reason, rec.line[0] if rec.line else None)
-                   if isinstance(got, RejectedInput) else got)
+    def read_many(self, pieces):
+        for (key, path, number), ref in zip(self.source.names(pieces), self.source.refs(pieces)):
+            try:
+                yield ref.make()
+            except RejectedInput as e:
+                yield sigmod.Unreadable(key, path, e.reason, number)
 
 
 def shard_sources(root: str, shard) -> tuple[list, list] | None:
@@ -133,11 +132,16 @@ def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
     return sigmod.SignatureParams(cfg.num_perm, cfg.seed, cfg.ngram, cfg.modality, cfg.image_hash, cfg.verify)
 
 
+def _params(cfg: DedupConfig) -> str:
+    """What a signature file depends on besides its inputs (the text hashing scheme included: files
+    signed under another are never reused)."""
+    return repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+
+
 def plan_partitions(items, cfg: DedupConfig, workdir: str, per_partition: int | None = None) -> list[Partition]:
-    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters
-    (the text hashing scheme included: files signed under another are never reused)."""
+    """Fixed-size chunks of the (ordered) items; each file name carries a hash of inputs + parameters."""
     size = per_partition or cfg.partition_size
-    params = repr((WORK_VERSION, TEXT_SCHEME, asdict(signature_params(cfg)), cfg.text_field, cfg.image_field))
+    params = _params(cfg)
     parts = []
     for index, start in enumerate(range(0, len(items), size)):
         chunk = tuple(items[start:start + size])
@@ -245,15 +249,21 @@ def find_duplicates(items, cfg: DedupConfig, client=None, workdir: str = ".", *,
     Partition files go under WORKDIR (reused when inputs and parameters did not change).
     `client=None` runs every task in this process. The caller writes the report (`write_report`).
     """
+    items = list(items)
+    return _find(plan_partitions(items, cfg, workdir, per_partition), _rows(items), reader or SampleReader(), cfg,
+                 client, specs, bucket_tasks)
+
+
+def _find(parts: list[Partition], rows: int, reader, cfg: DedupConfig, client, specs: dict | None,
+          bucket_tasks: int | None) -> DedupResult:
+    """find_duplicates over planned partitions holding `rows` inputs in all."""
     clock = [time.perf_counter()]
 
     def lap() -> float:
         clock.append(time.perf_counter())
         return round(clock[-1] - clock[-2], 3)
-    items = list(items)
-    tasks = bucket_tasks or bucket_count(_rows(items), cfg.lsh_params()[0])
-    parts = plan_partitions(items, cfg, workdir, per_partition)
-    pset, metas = signature_stage(parts, reader or SampleReader(), cfg, client, specs, tasks)
+    tasks = bucket_tasks or bucket_count(rows, cfg.lsh_params()[0])
+    pset, metas = signature_stage(parts, reader, cfg, client, specs, tasks)
     seconds = {"signatures": lap()}
     links, link_stats = bucket_stage(pset, cfg, client, tasks)
     seconds["buckets"] = lap()
@@ -280,32 +290,45 @@ def _rejected_ids(parts: PartitionSet, metas: list[dict]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def dedup_records(records: list, src: str, cfg: DedupConfig, client=None, workdir: str = ".") -> tuple[np.ndarray, DedupResult]:
-    """The build's dedup step, between scanning and shard assignment: a keep mask over `records`.
+def dedup_inventory(inv, source, cfg: DedupConfig, client=None, workdir: str = ".") -> tuple[np.ndarray, DedupResult]:
+    """The build's dedup step over its Inventory: (positions in key order of the samples to remove,
+    DedupResult). Partitions are runs of the inventory's pieces (--partition-size samples each, cut
+    as shards are: sources.plan), read and signed on the workers through `source` (the build's
+    SourceReader), so this process holds one entry per partition and per row file, never one per
+    row. Inputs dedup cannot read stay in: the build rejects and records them itself, once."""
+    from shardkit.sources.plan import plan_shards
 
-    Reads each record with sources.read_record (on `client` when given). Inputs dedup cannot read
-    stay in: the build rejects and records them itself, once.
-    """
-    result = find_duplicates(records, cfg, client, workdir, reader=RecordReader(src, cfg.text_field, cfg.image_field))
-    keep = np.ones(len(records), bool)
-    keep[result.removed_ids] = False
-    return keep, result
+    params = _params(cfg)
+    tag = hashlib.sha256(params.encode()).hexdigest()[:16]
+    folder = os.path.join(workdir, "signatures")
+    parts = []
+    for plan in plan_shards(inv, 1 << 62, cfg.partition_size):
+        h = hashlib.sha256(f"{params}|{plan.fingerprint(inv, tag)}".encode()).hexdigest()[:16]
+        parts.append(Partition(plan.id, plan.pieces, os.path.join(folder, f"part-{plan.id:05d}-{h}.bin")))
+    result = _find(parts, inv.samples, PieceReader(source), cfg, client, None, None)
+    return result.removed_ids, result
+
+
+def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
+    """Estimated single-process seconds to deduplicate and write a raw folder, from its Inventory's
+    columns: file samples by their sizes, rows of row files by their byte lengths in the row index
+    (memory-mapped), no per-row object."""
+    from shardkit.sources import walk as W
+    from shardkit.sources.index import load_index
+    from shardkit.sources.order import ATOMS
+
+    image = text = 0
+    if len(inv.atoms):
+        kinds, row_file = inv.atoms.column("kinds").to_numpy(), inv.atoms.column("row_file").to_numpy()
+        is_image = ((kinds & W.IMAGE) != 0) & (row_file < 0)
+        image, text = int(inv.est[is_image].sum()), int(inv.est[~is_image].sum())
+    for p in inv.pieces:
+        if p.source != ATOMS:
+            text += int(load_index(inv.counts[p.source])["length"][p.start:p.stop].sum())
+    return image / IMAGE_BYTES_PER_SECOND["keep" if encode == "keep" else "encode"] + text / TEXT_BYTES_PER_SECOND
 
 
 # Single-core throughput of a dedup run plus the build pass that follows it, by input kind, from
 # bench/dedup_image_bench.py and bench/dedup_bench.py: what `plan_execution` weighs a cluster against.
 IMAGE_BYTES_PER_SECOND = {"keep": 60e6, "encode": 12e6}  # original bytes kept / decoded and re-encoded
 TEXT_BYTES_PER_SECOND = 4e6
-
-
-def estimate_seconds(records, encode: str = "keep") -> float:
-    """Estimated single-process seconds to deduplicate and write `records` (raw-folder inputs)."""
-    from shardkit.sources import IMAGE_EXTS
-
-    image = text = 0
-    for r in records:
-        if os.path.splitext(r.files[0])[1].lower() in IMAGE_EXTS:
-            image += r.size
-        else:
-            text += r.size
-    return image / IMAGE_BYTES_PER_SECOND["keep" if encode == "keep" else "encode"] + text / TEXT_BYTES_PER_SECOND

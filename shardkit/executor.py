@@ -31,11 +31,11 @@ from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
-from shardkit.dedup_engine import dedup_records, estimate_seconds
-from shardkit.sources import records
+from shardkit.dedup_engine import dedup_inventory, estimate_inventory_seconds
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.cluster import Execution, background_client, import_in_background, plan_execution, threaded_workers
+from shardkit.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_min, import_in_background,
+                              plan_execution)
 from shardkit.tasks import Then, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
@@ -140,12 +140,12 @@ class _Corpus:
 
 def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     """List SRC here, then (`start`) start the cluster in the background, of threads for image work
-    (cluster.threaded_workers), count row files on the cluster, order everything. Source rejections
+    (cluster.choose_pool), count row files on the cluster, order everything. Source rejections
     go through the policy; OUT's manifest is retired before any write."""
     if not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src, cfg.out)
-    pending.use_threads(threaded_workers(cfg.worker_pool, _image_work(listing, cfg)))
+    pending.use_threads(_pool(cfg, listing).threads)
     if start:
         pending.start()
     opts = scan_options(cfg)
@@ -171,6 +171,46 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     return inv
 
 
+def _pool(cfg: BuildConfig, listing) -> PoolChoice:
+    """Threads or processes for an embedded cluster (cluster.choose_pool), said at --debug."""
+    if cfg.workers == 0 or cfg.scheduler:
+        return PoolChoice(False, "no embedded cluster")
+    workers = cfg.workers or max(1, os.cpu_count() or 1)
+    choice = choose_pool(cfg.worker_pool, _image_work(listing, cfg), workers, lambda: _probe(cfg, listing))
+    log.info("worker pool: %s", choice.reason)
+    return choice
+
+
+PROBE_IMAGES = 8  # inputs the pool probe cycles over (the first image files in key order)
+
+
+def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
+    """(GIL share, seconds) of this build's per-image work on a worker thread, over its first few
+    image files (read once here; one that does not decode costs its failed try, as in the build)."""
+    from shardkit.stages.image import keep_image, process_image
+
+    table = listing.files
+    kinds = table.column("kinds").to_numpy() if len(table) else np.zeros(0, np.int8)
+    datas = []
+    for i in np.flatnonzero(kinds & W.IMAGE)[:PROBE_IMAGES].tolist():
+        rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
+        with contextlib.suppress(OSError):  # unreadable: the build's to reject, not the probe's
+            with open(os.path.join(cfg.src, rel), "rb") as f:
+                datas.append(f.read())
+    if not datas:
+        return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
+    turn = iter(range(1 << 62))
+
+    def work():
+        data = datas[next(turn) % len(datas)]
+        try:
+            return keep_image(data) if cfg.encode == "keep" else process_image(data, cfg)
+        except Exception:  # noqa: BLE001 — a bad input is the build's to reject
+            return None
+
+    return gil_share_min(work)
+
+
 def _image_work(listing, cfg: BuildConfig) -> bool:
     """Whether the build's work is images (from files), which threads share well: no .jsonl/.parquet
     rows to parse and no tokenizer (both hold the GIL)."""
@@ -185,10 +225,10 @@ def _reader(inv: Inventory) -> SourceReader:
 
 def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
-    them, DedupResult). It reads samples one record at a time (sources.records: O(samples) here)."""
-    recs = records(inv)
-    keep, result = dedup_records(recs, cfg.src, dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
-    return without(inv, {r.key for r, k in zip(recs, keep.tolist()) if not k}), result
+    them, DedupResult). Partitions of the inventory's pieces are read and signed on the workers; this
+    process holds compact columns, as for the build."""
+    removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    return without(inv, removed), result
 
 
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
@@ -307,7 +347,7 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
     dedup_result = None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
-        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_seconds(records(inv), cfg.encode))
+        execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
         if execution.mode == "in-process":
             pending.prefer_local()
         inv, dedup_result = _dedup(inv, cfg, dcfg, pending)

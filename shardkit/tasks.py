@@ -102,7 +102,26 @@ class _Run:
     step alone at the end while the other workers idled.
 
     With a PendingClient, a thread of this process runs steps from the front meanwhile (`head`):
-    the cluster's start-up is most of a small build's fixed cost, and it leaves a core idle."""
+    the cluster's start-up is most of a small build's fixed cost, and it leaves a core idle.
+
+    States (`self.state`; every change under `self.lock`, through `_to`, recorded in `self.trail`):
+
+      "head"    the cluster is starting: the head-start thread takes steps from the front of `steps`
+                one at a time; its values wait in `local` (items) and `local_groups` (groups done).
+      "up"      the client is up: the main loop feeds Dask from `steps`; the head start finishes
+                the step in hand and takes no other. A step it finishes now submits a `_wake` task,
+                since the main loop may be waiting on Dask alone. A group whose items are partly in
+                the head start's hands is `deferred` until they are in `local`; then its step gets
+                them scattered (a cluster of this process's threads) or in the graph (processes).
+      "done"    every group reported, in order of completion (results in group order).
+      "failed"  an error (a task's, a check's, or the head start's, raised by the main loop): steps
+                not started are dropped and Dask's pending tasks cancelled.
+
+    Transitions: head -> up (client.get returned), up -> done | failed, head -> failed (the
+    client failed to start). The head start stops on its own when `steps` is empty or it failed.
+    """
+
+    STATES = {"head": {"up", "failed"}, "up": {"done", "failed"}, "done": set(), "failed": set()}
 
     def __init__(self, fn, items, then, shared, name):
         import threading
@@ -115,12 +134,29 @@ class _Run:
             self.steps.extend(("item", i, g) for i in members)
             if then is not None:
                 self.steps.append(("then", None, g))
-        self.lock, self.up, self.error, self.stopped = threading.Lock(), False, None, False
+        self.lock, self.state, self.trail, self.error = threading.Lock(), "head", ["head"], None
         self.local, self.local_groups, self.futures, self.deferred, self.what = {}, {}, {}, [], {}
         self.results, self.reported, self.busy, self.priority = [None] * len(self.members), set(), 0, 0
+        # Known once the client is up (state "up"):
+        self.client = None  # the Dask client
+        self.in_process = False  # its workers are threads of this process: results here are scattered as they are
+        self.stamp = ""  # makes this run's task keys unique
+        self.done = None  # distributed.as_completed over this run's futures
+        self.shared = ()  # `raw_shared` scattered to every worker
+        self.limit = 0  # items queued or running on Dask at most
+
+    @property
+    def up(self) -> bool:
+        return self.state != "head"
+
+    def _to(self, state: str) -> None:
+        """Change state; the caller holds `self.lock`."""
+        assert state in self.STATES[self.state], f"run_tasks: no transition {self.state} -> {state}"
+        self.state = state
+        self.trail.append(state)
 
     def head(self, check) -> None:
-        """Run steps here until the cluster is up; one finished after that wakes the main loop."""
+        """Run steps here while the state is "head"; one finished after that wakes the main loop."""
         while True:
             with self.lock:
                 if self.up or not self.steps or self.error:
@@ -142,9 +178,7 @@ class _Run:
                     self.local[i] = value
                 if kind == "then" or self.then is None:
                     self.local_groups[g] = value
-                # The main loop may be waiting on Dask alone: give it something to see (unless it has
-                # stopped, on a failure or a stop signal, and the client may be closing).
-                if self.up and not self.stopped:
+                if self.state == "up":  # the main loop may be waiting on Dask alone: give it something to see
                     future = self.submit(_wake, f"wake-{kind}-{i}-{g}")
                     self.what[future.key] = ("wake", g, future)
                     self.done.add(future)
@@ -216,11 +250,11 @@ class _Run:
         import threading
 
         helper, self.in_process = None, isinstance(client, PendingClient) and client.in_process
-        if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
-            helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
-            helper.start()
-        try:  # a failure or a stop signal (SIGTERM, Ctrl-C) while the cluster starts stops the head start too
-            client = client.get() if helper is not None else client
+        try:
+            if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
+                helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
+                helper.start()
+                client = client.get()
             from distributed import as_completed
 
             self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
@@ -228,10 +262,12 @@ class _Run:
             self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
             self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
         except BaseException:
-            self._stop()
+            with self.lock:
+                self.steps.clear()
+                self._to("failed")
             raise
         with self.lock:
-            self.up = True
+            self._to("up")
         try:
             while True:
                 self.feed()
@@ -247,18 +283,16 @@ class _Run:
                     continue
                 self._report_local(bar, check)
                 if all(g in self.reported for g in range(len(self.members))):
+                    with self.lock:
+                        self._to("done")
                     return self.results
                 assert self.steps or self.deferred, "run_tasks: groups left without a step to run them"
         except BaseException:
-            self._stop()
+            with self.lock:
+                self.steps.clear()
+                self._to("failed")
             client.cancel([f for _, _, f in self.what.values()])
             raise
-
-    def _stop(self) -> None:
-        """No step starts after this, here or on the cluster (the client may be closing)."""
-        with self.lock:
-            self.steps.clear()
-            self.stopped = True
 
     def _report_local(self, bar, check) -> None:
         """Results of groups the head start finished (or its error)."""

@@ -195,23 +195,23 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
     opts = dict(image_size=24, resize_mode="center-crop", encode="raw", format="both", max_samples_per_shard=12,
                 unit_samples=3)
     results, here = {}, {}
-    for pool in ("auto", "processes"):
+    for pool in ("threads", "processes"):
         results[pool] = _build(image_only_folder, tmp_path / pool, workers=2, worker_pool=pool, **opts)
         here[pool], ran_on[:] = list(ran_on), []
     _build(image_only_folder, tmp_path / "w0", **opts)
-    # auto chose threads: units ran on the worker's threads here, and handed their tables over in memory
-    assert len(here["auto"]) == 11 and all(in_memory for _, in_memory in here["auto"])
-    assert any("Dask-Default-Threads" in name for name, _ in here["auto"]), here["auto"]
+    # threads: units ran on the worker's threads here, and handed their tables over in memory
+    assert len(here["threads"]) == 11 and all(in_memory for _, in_memory in here["threads"])
+    assert any("Dask-Default-Threads" in name for name, _ in here["threads"]), here["threads"]
     # processes: only the head start's units ran here (if any), and they wrote unit files
     assert all(name == "shardkit-head-start" and not in_memory for name, in_memory in here["processes"])
-    trees = [tree_bytes(tmp_path / name) for name in ("auto", "processes", "w0")]
+    trees = [tree_bytes(tmp_path / name) for name in ("threads", "processes", "w0")]
     assert len(trees[0]) > 5 and trees[0] == trees[1] == trees[2]
-    assert results["auto"].samples == 30
-    assert [r.path for r in results["auto"].rejections] == ["class_00/broken.jpg"]
+    assert results["threads"].samples == 30
+    assert [r.path for r in results["threads"].rejections] == ["class_00/broken.jpg"]
 
 
 def test_threads_for_images_only(tmp_path):
-    from shardkit.cluster import threaded_workers
+    from shardkit.cluster import choose_pool
     from shardkit.executor import _image_work
     from shardkit.sources.walk import Listing
 
@@ -220,8 +220,9 @@ def test_threads_for_images_only(tmp_path):
     assert _image_work(images, cfg) and not _image_work(rows, cfg)
     assert not _image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
     assert not _image_work(Listing(files=None, row_files=[]), cfg)
-    assert threaded_workers("auto", True) and not threaded_workers("auto", False)
-    assert threaded_workers("threads", False) and not threaded_workers("processes", True)
+    light = lambda: (0.1, 0.005)  # noqa: E731 — a probe: 10% of 5 ms under the GIL
+    assert choose_pool("auto", True, 2, light).threads and not choose_pool("auto", False, 2, light).threads
+    assert choose_pool("threads", False, 2).threads and not choose_pool("processes", True, 2, light).threads
     with pytest.raises(ConfigError, match="--worker-pool"):
         BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), worker_pool="fibers")
 

@@ -104,16 +104,30 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
     """Images, jsonl and Parquet rows (with bad rows) built by `dask scheduler` + `dask worker`."""
     from test_build_scale import hf_image_parquet
 
+    def embedded_settings() -> dict:  # defined here: pickled by value (workers cannot import tests)
+        """The values of EMBEDDED_CLUSTER_CONFIG's settings in this Dask process, normalised."""
+        import dask
+
+        from shardkit.cluster import EMBEDDED_CLUSTER_CONFIG
+
+        out = {}
+        for key in EMBEDDED_CLUSTER_CONFIG:
+            if key == "distributed.worker.multiprocessing-method" or "pre-spawn-environ" in key:
+                continue
+            value = dask.config.get(key)
+            out[key] = value if not isinstance(value, (int, float)) or isinstance(value, bool) else f"{value}s"
+        return out
+
     hf_image_parquet(raw_folder / "cat" / "extra.parquet", n=10, row_group_size=3, text_column="text")
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
+    # The scheduler and workers read the docker image's Dask configuration, as in docker/compose.yml.
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    env["DASK_CONFIG"] = str(ROOT / "docker" / "dask")
     procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)]
+                              start_new_session=True, env=env)]
     try:
-        # The workers read the docker image's Dask configuration, as they do in docker/compose.yml.
-        env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
-        env["DASK_CONFIG"] = str(ROOT / "docker" / "dask")
         for _ in range(2):
             procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--nthreads", "1",
                                            "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1"],
@@ -127,12 +141,20 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
                 with Client(address, timeout="5s") as client:
                     client.wait_for_workers(2, timeout=60)
                     trim = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+                    worker_config = client.run(embedded_settings)
+                    scheduler_config = client.run_on_scheduler(embedded_settings)
                 break
             except OSError:
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
         assert list(trim.values()) == [None, None]  # docker/dask/shardkit.yaml took effect
+        # ... with every setting of the embedded cluster that workers or the scheduler read
+        from shardkit.cluster import EMBEDDED_CLUSTER_CONFIG
+
+        expected = {k: v for k, v in EMBEDDED_CLUSTER_CONFIG.items()
+                    if k != "distributed.worker.multiprocessing-method" and "pre-spawn-environ" not in k}
+        assert all(c == expected for c in worker_config.values()) and scheduler_config == expected, worker_config
         opts = ["--image-size", "40", "--format", "both", "--max-samples-per-shard", "9", "--no-progress"]
         remote = subprocess.run(_shardkit("build", raw_folder, tmp_path / "remote", "--scheduler", address, *opts),
                                 capture_output=True, text=True, timeout=300)

@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit.config import BuildConfig, DedupConfig
-from shardkit.dedup_engine import dedup_records, find_duplicates
+from shardkit.dedup_engine import dedup_inventory, find_duplicates
 from shardkit.dedup_job import dedup
 from shardkit.stages.dedup.report import write_report
 from shardkit.cluster import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
 from shardkit.sample import Sample
-from shardkit.sources import scan
+from shardkit.sources import records
 from shardkit.writers.parquet import write_parquet
 from shardkit.writers.tar import write_tar
 
@@ -303,11 +303,19 @@ def test_raw_folder_and_cli(tmp_path):
     assert {"doc_000", "cat/000001"} <= keys and not {"doc_100", "cat/000101"} & keys
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
-    # The step `shardkit build --dedup` runs between scan and shard assignment: a keep mask.
-    scanned = scan(BuildConfig(str(raw), str(tmp_path / "b")))
-    keep, result = dedup_records(scanned.records, str(raw), DedupConfig(progress=False), None, str(tmp_path / "w"))
-    assert {r.key for r, k in zip(scanned.records, keep) if not k} == {"doc_100", "cat/000101"}
-    assert result.removed_keys == {"doc_100", "cat/000101"}
+    # The step `shardkit build --dedup` runs between scan and shard assignment: positions to remove.
+    from shardkit.executor import _reader
+    from shardkit.sources.inventory import make_inventory, scan_options, without
+    from shardkit.sources.rows import count_rows
+    from shardkit.sources.walk import walk
+
+    cfg = BuildConfig(str(raw), str(tmp_path / "b"))
+    opts, listing = scan_options(cfg), walk(cfg.src, cfg.out)
+    inv = make_inventory(listing, {rf.id: count_rows(rf, opts) for rf in listing.row_files}, cfg, opts)
+    removed, result = dedup_inventory(inv, _reader(inv), DedupConfig(progress=False), None, str(tmp_path / "w"))
+    keys = [r.key for r in records(inv)]
+    assert {keys[i] for i in removed.tolist()} == result.removed_keys == {"doc_100", "cat/000101"}
+    assert [r.key for r in records(without(inv, removed))] == [k for k in keys if k not in result.removed_keys]
 
 
 def test_jsonl_texts_with_lone_surrogate_escapes_are_deduplicated_and_written(tmp_path):
@@ -331,3 +339,66 @@ def test_config_errors_name_the_flag():
                          ({"image_distance": 40}, "--image-distance"), ({"modality": "audio"}, "--modality")]:
         with pytest.raises(ValueError, match=flag):
             DedupConfig(**kwargs)
+
+
+def _jsonl_folder(root, files=3, per_file=60, seed=5):
+    """Raw jsonl files with exact, near and far copies of earlier documents (also across files), and a bad line."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array(["".join(rng.choice(LETTERS, 6)) for _ in range(3000)])
+    docs = []
+    root.mkdir()
+    for f in range(files):
+        lines = []
+        for i in range(per_file):
+            if docs and i % 9 == 4:
+                lines.append(json.dumps({"text": docs[int(rng.integers(len(docs)))].upper(), "id": i}))
+            elif docs and i % 9 == 7:
+                lines.append(json.dumps({"text": docs[int(rng.integers(len(docs)))] + " plus two", "id": i}))
+            else:
+                docs.append(" ".join(rng.choice(vocab, 60)))
+                lines.append(json.dumps({"text": docs[-1], "id": i}))
+        if f == 1:
+            lines.insert(10, "{not json")
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_raw_jsonl_dedup_equals_build_then_dedup(tmp_path):
+    """Same clusters and kept set whether a raw jsonl folder is deduplicated directly (partitions of
+    row-file pieces signed on 2 workers) or built first and the dataset deduplicated."""
+    from shardkit.executor import build
+
+    raw = _jsonl_folder(tmp_path / "raw")
+    cfg = dict(progress=False, partition_size=50, format="parquet")
+    direct = dedup(DedupConfig(str(raw), str(tmp_path / "direct"), workers=2, **cfg))
+    build(BuildConfig(str(raw), str(tmp_path / "built"), format="parquet", workers=0, progress=False))
+    later = dedup(DedupConfig(str(tmp_path / "built"), str(tmp_path / "later"), workers=0, **cfg))
+    assert direct.removed_keys and direct.removed_keys == later.removed_keys
+    assert direct.clusters.to_pylist() == later.clusters.to_pylist()
+    kept = [{s.key for sh in load_manifest(str(tmp_path / d)).shards_of()
+             for s in read_shard_samples(str(tmp_path / d), load_manifest(str(tmp_path / d)), sh)}
+            for d in ("direct", "later")]
+    assert kept[0] == kept[1] and len(kept[0]) == 3 * 60 - len(direct.removed_keys)
+
+
+def test_raw_jsonl_dedup_sends_pieces_and_builds_no_record_per_row(tmp_path, monkeypatch):
+    """The driver of a raw-folder dedup holds compact columns: sources.records (one object per row)
+    is never called, and each signature task gets a partition of pieces, not of rows."""
+    import shardkit.dedup_engine as engine
+    import shardkit.sources as sources
+    from shardkit.sources.order import Piece
+
+    raw = _jsonl_folder(tmp_path / "raw")
+    monkeypatch.setattr(sources, "records", lambda inv: pytest.fail("records() builds one object per row"))
+    sent, real = [], engine.run_tasks
+
+    def recording(fn, items, **kw):
+        if kw.get("name") == "dedup-sig":
+            sent.extend(items)
+        return real(fn, items, **kw)
+    monkeypatch.setattr(engine, "run_tasks", recording)
+    result = dedup(DedupConfig(str(raw), str(tmp_path / "out"), workers=0, progress=False, partition_size=70))
+    assert result.removed_keys
+    assert [sum(len(p) for p in part.items) for part in sent] == [70, 70, 41]  # 181 lines, the bad one included
+    assert all(isinstance(p, Piece) for part in sent for p in part.items)
+    assert len({p.source for part in sent for p in part.items}) == 3  # one block per row file

@@ -216,7 +216,7 @@ def test_dedup_of_a_raw_folder_builds_once_and_writes_its_report_once(tmp_path, 
 
     calls = {"build": 0, "report": 0, "find": 0}
     for module, name, key in ((executor, "build", "build"), (executor, "write_report", "report"),
-                              (executor, "dedup_records", "find")):
+                              (executor, "dedup_inventory", "find")):
         original = getattr(module, name)
 
         def counted(*a, _original=original, _key=key, **kw):

@@ -171,39 +171,33 @@ def _row_kinds(rf: W.RowFile, count: RowCount) -> int:
             | (W.JSON if info["meta"] else 0))
 
 
-def without(inv: Inventory, keys: set[str]) -> Inventory:
-    """The inventory minus the samples with these keys (e.g. duplicates): blocks are split around them."""
+def without(inv: Inventory, positions) -> Inventory:
+    """The inventory minus the samples at these positions of the key order (e.g. duplicates found by
+    the dedup step): atoms are filtered, row-file blocks split around the rows that go. O(atoms +
+    pieces + positions): never a per-row object for the rows of row files."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     from dataclasses import replace
 
-    from shardkit.sources.index import load_index
-
-    if not keys:
+    positions = np.unique(np.asarray(positions, np.int64))
+    if not len(positions):
         return inv
     keep = np.ones(len(inv.atoms), bool)
-    if len(inv.atoms):
-        keep = ~pc.is_in(inv.atoms.column("key"), value_set=pa.array(sorted(keys), pa.string())).to_numpy(
-            zero_copy_only=False)
-    before = np.concatenate(([0], np.cumsum(keep)))  # old position -> new position
-    stems = {inv.row_files[p.source].stem_key: p.source for p in inv.pieces if p.source != O.ATOMS}
-    gone: dict[int, list[int]] = {}
-    for key in keys:
-        stem, _, digits = key.rpartition("/")
-        rid = stems.get(stem)
-        if rid is not None and digits.isdigit() and len(digits) == inv.counts[rid].width:
-            numbers = load_index(inv.counts[rid])["number"]
-            pos = int(np.searchsorted(numbers, int(digits)))
-            if pos < len(numbers) and numbers[pos] == int(digits):
-                gone.setdefault(rid, []).append(pos)
-    pieces = []
+    gone, base = [], 0  # per piece: the positions in its source (atom rows or row-file index) that go
     for p in inv.pieces:
+        lo, hi = np.searchsorted(positions, [base, base + len(p)])
+        gone.append(positions[lo:hi] - base + p.start)
+        if p.source == O.ATOMS:
+            keep[gone[-1]] = False
+        base += len(p)
+    before = np.concatenate(([0], np.cumsum(keep)))  # old atom position -> new position
+    pieces = []
+    for p, out in zip(inv.pieces, gone):
         if p.source == O.ATOMS:
             start, stop = int(before[p.start]), int(before[p.stop])
             pieces += [O.Piece(O.ATOMS, start, stop)] if stop > start else []
             continue
         at = p.start
-        for pos in sorted(x for x in gone.get(p.source, []) if p.start <= x < p.stop) + [p.stop]:
+        for pos in out.tolist() + [p.stop]:
             pieces += [O.Piece(p.source, at, pos)] if pos > at else []
             at = pos + 1
     return replace(inv, atoms=inv.atoms.filter(pa.array(keep)), labels=inv.labels[keep], est=inv.est[keep],

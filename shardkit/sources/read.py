@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from shardkit.sources import walk as W
 from shardkit.sources.order import ATOMS, Piece
-from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index
+from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index, row_key
 from shardkit.sources.rows import jsonl_rows
 
 ATOMS_NAME = "samples-{}.arrow"
@@ -60,6 +60,23 @@ class SourceReader:
                 yield from self._atom_refs(piece.start, piece.stop)
             else:
                 yield from self._row_refs(piece.source, piece.start, piece.stop, None, None)
+
+    def names(self, pieces: list[Piece]):
+        """(key, first file, line or row number or None) of each sample of the pieces, in the order of
+        `refs`: how a sample that cannot be read is still named (read here, from the atom table and
+        the row indexes, not from the inputs)."""
+        for piece in pieces:
+            if piece.source == ATOMS:
+                rows = _atoms(self.atoms_path).slice(piece.start, len(piece)).select(["key", "files", "row_file", "row"])
+                for row in rows.to_pylist():
+                    number = None
+                    if row["row_file"] >= 0:
+                        number = int(load_index(self.counts[row["row_file"]])["number"][row["row"]])
+                    yield row["key"], row["files"][0], number
+                continue
+            rf, count = self.row_files[piece.source], self.counts[piece.source]
+            for number in load_index(count)["number"][piece.start:piece.stop].tolist():
+                yield row_key(rf.stem_key, number, count.width), rf.rel, number
 
     def _converter(self, rid: int):
         from shardkit.sources.parquet import RowConverter
