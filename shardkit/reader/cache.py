@@ -57,9 +57,11 @@ class RangeIgnored(ValueError):  # a ValueError: never retried
     """The store answered a Range request with other bytes than asked (it ignores Range)."""
 
 
-def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: RemotePolicy) -> str:
+def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: RemotePolicy,
+                 probe: bool = False) -> str:
     """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
-    in place into tmp; returns its sha256 (read back: the parts arrive out of order)."""
+    in place into tmp; returns its sha256 (read back: the parts arrive out of order). `probe`: the
+    first part alone first (RangeIgnored, one part's GET spent, when the store ignores Range)."""
     with open(tmp, "wb") as f:
         f.truncate(nbytes)  # full size at once: the cache's listing counts it while it fills
     fd = os.open(tmp, os.O_WRONLY)
@@ -82,7 +84,10 @@ def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: R
             raise
 
     try:
-        futures = [pool.submit(one, start) for start in range(0, nbytes, PART)]
+        starts = list(range(0, nbytes, PART))
+        if probe:
+            pool.submit(one, starts.pop(0)).result()
+        futures = [pool.submit(one, start) for start in starts]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in futures:
             if f in done and f.exception() is not None:
@@ -95,24 +100,28 @@ def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: R
 
 
 def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,
-             pool=None) -> None:
+             pool=None, ranges: bool | None = None) -> bool | None:
     """Copy `url` to `dest` (temp + rename) after checking its sha256 and size against the manifest.
 
     With a thread `pool` (its threads are the connections), a file of more than one PART is
-    fetched as parallel ranged GETs, so one large shard is not capped at one connection's speed;
-    a store that ignores Range falls back to one streamed GET."""
+    fetched as parallel ranged GETs, so one large shard is not capped at one connection's speed.
+    `ranges`: whether the store honours Range (None: not known yet, the first part is tried
+    alone); a store that ignores it is read with one streamed GET. Returns what was learnt
+    about Range (None when nothing was)."""
     policy = policy or RemotePolicy()
     fs, path = filesystem(url, policy)
     tmp = tmp_name(dest)
+    learnt = None
     try:
         try:
-            if pool is None or not nbytes or nbytes <= PART:
+            if pool is None or not nbytes or nbytes <= PART or ranges is False:
                 raise RangeIgnored("one GET")
-            digest = _fetch_parts(fs, url, path, tmp, nbytes, pool, policy)
+            digest = _fetch_parts(fs, url, path, tmp, nbytes, pool, policy, probe=ranges is None)
+            learnt = True
         except RemoteError as e:
             if not isinstance(e.__cause__, RangeIgnored):
                 raise
-            digest = _stream(fs, url, path, tmp, nbytes, policy, pool)
+            learnt, digest = False, _stream(fs, url, path, tmp, nbytes, policy, pool)
         except RangeIgnored:
             digest = _stream(fs, url, path, tmp, nbytes, policy, pool)
     except RemoteError as e:
@@ -130,6 +139,7 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
                          f"the manifest says {sha256[:16]}… ({nbytes} bytes); the remote copy is corrupt or "
                          "changed since the build: rebuild or re-upload the dataset")
     os.replace(tmp, dest)
+    return learnt
 
 
 def _stream(fs, url: str, path: str, tmp: str, nbytes: int | None, policy: RemotePolicy, pool) -> str:
@@ -211,6 +221,7 @@ class ShardCache:
             tag = hashlib.sha256(self.root.encode()).hexdigest()[:16]
             self.dir = os.path.join(cache_dir or default_cache_dir(), tag)
         self.fetched = 0
+        self.ranges = None  # whether the store honours Range requests: learnt from the first large file
         self._pool, self._pool_lock = None, threading.Lock()
 
     @property
@@ -251,7 +262,8 @@ class ShardCache:
             try:
                 if not os.path.exists(dest):
                     _remove_stale_temps(dest)
-                    download(join(self.root, rel), dest, sha256, nbytes, self.policy, self.pool)
+                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy, self.pool, self.ranges)
+                    self.ranges = self.ranges if learnt is None else learnt
                     self.fetched += 1
                     if self.on_fetch is not None:
                         self.on_fetch(os.path.getsize(dest))
