@@ -181,3 +181,32 @@ def test_a_store_killed_mid_epoch_fails_within_the_timeout_and_a_rerun_completes
     finally:
         again.close()
     assert not [f for f in cache_dir.rglob("*") if ".tmp-" in f.name]
+
+
+def test_the_meter_says_when_the_readers_wait_on_the_network(data, tmp_path):
+    from shardkit.meter import StarvationMeter
+
+    root, _ = data
+    slow = Store(root, latency=0.05, rate=3e5)  # ~40 KB shards: ~0.2 s each, fetched as needed
+    try:
+        ds = StreamingDataset(slow.url, cache_dir=str(tmp_path / "cache"), shuffle=False, fetch_ahead=0,
+                              connections=1)
+        meter = StarvationMeter(warmup=2, log_every=0)
+        for _ in meter.wrap(make_loader(ds, batch_size=1, num_workers=0)):
+            time.sleep(0.005)  # a step that takes some time
+        summary = meter.summary()
+    finally:
+        slow.close()
+    assert summary["network_wait_s"] > 0.5 and summary["bytes_fetched"] == dataset_bytes(root)
+    assert summary["advice"].startswith("waiting on the network") and "fetch_ahead" in summary["advice"]
+
+
+def test_network_advice_needs_the_network_to_be_most_of_the_wait():
+    from shardkit.meter import advice
+
+    base = {"starved_pct": 40.0, "wait_p50_ms": 10.0, "wait_p95_ms": 12.0, "step_p50_ms": 10.0, "steps": 100,
+            "wait_s": 10.0, "step_s": 15.0}
+    # 2 workers over 25 s each: 30 s waited on the network is 60% of their time.
+    assert advice(dict(base, network_wait_s=30.0), num_workers=2, cpus=2).startswith("waiting on the network")
+    assert not advice(dict(base, network_wait_s=10.0), num_workers=2, cpus=2).startswith("waiting on the network")
+    assert not advice(base, num_workers=2, cpus=2).startswith("waiting on the network")  # local data: no figure
