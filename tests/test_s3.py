@@ -152,9 +152,10 @@ def test_exactly_once_and_resume_at_another_world_size_from_s3_with_fetch_ahead(
 
     root, url, _ = s3
     _, expected = make_dataset(tmp_path / "again", 36, shards=4, fields=("raw", "cls", "txt"))  # the same samples
-    resumed = exactly_once_and_resume(url, tmp_path / "cache", monkeypatch, expected)
-    stats = resumed[0].source.io_stats()
-    assert stats["network_wait_s"] > 0
+    loaders = exactly_once_and_resume(url, tmp_path / "cache", monkeypatch, expected)
+    stats = [loader.source.io_stats() for loader in loaders]
+    assert sum(s["network_wait_s"] for s in stats) > 0
+    assert sum(s["bytes_fetched"] for s in stats) == sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)
     cached = [p for p in (tmp_path / "cache").rglob("data-*") if not p.name.endswith(".lock")]
     assert len(cached) == 8
 

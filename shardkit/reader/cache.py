@@ -34,6 +34,7 @@ ATTEMPTS = 3  # pin tries when evictors keep removing a freshly fetched file (ca
 # 4 MiB part spends 77% of its time transferring (8 MiB: 87%), and each part in flight holds its
 # bytes in memory: connections x PART per process (32 MiB at 8 connections).
 PART = 4 << 20
+PROBE = 64 << 10  # the range that finds out whether a store honours Range
 
 
 def default_cache_dir() -> str:
@@ -61,33 +62,33 @@ def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: R
                  probe: bool = False) -> str:
     """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
     in place into tmp; returns its sha256 (read back: the parts arrive out of order). `probe`: the
-    first part alone first (RangeIgnored, one part's GET spent, when the store ignores Range)."""
+    first PROBE bytes alone first (RangeIgnored, one whole-file GET spent, when the store ignores Range)."""
     with open(tmp, "wb") as f:
         f.truncate(nbytes)  # full size at once: the cache's listing counts it while it fills
     fd = os.open(tmp, os.O_WRONLY)
     failed = threading.Event()
 
-    def part(start: int) -> None:
+    def part(start: int, end: int) -> None:
         if failed.is_set():  # another part failed for good: do not start this one
             return
-        end = min(start + PART, nbytes)
         data = fs.cat_file(path, start=start, end=end)
         if len(data) != end - start:
             raise RangeIgnored(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
         os.pwrite(fd, data, start)
 
-    def one(start: int) -> None:
+    def one(start: int, end: int) -> None:
         try:
-            with_retries(url, policy, lambda: part(start))
+            with_retries(url, policy, lambda: part(start, end))
         except BaseException:
             failed.set()
             raise
 
     try:
-        starts = list(range(0, nbytes, PART))
-        if probe:
-            pool.submit(one, starts.pop(0)).result()
-        futures = [pool.submit(one, start) for start in starts]
+        first = 0
+        if probe:  # a small first range: costs one round trip when Range works, one file when not
+            first = min(PROBE, PART)  # < nbytes: a store that ignores Range sends more than asked
+            pool.submit(one, 0, first).result()
+        futures = [pool.submit(one, start, min(start + PART, nbytes)) for start in range(first, nbytes, PART)]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in futures:
             if f in done and f.exception() is not None:

@@ -52,7 +52,7 @@ class NetStats:
     def totals(self) -> dict:
         """{'bytes_fetched', 'files_fetched', 'network_wait_s'} over every worker so far."""
         b, f, w = self.table.sum(0).tolist()
-        return {"bytes_fetched": int(b), "files_fetched": int(f), "network_wait_s": round(w, 3)}
+        return {"bytes_fetched": int(b), "files_fetched": int(f), "network_wait_s": w}
 
     def reset(self) -> None:
         self.table.zero_()
