@@ -214,3 +214,29 @@ def test_network_advice_needs_the_network_to_be_most_of_the_wait():
     assert advice(dict(base, network_wait_s=30.0), num_workers=2, cpus=2).startswith("waiting on the network")
     assert not advice(dict(base, network_wait_s=10.0), num_workers=2, cpus=2).startswith("waiting on the network")
     assert not advice(base, num_workers=2, cpus=2).startswith("waiting on the network")  # local data: no figure
+
+
+def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path):
+    root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
+    store = Store(root, latency=0.01, rate=5e4)  # ~150 KB shards: ~3 s each; a sample: ~0.06 s
+    try:
+        _, local = read(root, tmp_path / "unused")
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
+        it = iter(make_loader(ds, batch_size=5, num_workers=0))
+        first = next(it)
+        # Served before any shard arrived: one ranged GET per sample, its members side by side.
+        assert cached(tmp_path / "cache") == set()
+        assert sum(store.range_gets.values()) == 5
+        same(local, [first] + list(it))  # the same batches as a local read, the first one included
+        stats = ds.io_stats()
+        assert dataset_bytes(root) < stats["bytes_fetched"] < dataset_bytes(root) * 1.05
+    finally:
+        store.close()
+
+
+def test_first_batches_by_range_only_when_they_are_a_small_share_of_the_epoch():
+    from shardkit.reader.base import first_by_range
+
+    assert first_by_range(2090, 64, 2)  # 128 of 2,090 samples: read twice, 6%
+    assert not first_by_range(522, 64, 2)  # a rank's quarter: 25%, whole shards only
+    assert not first_by_range(9, 4, 0)

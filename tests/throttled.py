@@ -33,10 +33,13 @@ class Store:
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
-    def count(self, path: str, ranged: bool, nbytes: int) -> None:
+    def count(self, path: str, ranged: bool) -> None:
         with self._lock:
             self.gets[path] += 1
             self.range_gets[path] += ranged
+
+    def count_sent(self, path: str, nbytes: int) -> None:
+        with self._lock:
             self.sent[path] += nbytes
 
     def shard_bytes(self) -> int:
@@ -90,8 +93,10 @@ class Store:
                 self.send_header("Content-Length", str(end - start))
                 self.send_header("Accept-Ranges", "bytes" if store.ranges else "none")
                 self.end_headers()
-                if body:
-                    store.count(self.path, m is not None, self._send(path, start, end))
+                if body:  # counted before the send: a client may have it all before the send returns
+                    store.count(self.path, m is not None)
+                    store.count_sent(self.path, end - start)
+                    store.count_sent(self.path, self._send(path, start, end) - (end - start))  # a cut send
 
             def _send(self, path: str, start: int, end: int) -> int:
                 began, sent = time.monotonic(), 0

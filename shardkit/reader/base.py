@@ -123,7 +123,8 @@ class EpochDataset(IterableDataset):
         alloc = transport.alloc if transport is not None else None
         # Fetch ahead walks the same batches on a plan of its own (its thread computes the ids).
         ahead = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
-        self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead))
+        self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead),
+                                   ranged=int(first_by_range(len(plan) - consumed, batch_size, num_workers)))
         try:
             for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
                 batch = self.load(ids, epoch, alloc, cross)
@@ -174,6 +175,17 @@ class EpochDataset(IterableDataset):
             for i in range(length(batch)):
                 sample = decode.unbatch(batch, i)
                 yield self.transform(sample) if self.transform else sample
+
+
+# A worker's first batch reads its samples by range (while whole shards download) when that costs
+# at most this share of the bytes the rank reads in the epoch: each sample is then downloaded twice.
+RANGED_FIRST_SHARE = 0.1
+
+
+def first_by_range(remaining: int, batch_size: int, num_workers: int) -> bool:
+    """Whether each worker's first batch is read by range: its samples, one batch per worker, are at
+    most RANGED_FIRST_SHARE of the `remaining` samples of the rank's epoch."""
+    return max(1, num_workers) * batch_size <= RANGED_FIRST_SHARE * remaining
 
 
 def _pinned(shape) -> np.ndarray:

@@ -14,7 +14,7 @@ from shardkit.errors import ChecksumMismatch, ShardError
 from shardkit.fs import is_remote, join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
-from shardkit.reader.cache import ShardCache
+from shardkit.reader.cache import RangeIgnored, ShardCache
 from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate
@@ -84,6 +84,7 @@ class BatchReader:
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
         self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
         self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
+        self._ranged_left = 0  # batches still read by range where their shards are not cached yet
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -101,7 +102,9 @@ class BatchReader:
         while True:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
-                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
+                batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
+                self._ranged_left = max(0, self._ranged_left - 1)
+                return batch
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
@@ -128,7 +131,7 @@ class BatchReader:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, self._reader(s), pos, rows[pos]))
+            groups.append((s, self._batch_reader(s, rows[pos]), pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -222,16 +225,47 @@ class BatchReader:
                                          self.config.remote_policy(), self.config.connections, self.net.fetched)
         return self._caches[p]
 
-    def start_fetching(self, batches) -> None:
+    def start_fetching(self, batches, ranged: int = 0) -> None:
         """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
-        the epoch, computed in the fetch thread) first read them; local shards are left alone."""
+        the epoch, computed in the fetch thread) first read them; local shards are left alone.
+        The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
         self.stop_fetching()
         if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
             return
+        self._ranged_left = ranged
         for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
             self._cache_of(p)
         order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
         self.fetcher = Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
+
+    def _batch_reader(self, s: int, rows: np.ndarray):
+        """The reader of shard s for one batch: the open shard, else (a first batch, shard s not
+        cached yet) its `rows` read by range, else the shard opened (fetched first if need be)."""
+        if self._ranged_left and s not in self._readers and self._can_range(s):
+            try:
+                return timed(self.net, lambda: self._ranged(s, rows))
+            except RangeIgnored:
+                self.cache(s).ranges = False
+            except ShardError as e:
+                raise _tagged(e, s)
+        return self._reader(s)
+
+    def _can_range(self, s: int) -> bool:
+        shard, cache = self.shards[s], self.cache(s)
+        return (cache.remote and cache.ranges is not False and shard.format == "tar" and bool(shard.index)
+                and self.tokens is None and self.config.checksums and not cache.has(shard.path))
+
+    def _ranged(self, s: int, rows: np.ndarray):
+        from shardkit.reader.ranged import RangedTar
+
+        cache, shard = self.cache(s), self.shards[s]
+        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"))
+        try:
+            reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
+        finally:
+            pin.release()
+        self.net.ranged(len(reader.mm))
+        return reader
 
     def stop_fetching(self) -> None:
         if self.fetcher is not None:

@@ -223,15 +223,29 @@ class ShardCache:
             self.dir = os.path.join(cache_dir or default_cache_dir(), tag)
         self.fetched = 0
         self.ranges = None  # whether the store honours Range requests: learnt from the first large file
-        self._pool, self._pool_lock = None, threading.Lock()
+        self._pool = self._member_pool = None
+        self._pool_lock = threading.Lock()
 
     @property
     def pool(self) -> ThreadPoolExecutor:
-        """The connections: every GET of this cache runs on one of these threads."""
+        """The connections: every GET of a file into this cache runs on one of these threads."""
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-get")
             return self._pool
+
+    @property
+    def member_pool(self) -> ThreadPoolExecutor:
+        """Connections of their own for a batch's samples read by range (reader.ranged), so that they
+        do not queue behind the parts of whole shards."""
+        with self._pool_lock:
+            if self._member_pool is None:
+                self._member_pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-range")
+            return self._member_pool
+
+    def has(self, rel: str) -> bool:
+        """Whether file `rel` is in the cache now (verified: only checked copies have final names)."""
+        return not self.remote or os.path.exists(os.path.join(self.dir, rel))
 
     def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True) -> tuple[str, Pin] | None:
         """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
@@ -317,12 +331,13 @@ class ShardCache:
     def close(self) -> None:
         """Stop this cache's connection threads (made again if it fetches later)."""
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pools, self._pool, self._member_pool = (self._pool, self._member_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def __getstate__(self):
-        return dict(self.__dict__, _pool=None, _pool_lock=None)
+        return dict(self.__dict__, _pool=None, _member_pool=None, _pool_lock=None)
 
     def __setstate__(self, state):
         self.__dict__.update(state, _pool_lock=threading.Lock())

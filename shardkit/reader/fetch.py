@@ -46,6 +46,10 @@ class NetStats:
         self._add(0, nbytes)
         self._add(1, 1)
 
+    def ranged(self, nbytes: int) -> None:
+        """Bytes of samples read by range (a first batch), besides the files fetched."""
+        self._add(0, nbytes)
+
     def waited(self, seconds: float) -> None:
         self._add(2, seconds)
 
