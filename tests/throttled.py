@@ -15,6 +15,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 CHUNK = 64 << 10  # bytes per paced send
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away: not news
+            super().handle_error(request, client_address)
+
+
 class Store:
     """Serves `root` at `url` until close(): `latency` s before each answer, `rate` bytes/s per
     connection (None: unthrottled), Range requests answered with 206 unless `ranges=False`."""
@@ -26,8 +36,7 @@ class Store:
         self.sent = Counter()  # path -> bytes of it sent
         self.dead = threading.Event()
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -259,7 +259,7 @@ class BatchReader:
         from shardkit.reader.ranged import RangedTar
 
         cache, shard = self.cache(s), self.shards[s]
-        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"))
+        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
         try:
             reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
         finally:

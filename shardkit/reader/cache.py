@@ -247,9 +247,12 @@ class ShardCache:
         """Whether file `rel` is in the cache now (verified: only checked copies have final names)."""
         return not self.remote or os.path.exists(os.path.join(self.dir, rel))
 
-    def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True) -> tuple[str, Pin] | None:
+    def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True,
+            direct: bool = False) -> tuple[str, Pin] | None:
         """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
-        `wait=False`: None at once when another process is fetching the file (or evicting it)."""
+        `wait=False`: None at once when another process is fetching the file (or evicting it).
+        `direct`: fetched by this thread, not queued on the connections (a small index sidecar: its
+        lock is held while it downloads, and a reader waiting on it must not wait for whole shards)."""
         if not self.remote:
             return join(local_path(self.root), rel), Pin()
         dest = os.path.join(self.dir, rel)
@@ -277,7 +280,8 @@ class ShardCache:
             try:
                 if not os.path.exists(dest):
                     _remove_stale_temps(dest)
-                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy, self.pool, self.ranges)
+                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy,
+                                      None if direct else self.pool, self.ranges)
                     self.ranges = self.ranges if learnt is None else learnt
                     self.fetched += 1
                     if self.on_fetch is not None:
@@ -313,7 +317,7 @@ class ShardCache:
         `wait=False`: None at once when another process is fetching either file."""
         index, index_pin = None, Pin()
         if shard.index:
-            got = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), wait)
+            got = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), wait, direct=True)
             if got is None:
                 return None
             index, index_pin = got
