@@ -197,11 +197,21 @@ class StreamConfig:
     checksums: bool = True  # check every value read against the checksum recorded at build time
     timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
     retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
+    # Remote reads: GETs in flight per process (each DataLoader worker is one), a large shard as
+    # ranged GETs of 4 MiB. 8 x 25 MB/s per connection saturates a typical object store's link.
+    connections: int = 8
+    # Remote reads: shards per process fetched ahead of the reader in plan order (within
+    # cache_limit, pinned until read); 0 fetches each shard when a batch first needs it.
+    fetch_ahead: int = 8
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed={self.seed!r}: expected an integer >= 0 (StreamingDataset(seed=...))")
         positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
+        positive("connections", self.connections, "StreamingDataset(connections=...)")
+        if not isinstance(self.fetch_ahead, int) or isinstance(self.fetch_ahead, bool) or self.fetch_ahead < 0:
+            raise ConfigError(f"fetch_ahead={self.fetch_ahead!r}: expected an integer >= 0 (shards fetched ahead "
+                              "per process; 0 turns fetching ahead off) (StreamingDataset(fetch_ahead=...))")
         choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
         choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
         choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")

@@ -11,6 +11,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 from factory import make_dataset
+from throttled import Store
 
 from shardkit.errors import ManifestError, ShardError
 from shardkit.loader import make_loader
@@ -162,7 +163,8 @@ def _folder_bytes(folder) -> int:
 
 
 def test_ranks_sharing_one_cache_under_eviction(tmp_path):
-    """4 processes x 2 workers, one cache_dir, cache_limit ~1/3 of the dataset, 2 epochs over http."""
+    """4 processes x 2 workers, one cache_dir, cache_limit ~1/3 of the dataset, 2 epochs over http,
+    fetching ahead (the default)."""
     import subprocess
     import sys
 
@@ -172,8 +174,7 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     limit = sum(shard_bytes) // 3
     local = _digests(batches(root, tmp_path / "unused", workers=0, shuffle=False)[1])
     cache = tmp_path / "cache"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = Store(root, latency=0.005, rate=20e6)  # Range-capable, throttled: fetch ahead has time to act
     peak, stop = [0], threading.Event()
 
     def watch():  # the cache folder's size, sampled while the ranks run
@@ -184,7 +185,7 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     watcher.start()
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    url = store.url
     try:
         procs = [subprocess.Popen([sys.executable, str(script), url, str(cache), str(limit), str(tmp_path / f"r{r}.json")],
                                   env=dict(os.environ, RANK=str(r), WORLD_SIZE="4"), stderr=subprocess.PIPE, text=True)
@@ -193,8 +194,7 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     finally:
         stop.set()
         watcher.join()
-        server.shutdown()
-        server.server_close()
+        store.close()
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(errors)
     for epoch in range(2):
         seen = [kv for r in range(4) for kv in json.load(open(tmp_path / f"r{r}.json"))[epoch]]
@@ -205,6 +205,9 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     slack = 8 * 2 * max(shard_bytes)
     assert peak[0] <= limit + slack < sum(shard_bytes), (peak[0], limit, slack)
     assert _folder_bytes(cache) <= limit
+    # One download per node: over 2 epochs (the second refetches what the limit evicted) the
+    # store sent at most 1.05x the dataset per epoch, whatever 4 ranks x 2 workers x fetch ahead did.
+    assert store.shard_bytes() <= 2 * 1.05 * sum(shard_bytes), store.shard_bytes() / sum(shard_bytes)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

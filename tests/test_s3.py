@@ -4,6 +4,7 @@ and stopped here) streamed and cached through s3fs, with credentials found where
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -20,13 +21,29 @@ AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKE
 
 
 @pytest.fixture
-def s3(tmp_path, monkeypatch):
+def s3_delay():
+    """Seconds the server waits before each answer (a test parametrizes it to play a far store)."""
+    return 0.0
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch, s3_delay):
     """(local dataset root, s3:// URL of the same dataset, s3fs filesystem) on a fresh server.
 
     The endpoint and credentials are set the way every AWS SDK reads them (AWS_ENDPOINT_URL,
     AWS_ACCESS_KEY_ID/...); the host's own ~/.aws files are hidden so nothing leaks in or out.
     """
     import s3fs
+    from moto.server import DomainDispatcherApplication
+
+    if s3_delay:
+        answer = DomainDispatcherApplication.__call__
+
+        def delayed(self, environ, start_response):
+            time.sleep(s3_delay)
+            return answer(self, environ, start_response)
+
+        monkeypatch.setattr(DomainDispatcherApplication, "__call__", delayed)
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server's request log
     for name in AWS_VARIABLES:
@@ -125,3 +142,42 @@ def test_a_missing_s3_backend_names_the_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "ManifestError" in proc.stderr
     assert "pip install 'shardkit[s3]'" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("s3_delay", [0.02])
+def test_exactly_once_and_resume_at_another_world_size_from_s3_with_fetch_ahead(s3, tmp_path, monkeypatch):
+    from factory import make_dataset
+    from test_remote_fetch import exactly_once_and_resume
+
+    root, url, _ = s3
+    _, expected = make_dataset(tmp_path / "again", 36, shards=4, fields=("raw", "cls", "txt"))  # the same samples
+    loaders = exactly_once_and_resume(url, tmp_path / "cache", monkeypatch, expected)
+    stats = [loader.source.io_stats() for loader in loaders]
+    assert sum(s["network_wait_s"] for s in stats) > 0
+    assert sum(s["bytes_fetched"] for s in stats) == sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)
+    cached = [p for p in (tmp_path / "cache").rglob("data-*") if not p.name.endswith(".lock")]
+    assert len(cached) == 8
+
+
+@pytest.mark.parametrize("s3_delay", [0.02])
+def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
+    import s3fs
+
+    from shardkit.reader import cache as cache_module
+
+    root, url, _ = s3
+    ranges, real = [], s3fs.S3FileSystem._cat_file
+
+    async def counted(self, path, version_id=None, start=None, end=None):
+        ranges.append((path, start, end))
+        return await real(self, path, version_id=version_id, start=start, end=end)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
+    monkeypatch.setattr(cache_module, "PART", 8192)
+    ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
+    same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))
+    tar = [(start, end) for path, start, end in ranges if path.endswith("data-00001.tar")]
+    assert len(tar) > 1 and all(end - start <= 8192 for start, end in tar)
+    assert sorted(tar)[0][0] == 0 and sum(end - start for start, end in tar) == ds.shards[1].bytes
+    assert ds.io_stats()["bytes_fetched"] == sum(s.bytes + s.index["bytes"] for s in ds.shards)

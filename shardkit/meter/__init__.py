@@ -173,6 +173,7 @@ class StarvationMeter:
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
+        self._io_stats = None  # a StreamingDataset's io_stats(): bytes fetched, seconds waited on the network
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable):
@@ -181,6 +182,8 @@ class StarvationMeter:
         if self.data is None:
             self.data = profile_of(iterable)
         self._proportions = getattr(iterable, "proportions", self._proportions)
+        source = getattr(iterable, "source", None) or getattr(iterable, "dataset", None)  # make_loader: .source
+        self._io_stats = getattr(source, "io_stats", self._io_stats)  # remote datasets: time waited on the network
         it = iter(iterable)
         self._epoch_start = True
         clock = self._clock
@@ -243,6 +246,9 @@ class StarvationMeter:
         # kernels of the previous step are still queued.
         pct = out.get("gpu_idle_pct", out["starved_pct"])
         out.update(self._epoch_start_figures(out["wait_s"]))
+        if self._io_stats is not None:  # warm-up included: the workers count from their start
+            io = self._io_stats()
+            out.update(network_wait_s=io["network_wait_s"], bytes_fetched=io["bytes_fetched"])
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,

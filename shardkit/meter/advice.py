@@ -100,8 +100,27 @@ def _bursts(figures: dict) -> bool:
     return figures.get("steady_wait_p95_ms", figures["wait_p95_ms"]) > 4 * max(p50, 1e-6)
 
 
+NETWORK_SHARE = 0.5  # of the readers' time spent waiting for remote shards: the network is the lever
+
+
+def network_share(figures: dict, num_workers: int | None) -> float:
+    """The share of the readers' time spent waiting on the network: `network_wait_s` (summed over
+    workers, StreamingDataset.io_stats()) over the workers' time (wait_s + step_s each), or over
+    the waits when the training process reads (num_workers=0). 0 when not measured."""
+    waited = figures.get("network_wait_s") or 0.0
+    if waited <= 0 or "wait_s" not in figures:
+        return 0.0
+    span = figures["wait_s"] if not num_workers else num_workers * (figures["wait_s"] + figures.get("step_s", 0.0))
+    return waited / span if span > 0 else 0.0
+
+
 def _lever(figures: dict, num_workers: int | None, cpus: int, data: DataProfile) -> str:
     work = "reading" if data.images == "raw" else "decoding"
+    share = network_share(figures, num_workers)
+    if share >= NETWORK_SHARE:
+        return (f"waiting on the network: readers spent {min(share, 1.0):.0%} of their time waiting for remote "
+                "shards; raise the connections and fetch-ahead (StreamingDataset(connections=16, "
+                "fetch_ahead=16)), or a larger cache_limit so shards stay cached")
     if num_workers == 0:
         return (f"data loads in the training process: set num_workers (up to {cpus} cores here) "
                 f"so {work} overlaps the step")

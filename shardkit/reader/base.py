@@ -86,6 +86,15 @@ class EpochDataset(IterableDataset):
         """Paths of shards skipped as unreadable under on_error='skip' (seen by any worker)."""
         return self.reader.skipped_shards
 
+    def io_stats(self) -> dict:
+        """Network figures of every worker since the dataset was made (or reset_io_stats()):
+        bytes_fetched, files_fetched (shards and indexes downloaded into the cache) and
+        network_wait_s (seconds readers waited for a remote shard, summed over workers)."""
+        return self.reader.net.totals()
+
+    def reset_io_stats(self) -> None:
+        self.reader.net.reset()
+
     @property
     def skipped_samples(self) -> int:
         """Samples left out under on_error='skip' because their bytes failed the checksum (all workers)."""
@@ -113,11 +122,18 @@ class EpochDataset(IterableDataset):
         cross = group > 1 or (self.transform is None and self.batch_transform is None)
         cross = cross and getattr(transport, "pin", False)
         alloc = transport.alloc if transport is not None else None
-        for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
-            batch = self.load(ids, epoch, alloc, cross)
-            yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
-            for s in done.get(j, ()):
-                self.reader.close(s)
+        # Fetch ahead walks the same batches on a plan of its own (its thread computes the ids).
+        ahead = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
+        self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead),
+                                   ranged=int(first_by_range(len(plan) - consumed, batch_size, num_workers)))
+        try:
+            for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
+                batch = self.load(ids, epoch, alloc, cross)
+                yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
+                for s in done.get(j, ()):
+                    self.reader.close(s)
+        finally:
+            self.reader.stop_fetching()
 
     def group_size(self, batch_size: int, transport: bool = True) -> int:
         """Batches a worker builds per item: several for packed token rows sent through the loader's
@@ -160,6 +176,17 @@ class EpochDataset(IterableDataset):
             for i in range(length(batch)):
                 sample = decode.unbatch(batch, i)
                 yield self.transform(sample) if self.transform else sample
+
+
+# A worker's first batch reads its samples by range (while whole shards download) when that costs
+# at most this share of the bytes the rank reads in the epoch: each sample is then downloaded twice.
+RANGED_FIRST_SHARE = 0.1
+
+
+def first_by_range(remaining: int, batch_size: int, num_workers: int) -> bool:
+    """Whether each worker's first batch is read by range: its samples, one batch per worker, are at
+    most RANGED_FIRST_SHARE of the `remaining` samples of the rank's epoch."""
+    return max(1, num_workers) * batch_size <= RANGED_FIRST_SHARE * remaining
 
 
 def _pinned(shape) -> np.ndarray:

@@ -11,10 +11,11 @@ import torch
 from shardkit.config import FLOAT_DTYPES, StreamConfig
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ChecksumMismatch, ShardError
-from shardkit.fs import join
+from shardkit.fs import is_remote, join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
-from shardkit.reader.cache import ShardCache
+from shardkit.reader.cache import RangeIgnored, ShardCache
+from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard, open_shard
@@ -79,8 +80,11 @@ class BatchReader:
         self.float_dtype = config.dtype if config.dtype in FLOAT_DTYPES else None
         self.bad = torch.zeros(len(shards), dtype=torch.uint8).share_memory_()
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
+        self.net = NetStats()  # bytes fetched and time waited on the network, every worker's
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
         self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
+        self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
+        self._ranged_left = 0  # batches still read by range where their shards are not cached yet
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -98,7 +102,9 @@ class BatchReader:
         while True:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
-                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
+                batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
+                self._ranged_left = max(0, self._ranged_left - 1)
+                return batch
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
@@ -118,11 +124,14 @@ class BatchReader:
                shared: bool) -> dict:
         n = len(rows)
         groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
-        for s in dict.fromkeys(shard_idx.tolist()):
+        needed = dict.fromkeys(shard_idx.tolist())
+        if self.fetcher is not None:  # all of this batch's shards download at once, not one by one
+            self.fetcher.want([s for s in needed if s not in self._readers])
+        for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, self._reader(s), pos, rows[pos]))
+            groups.append((s, self._batch_reader(s, rows[pos]), pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -208,16 +217,90 @@ class BatchReader:
 
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
-        p = int(self.shards.part(s))
+        return self._cache_of(int(self.shards.part(s)))
+
+    def _cache_of(self, p: int) -> ShardCache:
         if p not in self._caches:
             self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
-                                         self.config.remote_policy())
+                                         self.config.remote_policy(), self.config.connections, self.net.fetched)
         return self._caches[p]
+
+    def start_fetching(self, batches, ranged: int = 0) -> None:
+        """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
+        the epoch, computed in the fetch thread) first read them; local shards are left alone.
+        The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
+        self.stop_fetching()
+        if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
+            return
+        self._ranged_left = ranged
+        for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
+            self._cache_of(p)
+        order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
+        self.fetcher = Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
+
+    def _batch_reader(self, s: int, rows: np.ndarray):
+        """The reader of shard s for one batch: the open shard, else (a first batch, shard s not
+        cached yet) its `rows` read by range, else the shard opened (fetched first if need be)."""
+        if self._ranged_left and s not in self._readers and self._can_range(s):
+            try:
+                return timed(self.net, lambda: self._ranged(s, rows))
+            except RangeIgnored:
+                self.cache(s).ranges = False
+            except ShardError as e:
+                raise _tagged(e, s)
+        return self._reader(s)
+
+    def _can_range(self, s: int) -> bool:
+        shard, cache = self.shards[s], self.cache(s)
+        return (cache.remote and cache.ranges is not False and shard.format == "tar" and bool(shard.index)
+                and self.tokens is None and self.config.checksums and not cache.has(shard.path))
+
+    def _ranged(self, s: int, rows: np.ndarray):
+        from shardkit.reader.ranged import RangedTar
+
+        cache, shard = self.cache(s), self.shards[s]
+        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
+        try:
+            reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
+        finally:
+            pin.release()
+        self.net.ranged(len(reader.mm))
+        return reader
+
+    def stop_fetching(self) -> None:
+        if self.fetcher is not None:
+            self.fetcher.close()
+            self.fetcher = None
+
+    def _prefetch(self, s: int):
+        return self.cache(s).pin_shard(self.shards[s], wait=False)
+
+    def _fits(self, s: int, pending) -> bool:
+        """Whether shard s fits in its cache besides the `pending` fetches (counted whole: a fetch
+        that has begun is in the folder's listing too, so this errs on the safe side)."""
+        return self.cache(s).fits(sum(self._nbytes(t) for t in [s, *pending] if self.cache(t) is self.cache(s)))
+
+    def _nbytes(self, s: int) -> int:
+        shard = self.shards[s]
+        return shard.bytes + ((shard.index.get("bytes") or 0) if shard.index else 0)
+
+    def _pinned(self, s: int):
+        """Shard s's files pinned: from the fetcher when it started them, else fetched here; the
+        time it takes for a remote shard is time waited on the network."""
+        cache, shard = self.cache(s), self.shards[s]
+        if not cache.remote:
+            return cache.pin_shard(shard)
+
+        def get():
+            got = self.fetcher.take(s) if self.fetcher is not None else None
+            return got if got is not None else cache.pin_shard(shard)
+
+        return timed(self.net, get)
 
     def _open(self, s: int):
         """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
         shard = self.shards[s]
-        pinned, url = self.cache(s).pin_shard(shard), self.shards.url(s)
+        pinned, url = self._pinned(s), self.shards.url(s)
         if self.cache(s).remote:  # checked when fetched: a later mismatch is damage to this copy
             url = f"{url} (cached copy {pinned.path}: delete it to fetch the shard again)"
         try:
@@ -242,6 +325,7 @@ class BatchReader:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_readers"], state["_caches"], state["_row_groups"] = OrderedDict(), {}, None
+        state["fetcher"] = None
         return state
 
 

@@ -1,5 +1,5 @@
 """Remote shards: fetch through fsspec into a local cache that processes share (pinned, checksummed,
-LRU-evicted).
+LRU-evicted), a large file as parallel ranged GETs over the cache's connections.
 
 Each cached file `F` has a lock file `F.lock`. A reader holds a shared flock on it for as long as
 it has the file open (a pin); the fetcher holds it exclusively while it downloads; an evictor
@@ -16,17 +16,25 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import RemotePolicy, RemoteError, filesystem, is_remote, join, local_path, tmp_name, with_retries
+from shardkit.fs import (RemotePolicy, RemoteError, filesystem, is_remote, join, local_path, sha256_file, tmp_name,
+                         with_retries)
 
 CHUNK = 1 << 20
 LOCK = ".lock"
 EVICTOR_LOCK = ".evictor.lock"  # one evictor at a time per cache folder
 TMP = ".tmp-"
 ATTEMPTS = 3  # pin tries when evictors keep removing a freshly fetched file (cache far too small)
+# Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a
+# 4 MiB part spends 77% of its time transferring (8 MiB: 87%), and each part in flight holds its
+# bytes in memory: connections x PART per process (32 MiB at 8 connections).
+PART = 4 << 20
+PROBE = 64 << 10  # the range that finds out whether a store honours Range
 
 
 def default_cache_dir() -> str:
@@ -46,17 +54,85 @@ def _fetch_once(fs, path: str, tmp: str, nbytes: int | None) -> str:
     return h.hexdigest()
 
 
-def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None) -> None:
-    """Copy `url` to `dest` (temp + rename) after checking its sha256 and size against the manifest."""
+class RangeIgnored(ValueError):  # a ValueError: never retried
+    """The store answered a Range request with other bytes than asked (it ignores Range)."""
+
+
+def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: RemotePolicy,
+                 probe: bool = False) -> str:
+    """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
+    in place into tmp; returns its sha256 (read back: the parts arrive out of order). `probe`: the
+    first PROBE bytes alone first (RangeIgnored, one whole-file GET spent, when the store ignores Range)."""
+    with open(tmp, "wb") as f:
+        f.truncate(nbytes)  # full size at once: the cache's listing counts it while it fills
+    fd = os.open(tmp, os.O_WRONLY)
+    failed = threading.Event()
+
+    def part(start: int, end: int) -> None:
+        if failed.is_set():  # another part failed for good: do not start this one
+            return
+        data = fs.cat_file(path, start=start, end=end)
+        if len(data) != end - start:
+            raise RangeIgnored(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
+        os.pwrite(fd, data, start)
+
+    def one(start: int, end: int) -> None:
+        try:
+            with_retries(url, policy, lambda: part(start, end))
+        except BaseException:
+            failed.set()
+            raise
+
+    try:
+        first = 0
+        if probe:  # a small first range: costs one round trip when Range works, one file when not
+            first = min(PROBE, PART)  # < nbytes: a store that ignores Range sends more than asked
+            pool.submit(one, 0, first).result()
+        futures = [pool.submit(one, start, min(start + PART, nbytes)) for start in range(first, nbytes, PART)]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in futures:
+            if f in done and f.exception() is not None:
+                failed.set()
+                wait(futures)  # no part may write into tmp after it is removed
+                raise f.exception()
+    finally:
+        os.close(fd)
+    return sha256_file(tmp)
+
+
+def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,
+             pool=None, ranges: bool | None = None) -> bool | None:
+    """Copy `url` to `dest` (temp + rename) after checking its sha256 and size against the manifest.
+
+    With a thread `pool` (its threads are the connections), a file of more than one PART is
+    fetched as parallel ranged GETs, so one large shard is not capped at one connection's speed.
+    `ranges`: whether the store honours Range (None: not known yet, the first part is tried
+    alone); a store that ignores it is read with one streamed GET. Returns what was learnt
+    about Range (None when nothing was)."""
     policy = policy or RemotePolicy()
     fs, path = filesystem(url, policy)
     tmp = tmp_name(dest)
+    learnt = None
     try:
-        digest = with_retries(url, policy, lambda: _fetch_once(fs, path, tmp, nbytes))
+        try:
+            if pool is None or not nbytes or nbytes <= PART or ranges is False:
+                raise RangeIgnored("one GET")
+            digest = _fetch_parts(fs, url, path, tmp, nbytes, pool, policy, probe=ranges is None)
+            learnt = True
+        except RemoteError as e:
+            if not isinstance(e.__cause__, RangeIgnored):
+                raise
+            learnt, digest = False, _stream(fs, url, path, tmp, nbytes, policy, pool)
+        except RangeIgnored:
+            digest = _stream(fs, url, path, tmp, nbytes, policy, pool)
     except RemoteError as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise ShardError(f"cannot fetch shard {url}: {e.detail}") from e
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
     n = os.path.getsize(tmp)
     if digest != sha256 or (nbytes is not None and n != nbytes):
         os.remove(tmp)
@@ -64,6 +140,15 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
                          f"the manifest says {sha256[:16]}… ({nbytes} bytes); the remote copy is corrupt or "
                          "changed since the build: rebuild or re-upload the dataset")
     os.replace(tmp, dest)
+    return learnt
+
+
+def _stream(fs, url: str, path: str, tmp: str, nbytes: int | None, policy: RemotePolicy, pool) -> str:
+    """One streamed GET with retries; on the pool when there is one, so that it holds a connection."""
+    def attempt():
+        return with_retries(url, policy, lambda: _fetch_once(fs, path, tmp, nbytes))
+
+    return attempt() if pool is None else pool.submit(attempt).result()
 
 
 def _flock(path: str, mode: int) -> int | None:
@@ -122,21 +207,52 @@ class ShardCache:
     A cached copy appears under its final name only after its checksum passed, so existence
     means verified. `cache_limit` bounds the bytes in this dataset's cache folder, plus the
     files that readers have pinned at that moment (each DataLoader worker pins the shards of
-    its current shuffle block; the dataset unpins a shard after its last batch of the epoch).
+    its current shuffle block and those fetched ahead for it; the dataset unpins a shard after
+    its last batch of the epoch). Every GET runs on a pool of `connections` threads, made in
+    the process that fetches; `on_fetch(nbytes)` is told each verified file.
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 policy: RemotePolicy | None = None):
+                 policy: RemotePolicy | None = None, connections: int = 8, on_fetch=None):
         self.root, self.remote, self.limit = str(root), is_remote(root), cache_limit
         self.policy = policy or RemotePolicy()
+        self.connections, self.on_fetch = connections, on_fetch
         self.dir = None
         if self.remote:
             tag = hashlib.sha256(self.root.encode()).hexdigest()[:16]
             self.dir = os.path.join(cache_dir or default_cache_dir(), tag)
         self.fetched = 0
+        self.ranges = None  # whether the store honours Range requests: learnt from the first large file
+        self._pool = self._member_pool = None
+        self._pool_lock = threading.Lock()
 
-    def pin(self, rel: str, sha256: str, nbytes: int | None = None) -> tuple[str, Pin]:
-        """(local path of file `rel`, its pin): fetched and checked first when remote and not cached."""
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The connections: every GET of a file into this cache runs on one of these threads."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-get")
+            return self._pool
+
+    @property
+    def member_pool(self) -> ThreadPoolExecutor:
+        """Connections of their own for a batch's samples read by range (reader.ranged), so that they
+        do not queue behind the parts of whole shards."""
+        with self._pool_lock:
+            if self._member_pool is None:
+                self._member_pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-range")
+            return self._member_pool
+
+    def has(self, rel: str) -> bool:
+        """Whether file `rel` is in the cache now (verified: only checked copies have final names)."""
+        return not self.remote or os.path.exists(os.path.join(self.dir, rel))
+
+    def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True,
+            direct: bool = False) -> tuple[str, Pin] | None:
+        """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
+        `wait=False`: None at once when another process is fetching the file (or evicting it).
+        `direct`: fetched by this thread, not queued on the connections (a small index sidecar: its
+        lock is held while it downloads, and a reader waiting on it must not wait for whole shards)."""
         if not self.remote:
             return join(local_path(self.root), rel), Pin()
         dest = os.path.join(self.dir, rel)
@@ -144,7 +260,10 @@ class ShardCache:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         evicted, pause = 0, 0.005
         while evicted < ATTEMPTS:
-            fd = _flock(lock, fcntl.LOCK_SH)  # waits while another process fetches the file
+            # Shared: waits while another process fetches the file (or, not waiting, leaves it to it).
+            fd = _flock(lock, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if fd is None:
+                return None
             if os.path.exists(dest):
                 os.utime(dest)  # mtime is the LRU clock
                 return dest, Pin(fd)
@@ -153,14 +272,20 @@ class ShardCache:
             # waiting for exclusive would wait for as long as it reads.
             fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
+                if not wait:
+                    return None
                 time.sleep(pause)
                 pause = min(2 * pause, 0.5)
                 continue
             try:
                 if not os.path.exists(dest):
                     _remove_stale_temps(dest)
-                    download(join(self.root, rel), dest, sha256, nbytes, self.policy)
+                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy,
+                                      None if direct else self.pool, self.ranges)
+                    self.ranges = self.ranges if learnt is None else learnt
                     self.fetched += 1
+                    if self.on_fetch is not None:
+                        self.on_fetch(os.path.getsize(dest))
                 # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(lock).st_ino:
@@ -176,18 +301,50 @@ class ShardCache:
                          f"{ATTEMPTS} times before it could be opened; cache_limit={self.limit} bytes is too "
                          "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
 
-    def pin_shard(self, shard: ShardInfo) -> PinnedShard:
-        """A shard and its index, local and pinned; over cache_limit, unpinned copies are evicted."""
+    def fits(self, nbytes: int) -> bool:
+        """Whether `nbytes` more fit within cache_limit now, once unpinned copies are evicted."""
+        if self.limit is None or not self.remote:
+            return True
+        self.evict()
+        return self.held() + nbytes <= self.limit
+
+    def held(self) -> int:
+        """Bytes in this cache's folder now (fetches in progress count at their full size)."""
+        return _listing(self.dir)[1] if os.path.isdir(self.dir) else 0
+
+    def pin_shard(self, shard: ShardInfo, wait: bool = True) -> PinnedShard | None:
+        """A shard and its index, local and pinned; over cache_limit, unpinned copies are evicted.
+        `wait=False`: None at once when another process is fetching either file."""
         index, index_pin = None, Pin()
         if shard.index:
-            index, index_pin = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"))
+            got = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), wait, direct=True)
+            if got is None:
+                return None
+            index, index_pin = got
         try:
-            path, pin = self.pin(shard.path, shard.sha256, shard.bytes)
+            got = self.pin(shard.path, shard.sha256, shard.bytes, wait)
         except BaseException:
             index_pin.release()
             raise
+        if got is None:
+            index_pin.release()
+            return None
         self.evict()
-        return PinnedShard(path, index, (pin, index_pin))
+        return PinnedShard(got[0], index, (got[1], index_pin))
+
+    def close(self) -> None:
+        """Stop this cache's connection threads (made again if it fetches later)."""
+        with self._pool_lock:
+            pools, self._pool, self._member_pool = (self._pool, self._member_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def __getstate__(self):
+        return dict(self.__dict__, _pool=None, _member_pool=None, _pool_lock=None)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _pool_lock=threading.Lock())
 
     def evict(self) -> int:
         """Delete least recently used copies that no process pins until the folder fits
@@ -249,7 +406,11 @@ def fetch_to_temp(root: str, shard: ShardInfo, policy: RemotePolicy | None = Non
     """Fetch one remote shard (and its index) into a temp folder, checked; removed on exit."""
     tmp = tempfile.mkdtemp(prefix="shardkit-fetch-")
     try:
-        pinned = ShardCache(root, cache_dir=tmp, policy=policy).pin_shard(shard)
+        cache = ShardCache(root, cache_dir=tmp, policy=policy)
+        try:
+            pinned = cache.pin_shard(shard)
+        finally:
+            cache.close()
         try:
             yield pinned.path, pinned.index
         finally:

@@ -24,8 +24,8 @@ class StreamingDataset(EpochDataset):
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
     drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, tokens, mask_boundaries, keys,
-    checksums, timeout, retries). Iterated alone it yields one decoded sample dict at a time;
-    `batches()` yields whole batches (what `make_loader`'s workers run). A tokenized dataset yields
+    checksums, timeout, retries, connections, fetch_ahead). Iterated alone it yields one decoded
+    sample dict at a time; `batches()` yields whole batches (what `make_loader`'s workers run). A tokenized dataset yields
     input_ids and labels (position_ids and document_ids when `fields` names them; shardkit.reader.tokens).
     `transform` maps one decoded sample dict, `batch_transform` one batch dict. Progress through
     the epoch lives in `position`, reading and decoding in `reader`. `ds[i]` and `ds.get(key)` read

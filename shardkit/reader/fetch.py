@@ -1,0 +1,157 @@
+"""Fetch ahead: a process's remote shards downloaded in the order its epoch plan reads them, several
+at a time, and pinned in the shared cache until the reader opens them; and the network counters.
+
+The plan says which shards a worker reads and when, so the download list is known before the
+first batch: a planner thread walks the worker's batches and starts each shard at its first use,
+keeping at most `fetch_ahead` shards started and not yet opened (within `cache_limit`); a batch's
+own shards start at once whatever the window (`want`). Each fetch runs in a thread of its own and
+its GETs on the cache's connection pool (reader.cache), so a large shard arrives as parallel
+ranged GETs. A shard that another process is fetching is left to it: the reader then waits on
+that fetch's lock (one download per node).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from shardkit.identity import worker_identity
+from shardkit.reader.partition import locate
+
+COUNTED_WORKERS = 256  # one row of counters per DataLoader worker: no two processes add to one
+POLL_S = 0.05  # how often a planner waiting for cache room looks again (other processes evict too)
+# Fetches running at once: the window plus a batch's own shards (a 64-sample batch of one shuffle
+# block may touch 64 shards). They wait on the connections, which bound the GETs in flight.
+MAX_FETCHES = 80
+
+
+class NetStats:
+    """Bytes and files fetched, and seconds readers waited for shards, per DataLoader worker in
+    shared memory: the main process sums what every worker process did."""
+
+    def __init__(self):
+        self.table = torch.zeros((COUNTED_WORKERS, 3), dtype=torch.float64).share_memory_()
+        self._lock = threading.Lock()
+
+    def _add(self, column: int, value: float) -> None:
+        row = worker_identity()[0] % COUNTED_WORKERS
+        with self._lock:  # fetch threads of one process add to the same row
+            self.table[row, column] += value
+
+    def fetched(self, nbytes: int) -> None:
+        self._add(0, nbytes)
+        self._add(1, 1)
+
+    def ranged(self, nbytes: int) -> None:
+        """Bytes of samples read by range (a first batch), besides the files fetched."""
+        self._add(0, nbytes)
+
+    def waited(self, seconds: float) -> None:
+        self._add(2, seconds)
+
+    def totals(self) -> dict:
+        """{'bytes_fetched', 'files_fetched', 'network_wait_s'} over every worker so far."""
+        b, f, w = self.table.sum(0).tolist()
+        return {"bytes_fetched": int(b), "files_fetched": int(f), "network_wait_s": w}
+
+    def reset(self) -> None:
+        self.table.zero_()
+
+    def __getstate__(self):
+        return {"table": self.table}
+
+    def __setstate__(self, state):
+        self.table, self._lock = state["table"], threading.Lock()
+
+
+def first_uses(batches, offsets: np.ndarray):
+    """Shard indexes in the order a worker's batches (arrays of ids) first read them, lazily."""
+    seen: set[int] = set()
+    for ids in batches:
+        for s in dict.fromkeys(locate(np.asarray(ids, np.int64), offsets)[0].tolist()):
+            if s not in seen:
+                seen.add(s)
+                yield s
+
+
+class Fetcher:
+    """Fetches shards ahead of one worker's reads. `pin(s)` fetches shard s if needed and returns
+    it pinned (None when another process is fetching it); `fits(s, pending)` says whether s fits
+    in the cache now, besides the shards `pending` (started here, not yet in the cache folder); `order` yields shard indexes in first-use order; `skip`: shards already open."""
+
+    def __init__(self, pin, fits, order, ahead: int, skip=()):
+        self._pin, self._fits, self._order, self.ahead = pin, fits, iter(order), ahead
+        self._started: dict[int, Future] = {}  # fetched or fetching, not yet taken by the reader
+        self._taken: set[int] = set(skip)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._pool = ThreadPoolExecutor(MAX_FETCHES, thread_name_prefix="shardkit-fetch")
+        self._planner = threading.Thread(target=self._plan, name="shardkit-fetch-plan", daemon=True)
+        self._planner.start()
+
+    def _plan(self) -> None:
+        """Start shards in first-use order while the window and the cache have room."""
+        for s in self._order:
+            while True:
+                with self._cond:
+                    if self._closed:
+                        return
+                    if s in self._taken or s in self._started:
+                        break
+                    if len(self._started) >= self.ahead:
+                        self._cond.wait(POLL_S)
+                        continue
+                    pending = [t for t, f in self._started.items() if not f.done()]
+                if self._fits(s, pending):  # evicts and lists the cache folder: outside the lock
+                    with self._cond:
+                        self._start(s)
+                    break
+                with self._cond:
+                    self._cond.wait(POLL_S)
+
+    def _start(self, s: int) -> None:  # under the lock
+        if not self._closed and s not in self._started and s not in self._taken:
+            self._started[s] = self._pool.submit(self._pin, s)
+
+    def want(self, shards) -> None:
+        """Start these shards now (a batch about to be read needs them), whatever the window."""
+        with self._cond:
+            for s in shards:
+                self._start(int(s))
+
+    def take(self, s: int):
+        """Shard s pinned, once its fetch is done (its error raised here); None when this fetcher
+        did not start it, or another process fetches it: the reader then pins it itself."""
+        with self._cond:
+            future = self._started.pop(s, None)
+            self._taken.add(s)
+            self._cond.notify_all()
+        return None if future is None else future.result()
+
+    def close(self) -> None:
+        """Stop starting fetches; unpin what was fetched and never taken (when its fetch ends)."""
+        with self._cond:
+            self._closed = True
+            left, self._started = list(self._started.values()), {}
+            self._cond.notify_all()
+        for future in left:
+            future.add_done_callback(_release)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _release(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None and future.result() is not None:
+        future.result().release()
+
+
+def timed(stats: NetStats, get):
+    """get(), its duration counted as time waited on the network."""
+    start = time.perf_counter()
+    try:
+        return get()
+    finally:
+        stats.waited(time.perf_counter() - start)

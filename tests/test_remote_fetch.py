@@ -1,0 +1,242 @@
+"""Fetch ahead over a throttled store on 127.0.0.1 (tests/throttled.py): plan order, ranged GETs, the
+window, exactly-once and resume at another world size, network counters, a store that dies."""
+
+import hashlib
+import os
+import time
+from collections import Counter
+
+import pytest
+import torch
+from factory import keys_of, make_dataset
+from throttled import Store
+
+from shardkit.errors import ShardError
+from shardkit.loader import make_loader
+from shardkit.manifest import load_manifest
+from shardkit.reader import cache as cache_module
+from shardkit.reader.dataset import StreamingDataset
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """36 samples of 32x32 raw images in 4 tar shards (~40 KB each)."""
+    return make_dataset(tmp_path_factory.mktemp("fetch"), 36, shards=4, fields=("raw", "cls", "txt"))
+
+
+@pytest.fixture
+def store(data):
+    s = Store(data[0], latency=0.01, rate=4e6)
+    yield s
+    s.close()
+
+
+def dataset_bytes(root) -> int:
+    return sum(s.bytes + s.index["bytes"] for s in load_manifest(root).shards)
+
+
+def read(src, cache_dir, workers=0, **options):
+    ds = StreamingDataset(src, cache_dir=str(cache_dir), seed=7, shuffle_buffer=16, **options)
+    return ds, list(make_loader(ds, batch_size=5, num_workers=workers))
+
+
+def same(a, b):
+    assert keys_of(a) == keys_of(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x["raw"], y["raw"]) and torch.equal(x["cls"], y["cls"]) and x["txt"] == y["txt"]
+
+
+def shard_gets(counter: Counter) -> dict:
+    return {p: n for p, n in counter.items() if p.endswith(".tar")}
+
+
+def test_large_shards_come_as_parallel_ranged_gets(data, store, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "PART", 8192)  # ~40 KB shards -> 5-6 ranged GETs each
+    root, _ = data
+    _, local = read(root, tmp_path / "unused")
+    ds, remote = read(store.url, tmp_path / "cache", connections=4)
+    same(local, remote)
+    shards = load_manifest(root).shards
+    for s in shards:  # every byte once, in ranges, never the whole file in one GET
+        parts = store.range_gets["/" + s.path]
+        assert store.gets["/" + s.path] == parts
+        # 8 KiB parts (a first one alone while Range is not known to work)
+        assert parts == -(-s.bytes // 8192)
+    assert store.shard_bytes() == dataset_bytes(root)
+    stats = ds.io_stats()
+    assert stats["bytes_fetched"] == dataset_bytes(root) and stats["files_fetched"] == 2 * len(shards)
+    assert stats["network_wait_s"] > 0
+
+
+def test_a_store_that_ignores_range_is_read_with_plain_gets(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "PART", 8192)
+    root, _ = data
+    store = Store(root, latency=0.0, rate=None, ranges=False)
+    try:
+        _, local = read(root, tmp_path / "unused")
+        _, remote = read(store.url, tmp_path / "cache", fetch_ahead=1)
+        same(local, remote)
+        # Shards fetched before the cache learnt that Range is ignored: one ranged try (answered
+        # whole, set aside) and one plain GET; after that, one plain GET each.
+        assert set(shard_gets(store.gets).values()) <= {1, 2} and 1 in shard_gets(store.gets).values()
+        assert sum(store.range_gets.values()) == 0
+    finally:
+        store.close()
+
+
+def cached(cache_dir) -> set[str]:
+    return {p.name for p in cache_dir.rglob("*.tar")}
+
+
+def test_fetch_ahead_fetches_the_next_shards_in_plan_order_within_its_window(data, store, tmp_path):
+    cache_dir = tmp_path / "cache"
+    ds = StreamingDataset(store.url, cache_dir=str(cache_dir), shuffle=False, fetch_ahead=2)
+    it = iter(make_loader(ds, batch_size=5, num_workers=0))
+    first = next(it)
+    deadline = time.monotonic() + 10
+    while cached(cache_dir) != {"data-00000.tar", "data-00001.tar", "data-00002.tar"} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # Shard 0 is being read; the next two in plan order are fetched; the third waits for room.
+    time.sleep(0.3)
+    assert cached(cache_dir) == {"data-00000.tar", "data-00001.tar", "data-00002.tar"}
+    assert "/shards/data-00003.tar" not in store.gets
+    rest = list(it)
+    assert len(keys_of([first] + rest)) == 36 and cached(cache_dir) == {f"data-0000{i}.tar" for i in range(4)}
+
+
+def test_without_fetch_ahead_only_what_a_batch_needs_is_fetched(data, store, tmp_path):
+    cache_dir = tmp_path / "cache"
+    ds = StreamingDataset(store.url, cache_dir=str(cache_dir), shuffle=False, fetch_ahead=0)
+    it = iter(make_loader(ds, batch_size=5, num_workers=0))
+    next(it)
+    time.sleep(0.5)
+    assert cached(cache_dir) == {"data-00000.tar"}
+
+
+def ranks(url, cache_dir, monkeypatch, world, state=None):
+    from factory import loader_for
+
+    out = []
+    for rank in range(world):
+        ds, loader = loader_for(url, monkeypatch, rank=rank, world=world, workers=2, seed=11,
+                                cache_dir=str(cache_dir))
+        if state is not None:
+            loader.load_state_dict(state)
+        out.append(loader)
+    return out
+
+
+def exactly_once_and_resume(url, cache_dir, monkeypatch, expected, world=4, new_world=3, stop=2):
+    """Every rank yields `stop` batches, the run resumes at `new_world` ranks: the rest of the epoch
+    exactly once (plus the reported padding), then a whole normal epoch exactly once."""
+    loaders = ranks(url, cache_dir, monkeypatch, world)
+    before = []
+    for loader in loaders:
+        it = iter(loader)
+        before.append(keys_of(next(it) for _ in range(stop)))
+        del it
+    state = loaders[0].state_dict()
+    resumed = ranks(url, cache_dir, monkeypatch, new_world, state)
+    after = [keys_of(loader) for loader in resumed]
+    seen = Counter(k for keys in before + after for k in keys)
+    assert set(seen) == set(expected)
+    assert sum(seen.values()) - len(expected) == resumed[0].source.padding
+    following = Counter(k for loader in resumed for k in keys_of(loader))
+    assert set(following) == set(expected)
+    assert sum(following.values()) - len(expected) == resumed[0].source.padding
+    return loaders + resumed
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_exactly_once_and_resume_at_another_world_size_with_fetch_ahead(data, store, tmp_path, monkeypatch):
+    root, expected = data
+    loaders = exactly_once_and_resume(store.url, tmp_path / "cache", monkeypatch, expected)
+    stats = [loader.source.io_stats() for loader in loaders]  # each rank's workers, summed in its main process
+    assert sum(s["network_wait_s"] for s in stats) > 0
+    # One cache for all ranks: each file fetched once, whatever the ranks and workers.
+    assert sum(s["bytes_fetched"] for s in stats) == dataset_bytes(root) == store.shard_bytes()
+    assert set(shard_gets(store.gets).values()) == {1}
+
+
+def test_a_store_killed_mid_epoch_fails_within_the_timeout_and_a_rerun_completes(tmp_path):
+    root, expected = make_dataset(tmp_path / "data", 48, shards=6, fields=("raw", "cls"), size=(64, 64))
+    store = Store(root, latency=0.01, rate=1e6)  # ~100 KB shards: ~0.1 s each
+    cache_dir = tmp_path / "cache"
+    ds = StreamingDataset(store.url, cache_dir=str(cache_dir), shuffle=False, timeout=2, retries=1,
+                          fetch_ahead=1, connections=1)
+    it = iter(make_loader(ds, batch_size=4, num_workers=0))
+    got = keys_of([next(it)])
+    store.kill()
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=rf"cannot fetch shard {store.url}/shards/data-0000\d\.tar"):
+        for batch in it:
+            got += batch["__key__"]
+    assert time.monotonic() - start < 15  # 2 tries x 2 s + 1 s of backoff, for the shard in flight
+    del it
+    # Nothing partial under a final name: every cached file is the verified copy.
+    manifest = load_manifest(root)
+    sums = {os.path.basename(s.path): s.sha256 for s in manifest.shards}
+    for f in cache_dir.rglob("*.tar"):
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == sums[f.name]
+    again = Store(root, latency=0.01, rate=None, port=store.port)  # the store is back: same URL
+    try:
+        ds = StreamingDataset(again.url, cache_dir=str(cache_dir), shuffle=False, timeout=2, retries=1)
+        assert sorted(keys_of(make_loader(ds, batch_size=4, num_workers=0))) == sorted(expected)
+    finally:
+        again.close()
+    assert not [f for f in cache_dir.rglob("*") if ".tmp-" in f.name]
+
+
+def test_the_meter_says_when_the_readers_wait_on_the_network(data, tmp_path):
+    from shardkit.meter import StarvationMeter
+
+    root, _ = data
+    slow = Store(root, latency=0.05, rate=3e5)  # ~40 KB shards: ~0.2 s each, fetched as needed
+    try:
+        ds = StreamingDataset(slow.url, cache_dir=str(tmp_path / "cache"), shuffle=False, fetch_ahead=0,
+                              connections=1)
+        meter = StarvationMeter(warmup=2, log_every=0)
+        for _ in meter.wrap(make_loader(ds, batch_size=1, num_workers=0)):
+            time.sleep(0.005)  # a step that takes some time
+        summary = meter.summary()
+    finally:
+        slow.close()
+    assert summary["network_wait_s"] > 0.5 and summary["bytes_fetched"] == dataset_bytes(root)
+    assert summary["advice"].startswith("waiting on the network") and "fetch_ahead" in summary["advice"]
+
+
+def test_network_advice_needs_the_network_to_be_most_of_the_wait():
+    from shardkit.meter import advice
+
+    base = {"starved_pct": 40.0, "wait_p50_ms": 10.0, "wait_p95_ms": 12.0, "step_p50_ms": 10.0, "steps": 100,
+            "wait_s": 10.0, "step_s": 15.0}
+    # 2 workers over 25 s each: 30 s waited on the network is 60% of their time.
+    assert advice(dict(base, network_wait_s=30.0), num_workers=2, cpus=2).startswith("waiting on the network")
+    assert not advice(dict(base, network_wait_s=10.0), num_workers=2, cpus=2).startswith("waiting on the network")
+    assert not advice(base, num_workers=2, cpus=2).startswith("waiting on the network")  # local data: no figure
+
+
+def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path):
+    root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
+    store = Store(root, latency=0.01, rate=5e4)  # ~150 KB shards: ~3 s each; a sample: ~0.06 s
+    try:
+        _, local = read(root, tmp_path / "unused")
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
+        it = iter(make_loader(ds, batch_size=5, num_workers=0))
+        first = next(it)
+        # Served before any shard arrived: one ranged GET per sample, its members side by side.
+        assert cached(tmp_path / "cache") == set()
+        assert sum(store.range_gets.values()) == 5
+        same(local, [first] + list(it))  # the same batches as a local read, the first one included
+        stats = ds.io_stats()
+        assert dataset_bytes(root) < stats["bytes_fetched"] < dataset_bytes(root) * 1.05
+    finally:
+        store.close()
+
+
+def test_first_batches_by_range_only_when_they_are_a_small_share_of_the_epoch():
+    from shardkit.reader.base import first_by_range
+
+    assert first_by_range(2090, 64, 2)  # 128 of 2,090 samples: read twice, 6%
+    assert not first_by_range(522, 64, 2)  # a rank's quarter: 25%, whole shards only
+    assert not first_by_range(9, 4, 0)

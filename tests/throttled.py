@@ -1,0 +1,128 @@
+"""A throttled object store on 127.0.0.1 for tests and bench/remote_bench.py: files of a folder over
+HTTP with a delay before the first byte, a bandwidth cap per connection, Range requests, counters
+of GETs and bytes sent, and a kill switch (a store that disappears mid-transfer)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CHUNK = 64 << 10  # bytes per paced send
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away: not news
+            super().handle_error(request, client_address)
+
+
+class Store:
+    """Serves `root` at `url` until close(): `latency` s before each answer, `rate` bytes/s per
+    connection (None: unthrottled), Range requests answered with 206 unless `ranges=False`."""
+
+    def __init__(self, root: str, latency: float = 0.05, rate: float | None = 25e6, ranges: bool = True,
+                 port: int = 0):
+        self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
+        self.gets, self.range_gets = Counter(), Counter()
+        self.sent = Counter()  # path -> bytes of it sent
+        self.dead = threading.Event()
+        self._lock = threading.Lock()
+        self.server = _Server(("127.0.0.1", port), self._handler())
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def count(self, path: str, ranged: bool) -> None:
+        with self._lock:
+            self.gets[path] += 1
+            self.range_gets[path] += ranged
+
+    def count_sent(self, path: str, nbytes: int) -> None:
+        with self._lock:
+            self.sent[path] += nbytes
+
+    def shard_bytes(self) -> int:
+        """Bytes sent of files under /shards/ (shards and their index sidecars)."""
+        return sum(n for p, n in self.sent.items() if p.startswith("/shards/"))
+
+    def kill(self) -> None:
+        """The store disappears: transfers in progress break off, new connections are refused."""
+        self.dead.set()
+        self.close()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+
+    def _handler(self):
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as object stores do
+
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                self._answer(body=False)
+
+            def do_GET(self):
+                self._answer(body=True)
+
+            def _answer(self, body: bool):
+                time.sleep(store.latency)
+                path = os.path.join(store.root, self.path.split("?")[0].lstrip("/"))
+                if store.dead.is_set():  # a kept-alive connection of a dead store: cut, no answer
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if not os.path.isfile(path):
+                    self.send_error(404)
+                    return
+                size = os.path.getsize(path)
+                start, end = 0, size
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", "")) if store.ranges else None
+                if m:
+                    start, end = int(m[1]), min(size, int(m[2]) + 1 if m[2] else size)
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(end - start))
+                self.send_header("Accept-Ranges", "bytes" if store.ranges else "none")
+                self.end_headers()
+                if body:  # counted before the send: a client may have it all before the send returns
+                    store.count(self.path, m is not None)
+                    store.count_sent(self.path, end - start)
+                    store.count_sent(self.path, self._send(path, start, end) - (end - start))  # a cut send
+
+            def _send(self, path: str, start: int, end: int) -> int:
+                began, sent = time.monotonic(), 0
+                with open(path, "rb") as f:
+                    while start + sent < end:
+                        if store.dead.is_set():  # break the connection mid-body
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return sent
+                        n = os.sendfile(self.connection.fileno(), f.fileno(), start + sent,
+                                        min(CHUNK, end - start - sent))
+                        if n == 0:
+                            break
+                        sent += n
+                        if store.rate:
+                            ahead = sent / store.rate - (time.monotonic() - began)
+                            if ahead > 0:
+                                time.sleep(ahead)
+                return sent
+
+        return Handler
