@@ -79,8 +79,17 @@ class SlotTransport:
         self.generation += 1
 
     def start_iteration(self) -> None:
-        """Worker side, when its iteration begins: slots it fills now belong to this generation."""
-        self._gen = int(self.generation)
+        """Worker side, when DataLoader hands it the next iteration (BatchStream.__iter__): slots
+        it fills from now on belong to that generation.
+
+        Counted here, not read from the shared `generation`: a worker may begin an iteration after
+        the main process has already stopped it and started the next one (under load, 1 run in 8
+        of the early-stop test). Reading the counter then tagged the stopped iteration's slots
+        with the new generation, so reclaim() took them for live ones and they stayed taken for a
+        whole extra epoch. Workers take up iterations one by one, in the order the main process
+        started them, so the worker's own count is the iteration's generation."""
+        self._gen += 1
+        assert self._gen <= int(self.generation), "a worker ran ahead of the main process's iterations"
 
     def reclaim(self) -> int:
         """Main side, once DataLoader has drained the previous iteration: slots filled for
