@@ -320,3 +320,26 @@ def test_a_worker_slow_to_start_an_iteration_tags_its_slots_with_that_iteration(
     assert len(rest) == 61 - 3 * BS
     transport.release()
     assert transport.flags.tolist() == [[0] * transport.flags.shape[1]] * 2
+
+
+@pytest.mark.parametrize("cores, ranks, want", [(16, 1, 8), (16, 8, 2), (16, 16, 1), (2, 1, 1), (64, 4, 8), (4, 3, 1)])
+def test_default_workers_share_the_cores_among_the_ranks_of_the_machine(cores, ranks, want):
+    from shardkit.loader import default_workers
+
+    assert default_workers(cores, ranks) == want
+
+
+def test_make_loader_reads_ranks_per_machine_from_torchrun(datasets, monkeypatch):
+    import shardkit.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "usable_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun --nproc-per-node 8
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    ds = StreamingDataset(datasets["many"][0], fields=["raw", "cls"])
+    assert make_loader(ds, batch_size=BS).num_workers == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert make_loader(ds, batch_size=BS).num_workers == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be an integer"):
+        make_loader(ds, batch_size=BS)

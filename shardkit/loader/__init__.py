@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError
+from shardkit.identity import local_world_size, usable_cores
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
 from shardkit.reader.base import EpochDataset
@@ -140,9 +140,14 @@ def _slots(dataset: EpochDataset, num_workers: int, prefetch_factor: int) -> int
     return (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
 
 
-def default_workers() -> int:
-    """Leave one core to the training loop; at least one worker."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+def default_workers(cores: int | None = None, local_ranks: int | None = None) -> int:
+    """This rank's fair share of the machine's cores (cores / ranks on the machine, LOCAL_WORLD_SIZE
+    under torchrun), at most 8. One rank alone leaves a core to its training loop; with several
+    ranks (16 cores, 8 ranks: 2 workers each) each loop mostly waits on its GPU."""
+    cores = usable_cores() if cores is None else cores
+    local_ranks = local_world_size() if local_ranks is None else local_ranks
+    share = cores // local_ranks if local_ranks > 1 else cores - 1
+    return max(1, min(8, share))
 
 
 START_METHODS = (None, "fork", "spawn", "forkserver")
