@@ -10,6 +10,7 @@ import torch
 
 from shardkit.identity import worker_info
 from shardkit.loader import memory
+from shardkit.reader.decode import Encoded
 
 SMALL_BYTES = 1 << 16  # tensors below this travel inside the pickled batch, by value
 
@@ -55,7 +56,7 @@ class SlotTransport:
     still hold. A worker with no free slot falls back to DataLoader's own path.
     """
 
-    def __init__(self, num_workers: int, slots: int, pin: bool = False):
+    def __init__(self, num_workers: int, slots: int, pin: bool = False, gpu_decode=None):
         # Per slot: 0 free, else the loader iteration (generation) whose batch occupies it.
         self.flags = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -65,6 +66,10 @@ class SlotTransport:
         self._versions = 0
         self._gen = 0  # worker side: the generation of the iteration being produced
         self.pin = pin
+        # decode="cuda": workers ship images encoded (decode.images reads this through alloc's
+        # __self__) and the main process decodes them with gpu_decode (a BatchDecoder).
+        self.ship_encoded = gpu_decode is not None
+        self._gpu_decode = gpu_decode
         self.copy_out = memory.use_count_fn() is None  # decided in the main process, which unpacks
         self._slots: dict[int, list] = {}  # worker side: slot -> [storage, nbytes, version, numpy view of it]
         self._pending: list[int] = []      # slots handed out for the batch being built
@@ -76,7 +81,8 @@ class SlotTransport:
 
     def __getstate__(self):
         return {"flags": self.flags, "generation": self.generation, "known": self.known, "_versions": 0,
-                "_gen": 0, "pin": self.pin, "copy_out": self.copy_out, "_slots": {}, "_pending": [],
+                "_gen": 0, "pin": self.pin, "ship_encoded": self.ship_encoded, "_gpu_decode": None,
+                "copy_out": self.copy_out, "_slots": {}, "_pending": [],
                 "_main": {}, "_lent": [], "_locks": {}, "_draining": [], "_baseline": None}
 
     def new_iteration(self) -> None:
@@ -196,6 +202,8 @@ class SlotTransport:
     def _tensor(self, value, slots: dict):
         if isinstance(value, Small):
             return memory.pinned(torch.from_numpy(value.array).view(value.dtype), self.pin)
+        if isinstance(value, Encoded):
+            return self._gpu_decode(value)
         if not isinstance(value, SlotRef):
             return value
         key = (value.pid, value.slot)
