@@ -6,6 +6,7 @@
   C. JPEG 224² into device memory: decode in the workers (cpu) vs nvJPEG in the main process (cuda)
   D. resnet18 bf16 channels_last on JPEG shards (decode="cuda") vs the same model on a batch
      already resident on the device (its ceiling); GPU idle from the meter's CUDA events
+  E. slots lent vs copied out (the host copy every pinned batch paid before), interleaved x3
 
 GPU (targets: A >= 100k img/s, B every rank >= 12k, C >= 35k, D >= 0.97 of synthetic):
   python bench/gpu_bench.py --out /tmp/gpu_bench
@@ -84,12 +85,28 @@ def section_a(d, args, device):
     return out
 
 
+def section_e(d, args, device):
+    """Slots lent as they are vs copied out (the copy every pinned batch paid before page-locked
+    slots), interleaved three times; on CPU this is the host side of A's gain."""
+    rates = {"lent": [], "copied out": []}
+    for _ in range(3):
+        for mode in rates:
+            ld = loader(d.raw_root, "raw", args, args.workers, pin_memory=False)
+            ld._transport.copy_out = mode == "copied out"
+            rates[mode].append(rate_into_device(ld, "raw", device, args.seconds))
+            del ld
+    out = {mode: sum(r) / len(r) for mode, r in rates.items()}
+    out["lent / copied"] = out["lent"] / out["copied out"]
+    return out
+
+
 def section_b(d, args):
     """R child processes as torchrun would start them; each measures the same wall-clock window."""
     start_at = time.time() + 5.0 + 0.5 * args.ranks
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(args.ranks), WORLD_SIZE=str(args.ranks))
+    same = [f"--{k}={getattr(args, k)}" for k in ("batch", "seconds", "size")]
     procs = [subprocess.Popen([sys.executable, __file__, "--child", str(start_at), "--raw-root", d.raw_root]
-                              + (["--cpu"] if args.cpu else []), env=dict(env, RANK=str(r)),
+                              + same + (["--cpu"] if args.cpu else []), env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     return {f"rank {r['rank']} ({r['workers']} workers)": r["rate"] for r in results}
@@ -179,10 +196,14 @@ def main(argv=None):
     p.add_argument("--out", default="/tmp/shardkit-gpu-bench")
     p.add_argument("--child", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--raw-root", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--sections", default="abcd", help="which sections to run, e.g. ab")
+    p.add_argument("--sections", default="abcde", help="which sections to run, e.g. ab")
+    for key, value in GPU.items():
+        if key != "model":
+            p.add_argument(f"--{key}", type=type(value), default=None, help=f"default {GPU[key]} (--cpu: {CPU[key]})")
     args = p.parse_args(argv)
     for key, value in (CPU if args.cpu else GPU).items():
-        setattr(args, key, value)
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if args.model == "resnet18":
         try:
             import torchvision  # noqa: F401
@@ -201,7 +222,9 @@ def main(argv=None):
                       lambda: section_b(d, args)),
                 "c": ("C JPEG into device memory, img/s", lambda: section_c(d, args, device)),
                 "d": (f"D {args.model} bf16 on JPEG shards vs device-resident batch, img/s",
-                      lambda: section_d(d, args, device))}
+                      lambda: section_d(d, args, device)),
+                "e": ("E slots lent vs copied out (no pinning), raw into device, img/s",
+                      lambda: section_e(d, args, device))}
     for key in args.sections:
         title, run = sections[key]
         t0 = time.perf_counter()
