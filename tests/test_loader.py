@@ -329,6 +329,7 @@ def test_default_workers_share_the_cores_among_the_ranks_of_the_machine(cores, r
     assert default_workers(cores, ranks) == want
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_make_loader_reads_ranks_per_machine_from_torchrun(datasets, monkeypatch):
     import shardkit.loader as loader_module
 
