@@ -230,7 +230,8 @@ def pinned_loader(root, monkeypatch, registered: bool, seed=2):
     monkeypatch.setattr(memory, "_unregister", calls["unregister"].append)
     monkeypatch.setattr(memory, "copy_fence", FakeFence)
     # No pinned memory without CUDA: the copy path's pinned buffers become plain ones.
-    monkeypatch.setattr(memory, "pinned_empty", lambda shape, stride, dtype, pin: torch.empty_strided(shape, stride, dtype=dtype))
+    monkeypatch.setattr(memory, "pinned_empty",
+                        lambda shape, stride, dtype, pin: torch.empty_strided(shape, stride, dtype=dtype))
     monkeypatch.setattr(memory, "pinned", lambda t, pin: t)
     _, loader = loader_for(root, monkeypatch, workers=2, seed=seed)
     assert loader._transport.pin
