@@ -30,7 +30,9 @@ def new_shared(nbytes: int):
     return torch.UntypedStorage(nbytes).share_memory_()
 
 
-_PROBED: dict[int, bool] = {}  # id of a use-count function -> whether it counts as expected
+# A use-count function -> whether it counts as expected. Keyed by the function itself, not its
+# id: holding it keeps a replaced one's id from being reused by another with a stale verdict.
+_PROBED: dict = {}
 
 
 def use_count_fn():
@@ -41,9 +43,9 @@ def use_count_fn():
     if fn is None:
         PATHS["use_count"] = "none: torch._C._storage_Use_Count is missing"
         return None
-    if id(fn) not in _PROBED:
-        _PROBED[id(fn)] = _counts_users(fn)
-    if not _PROBED[id(fn)]:
+    if fn not in _PROBED:
+        _PROBED[fn] = _counts_users(fn)
+    if not _PROBED[fn]:
         PATHS["use_count"] = "none: torch._C._storage_Use_Count miscounts"
         return None
     PATHS["use_count"] = "private"
