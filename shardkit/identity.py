@@ -1,7 +1,8 @@
 """Who this process is: (rank, world_size) and (worker, num_workers), from one place.
 
 Tests override both through the environment: RANK / WORLD_SIZE, and SHARDKIT_WORKER /
-SHARDKIT_NUM_WORKERS to play any DataLoader worker in-process.
+SHARDKIT_NUM_WORKERS to play any DataLoader worker in-process; ranks per machine come from
+LOCAL_WORLD_SIZE, as torchrun sets it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ def rank_world() -> tuple[int, int]:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError as e:
         raise ConfigError(f"RANK/WORLD_SIZE must be integers ({e}); unset them or fix the launcher") from e
+
+
+def local_world_size() -> int:
+    """Ranks on this machine: LOCAL_WORLD_SIZE (set by torchrun), else 1 (one process per node).
+    torch.distributed alone cannot tell: its world size counts every node's ranks."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    except ValueError as e:
+        raise ConfigError(f"LOCAL_WORLD_SIZE must be an integer ({e}); unset it or fix the launcher") from e
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells, else all of them)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def worker_info():

@@ -156,3 +156,97 @@ def test_streamed_batches_are_the_same_without_the_private_calls(tmp_path, monke
     assert [k for k, _, _ in got] == [k for k, _, _ in want]
     for (_, x, y), (_, wx, wy) in zip(got, want):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+# -- make_loader(decode="cuda"): workers ship JPEGs encoded, the main process decodes them on the GPU
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    from factory import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("jpegs"), 23, shards=3, fields=("jpg", "cls"))
+
+
+def _batches(root, monkeypatch, decode_on="cpu", workers=2):
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loader = make_loader(StreamingDataset(root, fields=["jpg", "cls"], seed=1), batch_size=4, num_workers=workers,
+                         prefetch_factor=2, decode=decode_on)
+    return loader, [(b["__key__"], b["jpg"].clone(), b["cls"].clone()) for b in loader]
+
+
+def _same(a, b):
+    assert [k for k, _, _ in a] == [k for k, _, _ in b]
+    assert all(torch.equal(x, y) and torch.equal(p, q) for (_, x, p), (_, y, q) in zip(a, b))
+
+
+def _pil_decoder(calls):
+    """A stand-in for nvJPEG (torchvision.io.decode_jpeg(list, device='cuda')): CHW uint8 tensors."""
+    def decode_list(tensors):
+        calls.append(len(tensors))
+        return [torch.from_numpy(decode.decode_image(t.numpy().tobytes()).copy()).permute(2, 0, 1) for t in tensors]
+    return decode_list
+
+
+def test_gpu_decode_without_cuda_warns_once_and_decodes_in_the_workers(jpegs, monkeypatch, caplog):
+    root, _ = jpegs
+    _, want = _batches(root, monkeypatch)
+    with caplog.at_level("WARNING", logger="shardkit.loader.gpu_decode"):
+        loader, got = _batches(root, monkeypatch, "cuda")
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardkit.loader.gpu_decode"]
+    assert lines == ["decode='cuda' falls back to decoding on the CPU in the workers: CUDA is not available"]
+    assert not loader._transport.ship_encoded
+    _same(got, want)
+
+
+def test_gpu_decode_ships_encoded_images_and_decodes_them_in_the_main_process(jpegs, monkeypatch):
+    from shardkit.loader import gpu_decode
+
+    root, _ = jpegs
+    _, want = _batches(root, monkeypatch)
+    calls = []
+    monkeypatch.setattr(gpu_decode, "gpu_decoder", lambda: (_pil_decoder(calls), ""))
+    loader, got = _batches(root, monkeypatch, "cuda")
+    assert loader._transport.ship_encoded and calls == [4] * 5 + [3]  # every batch decoded here, none in workers
+    _same(got, want)
+
+
+def test_a_batch_the_gpu_refuses_is_decoded_on_the_cpu_with_one_warning(jpegs, monkeypatch, caplog):
+    from shardkit.loader import gpu_decode
+
+    root, _ = jpegs
+    _, want = _batches(root, monkeypatch)
+
+    def refuse(tensors):
+        raise RuntimeError("nvJPEG: unsupported image")
+
+    monkeypatch.setattr(gpu_decode, "gpu_decoder", lambda: (refuse, ""))
+    with caplog.at_level("WARNING", logger="shardkit.loader.gpu_decode"):
+        _, got = _batches(root, monkeypatch, "cuda")
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardkit.loader.gpu_decode"]
+    assert len(lines) == 1 and "nvJPEG: unsupported image" in lines[0]
+    _same(got, want)
+
+
+def test_gpu_decode_options_are_checked(jpegs, monkeypatch):
+    from shardkit.errors import ConfigError
+    from shardkit.loader import gpu_decode, make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    root, _ = jpegs
+    ds = StreamingDataset(root, fields=["jpg", "cls"])
+    with pytest.raises(ConfigError, match="decode='nvjpeg': expected 'cpu'"):
+        make_loader(ds, batch_size=4, num_workers=0, decode="nvjpeg")
+    monkeypatch.setattr(gpu_decode, "gpu_decoder", lambda: (_pil_decoder([]), ""))
+    transformed = StreamingDataset(root, fields=["jpg", "cls"], batch_transform=lambda b: b)
+    with pytest.raises(ConfigError, match="transform / batch_transform would see encoded bytes"):
+        make_loader(transformed, batch_size=4, num_workers=2, decode="cuda")
+
+
+def test_encoded_batches_keep_missing_images_and_bytes():
+    enc = decode.Encoded([b"abc", None, b"de"])
+    assert len(enc) == 3 and enc.missing == [1]
+    assert [None if b is None else b.tobytes() for b in enc.blobs()] == [b"abc", None, b"de"]

@@ -288,3 +288,59 @@ def test_plain_dataloader_over_samples_is_exactly_once(datasets, monkeypatch):
     keys = keys_of(batches)
     assert sorted(keys) == sorted(expected)
     assert batches[0]["raw"].shape == (8, 3, 12, 16) and batches[0]["cls"].dtype == torch.int64
+
+
+def test_a_worker_slow_to_start_an_iteration_tags_its_slots_with_that_iteration(datasets, monkeypatch):
+    """The cause of the old 1-in-8 failure above, made certain: a worker that takes up an iteration
+    only after the training loop has already stopped it and started the next one must still tag
+    the slots it fills with the iteration they belong to, or they pass for current ones and stay
+    taken for a whole extra epoch (reclaim frees only older generations)."""
+    import time
+
+    from torch.utils.data._utils import fetch
+
+    real_fetch = fetch._IterableDatasetFetcher.fetch
+
+    def slow_first_fetch(self, index):  # runs in the forked workers: worker 1 lags at each iteration's start
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1 and not getattr(self, "_lagged", False):
+            self._lagged = True
+            time.sleep(0.3)
+        return real_fetch(self, index)
+
+    monkeypatch.setattr(fetch._IterableDatasetFetcher, "fetch", slow_first_fetch)
+    root, expected = datasets["many"]
+    _, loader = loader_for(root, monkeypatch, workers=2)
+    transport = loader._transport
+    for _ in range(3):
+        it = iter(loader)
+        batch = next(it)  # batch 0 comes from worker 0, before worker 1 has begun this iteration
+        del it, batch
+    rest = keys_of(loader)
+    assert len(rest) == 61 - 3 * BS
+    transport.release()
+    assert transport.flags.tolist() == [[0] * transport.flags.shape[1]] * 2
+
+
+@pytest.mark.parametrize("cores, ranks, want", [(16, 1, 8), (16, 8, 2), (16, 16, 1), (2, 1, 1), (64, 4, 8), (4, 3, 1)])
+def test_default_workers_share_the_cores_among_the_ranks_of_the_machine(cores, ranks, want):
+    from shardkit.loader import default_workers
+
+    assert default_workers(cores, ranks) == want
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_make_loader_reads_ranks_per_machine_from_torchrun(datasets, monkeypatch):
+    import shardkit.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "usable_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun --nproc-per-node 8
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    ds = StreamingDataset(datasets["many"][0], fields=["raw", "cls"])
+    assert make_loader(ds, batch_size=BS).num_workers == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert make_loader(ds, batch_size=BS).num_workers == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be an integer"):
+        make_loader(ds, batch_size=BS)

@@ -353,3 +353,190 @@ def test_cuda_without_device_says_how_to_fix(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="device='cpu'"):
         StarvationMeter(device="cuda")
+
+
+# -- levers ranked by what each can give, from the workers' measured CPU (fake figures here)
+
+def measured(pct, cores_busy, network_pct=None, p50_ms=10.0, p95_ms=12.0):
+    out = dict(figures(pct, p50_ms, p95_ms), worker_cpu_cores=cores_busy, workers_measured=1)
+    if network_pct is not None:
+        out["network_wait_pct"] = network_pct
+    return out
+
+
+def test_saturated_workers_reading_files_are_told_to_build_shards_not_to_add_workers():
+    """The ImageFolder run of issue 25: 15 workers on 16 cores, all busy, GPU idle 78%."""
+    line = advice(dict(measured(0.0, 15.0), gpu_idle_pct=77.7), num_workers=15, cpus=16, data=DataProfile("files"))
+    assert line.startswith("needs 4.48x today's loader speed (78% starved): build shards once (shardkit build")
+    assert "more workers give at most 1.07x (15 workers keep 15.0 of 16 cores busy)" in line
+    assert "raise num_workers" not in line
+    encoded = advice(measured(60.0, 8.0), num_workers=8, cpus=8, data=DataProfile("encoded"))
+    assert "shardkit build --encode raw" in encoded and "more workers give at most 1.00x" in encoded
+    unknown = advice(measured(60.0, 8.0), num_workers=8, cpus=8)  # nothing known to cut: say so
+    assert "cut per-sample work" in unknown
+
+
+def test_idle_workers_with_free_cores_are_told_to_raise_num_workers():
+    line = advice(measured(50.0, 1.2), num_workers=4, cpus=16, data=DataProfile("files"))
+    assert line.startswith("needs 2.00x today's loader speed (50% starved): raise num_workers (now 4, keeping 1.2 "
+                           "of 16 cores busy)") and "(up to 13.3x)" in line
+
+
+def test_workers_waiting_on_the_network_are_told_to_fetch_ahead():
+    line = advice(measured(60.0, 0.4, network_pct=80.0), num_workers=4, cpus=16, data=DataProfile("raw"))
+    assert line.startswith("needs 2.50x today's loader speed (60% starved): raise fetch-ahead and connections")
+    assert "wait on the network 80% of the time" in line and "(up to 5.0x)" in line
+    little = advice(measured(60.0, 0.4, network_pct=5.0), num_workers=4, cpus=16, data=DataProfile("raw"))
+    assert "raise num_workers" in little.split(";")[0]  # a small network wait cannot give 2.5x
+
+
+def test_without_measured_worker_cpu_the_advice_says_it_guesses():
+    line = advice(figures(30, 10, 10), num_workers=2, cpus=8)
+    assert "raise num_workers (now 2, 8 cores)" in line and "not measured" in line
+
+
+def test_worker_cpu_from_fake_readings():
+    from shardkit.meter.workers import WorkerCpu
+
+    clock = FakeClock()
+    used = {10: 0.0, 11: 5.0}
+
+    cpu = WorkerCpu(cpu=lambda pid: used.get(pid), clock=clock)
+    assert cpu.figures() == {}
+    cpu.watch([10, 11])
+    clock.t, used[10], used[11] = 2.0, 2.0, 6.0  # worker 10 busy the whole time, worker 11 half of it
+    assert cpu.figures() == {"worker_cpu_cores": pytest.approx(1.5), "workers_measured": 2}
+    cpu.watch([20])  # a new iteration's workers (no persistent workers): the last set counts
+    used[20] = 0.0
+    assert cpu.figures() == {"worker_cpu_cores": pytest.approx(1.5), "workers_measured": 2}
+    del used[10], used[11]  # the old workers are gone; the new ones are read from now on
+    cpu.watch([20])
+    clock.t, used[20] = 4.0, 0.5
+    cpu.watch([21])  # 21 cannot be read (yet): 20 stays the measured set
+    assert cpu.figures() == {"worker_cpu_cores": pytest.approx(0.25), "workers_measured": 1}
+
+
+class Spin:
+    """A map-style dataset whose items cost ~2 ms of CPU in the worker."""
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        end = time.process_time() + 0.002
+        while time.process_time() < end:
+            pass
+        return i
+
+
+def test_the_meter_reads_the_cpu_of_a_dataloaders_own_workers():
+    from torch.utils.data import DataLoader
+
+    meter = StarvationMeter(warmup=2, log_every=0)
+    for _ in meter.wrap(DataLoader(Spin(), batch_size=8, num_workers=2)):
+        pass
+    s = meter.summary()
+    assert s["workers_measured"] == 2 and 0.1 < s["worker_cpu_cores"] <= 2.2
+    assert "workers kept" in meter.report()
+
+
+def test_the_meter_finds_make_loaders_workers_and_falls_back_when_they_are_hidden(tmp_path, monkeypatch):
+    from factory import loader_for, make_dataset
+
+    from shardkit.meter import workers
+
+    root, _ = make_dataset(tmp_path, 40, shards=4, fields=("raw", "cls"))
+    _, loader = loader_for(root, monkeypatch, workers=2)
+    meter = StarvationMeter(warmup=1, log_every=0)
+    for _ in meter.wrap(loader):
+        pass
+    assert meter.summary()["workers_measured"] == 2
+    assert workers.worker_pids(object()) == []  # torch renamed its private list: not measured, no guess
+    _, other = loader_for(root, monkeypatch, workers=2)
+    monkeypatch.setattr(workers, "worker_pids", lambda it: [])
+    monkeypatch.setattr("shardkit.meter.worker_pids", lambda it: [])
+    meter = StarvationMeter(warmup=1, log_every=0)
+    for _ in meter.wrap(other):
+        pass
+    assert "worker_cpu_cores" not in meter.summary()
+
+
+def test_network_wait_comes_from_the_datasets_io_stats():
+    class Remote(list):
+        def io_stats(self):
+            return {"network_wait_s": 3.0, "bytes": 10}
+
+    class Loader:
+        num_workers = 2
+
+        def __init__(self, clock):
+            self.dataset, self.clock = Remote(), clock
+
+        def __iter__(self):
+            return fake_loader(self.clock, [0.03] * 50)
+
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(0.3))
+    for _ in meter.wrap(Loader(clock)):
+        clock.t += 0.02
+    s = meter.summary()  # 3 s of 2 workers x 2.5 s run
+    assert s["network_wait_pct"] == pytest.approx(60.0) and "raise fetch-ahead" in s["advice"]
+
+
+class _FixedCpu:
+    def __init__(self, cores):
+        self.cores = cores
+
+    def watch(self, pids):
+        pass
+
+    def sample(self):
+        pass
+
+    def figures(self):
+        return {"worker_cpu_cores": self.cores, "workers_measured": 2}
+
+
+def test_folders_and_lists_of_file_paths_read_as_files():
+    from pathlib import Path
+
+    from shardkit.meter.advice import reads_files
+
+    class DatasetFolder:  # torchvision's, by name: no torchvision here
+        pass
+
+    class ImageFolder(DatasetFolder):
+        pass
+
+    class MyFolder(ImageFolder):
+        pass
+
+    class Paths:
+        def __init__(self, files):
+            self.files = files
+
+    class Pairs:
+        samples = [(Path("a/b.jpg"), 0)]
+
+    assert reads_files(MyFolder()) and reads_files(Paths(["x.jpg"])) and reads_files(Pairs())
+    assert not reads_files(Paths([])) and not reads_files(Paths([b"bytes"])) and not reads_files(object())
+
+    class Loader:
+        dataset = MyFolder()
+
+    assert profile_of(Loader()) == DataProfile("files")
+
+
+def test_with_cuda_events_the_log_line_and_report_headline_gpu_idle(caplog):
+    clock = FakeClock()
+    gpu = FakeGpu(clock)
+    meter = StarvationMeter(warmup=2, log_every=50, device="cuda", event_factory=gpu.event_factory, clock=clock)
+    with caplog.at_level(logging.INFO, logger="shardkit.meter"):
+        for _ in meter.wrap(fake_loader(clock, [0.010] * 120)):
+            gpu.launch(0.030)  # kernels queue: the GPU never waits although the host does
+            clock.t += 0.002
+    line = [r.getMessage() for r in caplog.records if r.name == "shardkit.meter"][-1]
+    assert "step 102: " in line and ": 0.0 samples/s" not in line
+    assert line.split("samples/s, ")[1].startswith("GPU idle 0.00% (CUDA events, fine); host starved 83.3%")
+    report = meter.report().splitlines()
+    assert report[1].startswith("GPU idle between steps 0.00%") and report[2].startswith("host wait 83.3%")

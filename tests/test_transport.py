@@ -146,3 +146,139 @@ def test_a_slot_tensor_inside_a_list_keeps_its_slot_until_the_next_iteration(mon
     transport.new_iteration()
     transport.reclaim()
     assert transport.flags.tolist() == [[0, 0, 0]]
+
+
+# -- private and CUDA-only APIs: each behind one function in loader/memory.py, the path it took recorded
+
+def test_shared_slots_come_from_the_private_constructor_and_say_so(monkeypatch):
+    from shardkit.loader import memory
+
+    real, calls = torch.UntypedStorage._new_shared, []
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", lambda n: calls.append(n) or real(n))
+    storage = memory.new_shared(1000)
+    assert calls == [1000] and memory.PATHS["new_shared"] == "private" and storage.is_shared()
+
+
+def test_without_the_private_constructor_share_memory_gives_the_slot(monkeypatch):
+    from shardkit.loader import memory
+
+    monkeypatch.delattr(torch.storage._StorageBase, "_new_shared")
+    storage = memory.new_shared(1000)
+    assert memory.PATHS["new_shared"] == "public" and storage.is_shared() and storage.nbytes() == 1000
+
+
+def test_storage_use_counts_decide_when_lent_slots_come_back(data, monkeypatch):
+    from shardkit.loader import memory
+
+    real, calls = torch._C._storage_Use_Count, []
+    monkeypatch.setattr(torch._C, "_storage_Use_Count", lambda cdata: calls.append(1) or real(cdata))
+    root, _ = data
+    _, loader = loader_for(root, monkeypatch, workers=2, seed=2)
+    epochs(loader, 1)
+    assert memory.PATHS["use_count"] == "private" and not loader._transport.copy_out and calls
+    loader._transport.release()
+    assert int(loader._transport.flags.sum()) == 0
+
+
+@pytest.mark.parametrize("broken", ["missing", "miscounts"])
+def test_a_missing_or_miscounting_use_count_means_copies(data, monkeypatch, broken):
+    """A use count that does not count a new tensor over a storage would free slots under live
+    tensors: it is probed once and, like a missing one, turns lending off."""
+    from shardkit.loader import memory
+
+    root, _ = data
+    _, ref = loader_for(root, monkeypatch, workers=0, seed=2)
+    want = epochs(ref)
+    if broken == "missing":
+        monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    else:
+        monkeypatch.setattr(torch._C, "_storage_Use_Count", lambda cdata: 1)
+    _, loader = loader_for(root, monkeypatch, workers=2, seed=2)
+    assert loader._transport.copy_out and memory.PATHS["use_count"].startswith("none: ")
+    assert broken in memory.PATHS["use_count"] or "missing" in memory.PATHS["use_count"]
+    same_batches(epochs(loader), want)
+
+
+# -- page-locked slots (pin_memory with CUDA): faked here, there is no GPU on the CPU test machines
+
+class FakeFence:
+    """A CUDA event stand-in: the copies before it are done from its second query on."""
+
+    made = 0
+
+    def __init__(self):
+        FakeFence.made += 1
+        self.asked = 0
+
+    def query(self):
+        self.asked += 1
+        return self.asked > 1
+
+
+def pinned_loader(root, monkeypatch, registered: bool, seed=2):
+    """A pin_memory loader on a CPU machine: CUDA claimed present, cudaHostRegister faked."""
+    from shardkit.loader import memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    calls = {"register": [], "unregister": []}
+
+    def register(ptr, n):
+        calls["register"].append(ptr)
+        return registered, "" if registered else "refused by the test"
+
+    monkeypatch.setattr(memory, "_register", register)
+    monkeypatch.setattr(memory, "_unregister", calls["unregister"].append)
+    monkeypatch.setattr(memory, "copy_fence", FakeFence)
+    # No pinned memory without CUDA: the copy path's pinned buffers become plain ones.
+    monkeypatch.setattr(memory, "pinned_empty",
+                        lambda shape, stride, dtype, pin: torch.empty_strided(shape, stride, dtype=dtype))
+    monkeypatch.setattr(memory, "pinned", lambda t, pin: t)
+    _, loader = loader_for(root, monkeypatch, workers=2, seed=seed)
+    assert loader._transport.pin
+    return loader, calls
+
+
+def test_refused_page_locking_falls_back_to_pinned_copies_with_the_same_batches(data, monkeypatch):
+    from shardkit.loader import memory
+
+    root, _ = data
+    _, ref = loader_for(root, monkeypatch, workers=0, seed=2)
+    want = epochs(ref)
+    loader, _ = pinned_loader(root, monkeypatch, registered=False)
+    transport = loader._transport
+    held = [(b["__key__"], b["raw"], b["cls"]) for _ in range(2) for b in loader]
+    same_batches(held, want)
+    assert memory.PATHS["page_lock"] == "none: refused by the test"
+    slot_ptrs = {st.data_ptr() for st in transport._main.values()}
+    assert slot_ptrs and not any(raw.untyped_storage().data_ptr() in slot_ptrs for _, raw, _ in held)
+    assert int(transport.flags.sum()) == 0 and transport._lent == [] and FakeFence.made == 0
+
+
+def test_page_locked_slots_are_lent_without_a_copy_and_refilled_after_the_copy_fence(data, monkeypatch):
+    from shardkit.loader import memory
+
+    root, _ = data
+    _, ref = loader_for(root, monkeypatch, workers=0, seed=2)
+    want = epochs(ref)
+    loader, calls = pinned_loader(root, monkeypatch, registered=True)
+    transport = loader._transport
+    FakeFence.made = 0
+    same_batches(epochs(loader), want)  # every slot locked once, reused with no aliasing
+    assert memory.PATHS["page_lock"] == "cudaHostRegister" and FakeFence.made > 0
+    assert all(lock is not None and lock.storage is transport._main[key] for key, lock in transport._locks.items())
+    it = iter(loader)
+    batch = next(it)
+    slot_ptrs = {st.data_ptr() for st in transport._main.values()}
+    assert batch["raw"].untyped_storage().data_ptr() in slot_ptrs  # the slot itself, no copy
+    (worker, slot), = [(w, s) for w, s, _ in transport._lent]
+    del it, batch
+    transport.release()  # let go, but its fence has not passed: the slot stays taken
+    assert [e[:2] for e in transport._draining] == [(worker, slot)] and transport.flags[worker, slot] != 0
+    transport.release()
+    assert transport._draining == [] and transport.flags[worker, slot] == 0
+    del loader, transport
+    import gc
+
+    gc.collect()
+    # Every page-locked storage is unregistered once, when a grown slot replaces it or with the loader.
+    assert calls["register"] and sorted(calls["unregister"]) == sorted(calls["register"])

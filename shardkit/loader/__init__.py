@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, from_worker
+from shardkit.identity import local_world_size, usable_cores
+from shardkit.loader.gpu_decode import BatchDecoder, choose
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
 from shardkit.reader.base import EpochDataset, check_state_shape
@@ -28,13 +29,14 @@ class StreamingLoader(DataLoader):
     """
 
     def __init__(self, dataset: EpochDataset, *, batch_size: int, drop_last: bool, num_workers: int,
-                 prefetch_factor: int, pin_memory: bool, multiprocessing_context=None):
+                 prefetch_factor: int, pin_memory: bool, multiprocessing_context=None, gpu_decoder=None):
         self.source = dataset
         # prefetch_factor counts batches; a worker item may hold several (packed token rows).
         group = dataset.group_size(batch_size)
         prefetch_factor = prefetch_factor if group == 1 else max(2, -(-prefetch_factor // group))
+        gpu_decode = BatchDecoder(gpu_decoder) if gpu_decoder is not None else None
         self._transport = SlotTransport(num_workers, _slots(dataset, num_workers, prefetch_factor),
-                                        pin=pin_memory) if num_workers else None
+                                        pin=pin_memory, gpu_decode=gpu_decode) if num_workers else None
         # batch_size=None: the stream already yields batches; in_order keeps the round-robin
         # over workers that makes the batch order independent of num_workers. With workers,
         # the transport pins while copying out of the slots, so DataLoader's pin thread is off.
@@ -153,9 +155,14 @@ def _slots(dataset: EpochDataset, num_workers: int, prefetch_factor: int) -> int
     return (prefetch_factor * num_workers + 4) * max(1, dataset.slotted_fields())
 
 
-def default_workers() -> int:
-    """Leave one core to the training loop; at least one worker."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+def default_workers(cores: int | None = None, local_ranks: int | None = None) -> int:
+    """This rank's fair share of the machine's cores (cores / ranks on the machine, LOCAL_WORLD_SIZE
+    under torchrun), at most 8. One rank alone leaves a core to its training loop; with several
+    ranks (16 cores, 8 ranks: 2 workers each) each loop mostly waits on its GPU."""
+    cores = usable_cores() if cores is None else cores
+    local_ranks = local_world_size() if local_ranks is None else local_ranks
+    share = cores // local_ranks if local_ranks > 1 else cores - 1
+    return max(1, min(8, share))
 
 
 START_METHODS = (None, "fork", "spawn", "forkserver")
@@ -163,13 +170,16 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 
 def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None, drop_last: bool = False,
-                multiprocessing_context: str | None = None) -> StreamingLoader:
+                multiprocessing_context: str | None = None, decode: str = "cpu") -> StreamingLoader:
     """A ready loader: one tensor per field per batch plus '__key__' (list of str; packed token rows
     only with keys=True), persistent workers, prefetch, pinned memory when CUDA is present, and
     state_dict/load_state_dict.
 
     `multiprocessing_context` starts the workers ("spawn" is macOS's default and what some CUDA
-    set-ups need; None: the platform's default). The dataset is left as given."""
+    set-ups need; None: the platform's default). `decode="cuda"`: workers ship images encoded and
+    the main process decodes each batch on the GPU (nvJPEG, `shardkit[gpu]`), giving CUDA tensors;
+    without torchvision or CUDA, or with num_workers=0, the workers decode on the CPU as by default
+    (one warning line). The dataset is left as given."""
     import torch
 
     if not isinstance(dataset, EpochDataset):
@@ -187,6 +197,11 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
         if multiprocessing_context not in START_METHODS:
             raise ConfigError(f"multiprocessing_context={multiprocessing_context!r}: expected one of "
                               "'fork', 'spawn', 'forkserver' or None (the platform's default)")
+    gpu_decoder = choose(decode) if num_workers or decode not in ("cpu", "cuda") else None
+    if gpu_decoder is not None and (getattr(dataset, "transform", None) or getattr(dataset, "batch_transform", None)):
+        raise ConfigError("decode='cuda' decodes images after the workers, so the dataset's transform / "
+                          "batch_transform would see encoded bytes: apply it to the GPU batch in the training "
+                          "loop, or use decode='cpu'")
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     elif pin_memory and not torch.cuda.is_available():
@@ -195,4 +210,4 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
         pin_memory = False
     return StreamingLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
                            prefetch_factor=prefetch_factor, pin_memory=pin_memory,
-                           multiprocessing_context=multiprocessing_context)
+                           multiprocessing_context=multiprocessing_context, gpu_decoder=gpu_decoder)

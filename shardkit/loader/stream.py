@@ -22,10 +22,16 @@ class BatchStream(IterableDataset):
         self.dataset.set_epoch(epoch)
 
     def __iter__(self):
-        transport = self.transport
-        if transport is None:
-            yield from self.dataset.batches(self.batch_size, self.drop_last)
-            return
-        transport.start_iteration()
+        # Not a generator: a DataLoader worker calls iter() when it takes up an iteration (at its
+        # start and at each reset), once per iteration and in the order the main process started
+        # them, so counting here tells the worker which iteration it serves. The first next()
+        # comes later, possibly after the main process has stopped this iteration and begun the
+        # next one.
+        if self.transport is None:
+            return self.dataset.batches(self.batch_size, self.drop_last)
+        self.transport.start_iteration()
+        return self._packed(self.transport)
+
+    def _packed(self, transport):
         for batch in self.dataset.batches(self.batch_size, self.drop_last, transport):
             yield transport.pack(batch)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 import numpy as np
 import torch
 
 from shardkit.identity import worker_info
+from shardkit.loader import memory
+from shardkit.reader.decode import Encoded
 
 SMALL_BYTES = 1 << 16  # tensors below this travel inside the pickled batch, by value
 
@@ -45,14 +46,17 @@ class SlotTransport:
     pages plus a GIL round trip cost ~10 ms per 10 MB batch here, more than reading it. Instead
     each worker decodes straight into one of its slots (a storage sent to the main process
     once) and sends only a SlotRef. The main process hands out a tensor over the slot and frees
-    the slot through a shared flag once nothing refers to that tensor any more. It hands out a
-    copy instead (and frees the slot at once) when pin_memory asks for pinned memory, or when
-    this torch cannot count a storage's users (`torch._C._storage_Use_Count` is private): a
-    slot must never be reused under a tensor the training loop may still hold. A worker with no
-    free slot falls back to DataLoader's own path.
+    the slot through a shared flag once nothing refers to that tensor any more. With pin_memory
+    it page-locks each slot in place once (memory.page_lock), so the tensor handed out is
+    already pinned and `.to("cuda", non_blocking=True)` is a DMA from the slot; the slot is
+    refilled only after the copies queued on the current stream are done. It hands out a copy
+    instead (and frees the slot at once) when the slot could not be page-locked (the copy goes
+    to torch-pinned memory), or when this torch cannot count a storage's users
+    (memory.use_count_fn): a slot must never be reused under a tensor the training loop may
+    still hold. A worker with no free slot falls back to DataLoader's own path.
     """
 
-    def __init__(self, num_workers: int, slots: int, pin: bool = False):
+    def __init__(self, num_workers: int, slots: int, pin: bool = False, gpu_decode=None):
         # Per slot: 0 free, else the loader iteration (generation) whose batch occupies it.
         self.flags = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -62,25 +66,41 @@ class SlotTransport:
         self._versions = 0
         self._gen = 0  # worker side: the generation of the iteration being produced
         self.pin = pin
-        self.copy_out = pin or _use_count() is None  # decided in the main process, which unpacks
+        # decode="cuda": workers ship images encoded (decode.images reads this through alloc's
+        # __self__) and the main process decodes them with gpu_decode (a BatchDecoder).
+        self.ship_encoded = gpu_decode is not None
+        self._gpu_decode = gpu_decode
+        self.copy_out = memory.use_count_fn() is None  # decided in the main process, which unpacks
         self._slots: dict[int, list] = {}  # worker side: slot -> [storage, nbytes, version, numpy view of it]
         self._pending: list[int] = []      # slots handed out for the batch being built
         self._main: dict[tuple, object] = {}  # main side: (pid, slot) -> storage
         self._lent: list[tuple] = []       # main side: (worker, slot, handle on the slot) while lent out
+        self._locks: dict[tuple, object] = {}  # main side, pinning: (pid, slot) -> PageLock, or None: refused
+        self._draining: list[tuple] = []   # main side: (worker, slot, fence) of page-locked slots let go
         self._baseline = None
 
     def __getstate__(self):
         return {"flags": self.flags, "generation": self.generation, "known": self.known, "_versions": 0,
-                "_gen": 0, "pin": self.pin, "copy_out": self.copy_out,
-                "_slots": {}, "_pending": [], "_main": {}, "_lent": [], "_baseline": None}
+                "_gen": 0, "pin": self.pin, "ship_encoded": self.ship_encoded, "_gpu_decode": None,
+                "copy_out": self.copy_out, "_slots": {}, "_pending": [],
+                "_main": {}, "_lent": [], "_locks": {}, "_draining": [], "_baseline": None}
 
     def new_iteration(self) -> None:
         """Main side, before DataLoader starts (or resets) an iteration."""
         self.generation += 1
 
     def start_iteration(self) -> None:
-        """Worker side, when its iteration begins: slots it fills now belong to this generation."""
-        self._gen = int(self.generation)
+        """Worker side, when DataLoader hands it the next iteration (BatchStream.__iter__): slots
+        it fills from now on belong to that generation.
+
+        Counted here, not read from the shared `generation`: a worker may begin an iteration after
+        the main process has already stopped it and started the next one (under load, 1 run in 8
+        of the early-stop test). Reading the counter then tagged the stopped iteration's slots
+        with the new generation, so reclaim() took them for live ones and they stayed taken for a
+        whole extra epoch. Workers take up iterations one by one, in the order the main process
+        started them, so the worker's own count is the iteration's generation."""
+        self._gen += 1
+        assert self._gen <= int(self.generation), "a worker ran ahead of the main process's iterations"
 
     def reclaim(self) -> int:
         """Main side, once DataLoader has drained the previous iteration: slots filled for
@@ -109,7 +129,7 @@ class SlotTransport:
         if not fits:  # allocate (or grow) once; reused for every later batch
             # Unique across worker processes too, in case DataLoader ever replaces one.
             self._versions = max(self._versions + 1, os.getpid() << 24)
-            storage = _new_shared(max(n, 1))
+            storage = memory.new_shared(max(n, 1))
             whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (max(n, 1),)).numpy()
             self._slots[slot] = [storage, max(n, 1), self._versions, whole]
         flags[slot] = self._gen
@@ -160,36 +180,44 @@ class SlotTransport:
                        tuple(value.stride()), offset)
 
     def unpack(self, batch):
-        """Main side: tensors over the slots (copies when pinned or untracked), small tensors rebuilt.
-        Several tensors of a batch may lie in one slot (views of one array): the slot is freed once
-        none of them is in use."""
+        """Main side: tensors over the slots (copies when untracked, or pinned and not page-locked),
+        small tensors rebuilt. Several tensors of a batch may lie in one slot (views of one array):
+        the slot is freed once none of them is in use."""
         self.release()
         if not isinstance(batch, dict):
             return batch
         slots: dict = {}  # (worker, slot) -> (pid, slot) of this batch's tensors
         out = {name: self._tensor(value, slots) for name, value in batch.items()}
         for (worker, slot), key in slots.items():
-            if self.copy_out:
+            if not self._lends(key):
                 self.flags[worker, slot] = 0  # copied: the worker may reuse the slot
             else:  # a private handle on the slot's storage: its use count tells when the user is done
                 self._lent.append((worker, slot, torch.empty(0, dtype=torch.uint8).set_(self._main[key], 0, (0,))))
         return out
 
+    def _lends(self, key) -> bool:
+        """Whether the slot's own memory is handed out (else a copy of it)."""
+        return not self.copy_out and (not self.pin or self._locks.get(key) is not None)
+
     def _tensor(self, value, slots: dict):
         if isinstance(value, Small):
-            t = torch.from_numpy(value.array).view(value.dtype)
-            return t.pin_memory() if self.pin else t
+            return memory.pinned(torch.from_numpy(value.array).view(value.dtype), self.pin)
+        if isinstance(value, Encoded):
+            return self._gpu_decode(value)
         if not isinstance(value, SlotRef):
             return value
         key = (value.pid, value.slot)
         if value.storage is not None:
+            if self.pin and not self.copy_out:
+                # Once per slot storage; a grown slot's old lock goes (unregistered) with the old storage.
+                self._locks[key] = memory.page_lock(value.storage)
             self._main[key] = value.storage
             self.known[value.worker, value.slot] = value.version
         slots[(value.worker, value.slot)] = key
         view = torch.empty(0, dtype=value.dtype).set_(self._main[key], value.offset, value.shape, value.stride)
-        if not self.copy_out:
+        if self._lends(key):
             return view
-        dst = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, pin_memory=self.pin)
+        dst = memory.pinned_empty(value.shape, value.stride, value.dtype, self.pin)
         # numpy, not Tensor.copy_: torch's intra-op threads would fight the workers (and the
         # training step) for the cores, which made this copy ~8x slower on 2 cores.
         np.copyto(_numpy(dst), _numpy(view))
@@ -202,15 +230,24 @@ class SlotTransport:
             self._baseline = self._scan([(0, 0, torch.empty(0, dtype=torch.uint8).set_(held, 0, (1,)))],
                                         probe=True)
         freed = self._scan(self._lent)
-        for worker, slot, _ in freed:
-            self.flags[worker, slot] = 0
+        if self.pin:
+            # Page-locked: a copy to the GPU queued from the slot may still be running; the slot
+            # is refilled once the current stream has passed a fence recorded now.
+            self._draining += [(worker, slot, memory.copy_fence()) for worker, slot, _ in freed]
+        else:
+            for worker, slot, _ in freed:
+                self.flags[worker, slot] = 0
         self._lent = [e for e in self._lent if not any(e is f for f in freed)]
+        done = [e for e in self._draining if e[2].query()]
+        for worker, slot, _ in done:
+            self.flags[worker, slot] = 0
+        self._draining = [e for e in self._draining if not any(e is d for d in done)]
         return len(freed)
 
     def _scan(self, entries: list, probe: bool = False):
         freed = []
         for entry in entries:
-            refs = _refs(entry[2])
+            refs = memory.refs(entry[2])
             if probe:
                 return refs
             if refs is not None and refs == self._baseline:
@@ -245,25 +282,3 @@ def _slots_in(value, spans: list) -> set:
         elif isinstance(v, dict):
             stack.extend(v.values())
     return found
-
-
-def _new_shared(nbytes: int):
-    """A shared-memory storage of nbytes: straight into shared memory where this torch has the
-    (private) constructor, else through share_memory_, which first fills private memory and copies
-    it over (3.4 vs 0.8 ms for an 8 MB slot, measured)."""
-    new = getattr(torch.UntypedStorage, "_new_shared", None)
-    return new(nbytes) if new is not None else torch.UntypedStorage(nbytes).share_memory_()
-
-
-def _use_count():
-    """torch's count of a storage's users (a private API), or None where this torch lacks it."""
-    return getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _refs(t):
-    """(Python references to t, tensors sharing its storage): equal to an unreferenced tensor's
-    only when nothing else holds t, a view of it, or a numpy array over it. None: cannot tell."""
-    use_count = _use_count()
-    if use_count is None:
-        return None
-    return sys.getrefcount(t), use_count(t.untyped_storage()._cdata)

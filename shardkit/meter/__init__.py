@@ -14,6 +14,7 @@ from shardkit.fs import atomic_write
 from shardkit.identity import rank_world
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
+from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
 
 __all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
            "profile_of", "batch_size_of", "percentile", "mixture_line", "FINE_BELOW", "INPUT_BOUND_FROM"]
@@ -155,9 +156,12 @@ class StarvationMeter:
     """
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
-                 *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter):
+                 *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter,
+                 worker_cpu: WorkerCpu | None = None):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
+        self._cpu = worker_cpu or WorkerCpu()  # the loader's workers' CPU, for the advice's levers
+        self._io = None  # the dataset whose io_stats() may report network waits
         self._gpu = CudaGapTimer(event_factory) if device == "cuda" else None
         self.num_workers: int | None = None
         self.data = data  # None: read from the loader wrap() is given (profile_of)
@@ -173,7 +177,6 @@ class StarvationMeter:
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
-        self._io_stats = None  # a StreamingDataset's io_stats(): bytes fetched, seconds waited on the network
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable):
@@ -182,9 +185,10 @@ class StarvationMeter:
         if self.data is None:
             self.data = profile_of(iterable)
         self._proportions = getattr(iterable, "proportions", self._proportions)
-        source = getattr(iterable, "source", None) or getattr(iterable, "dataset", None)  # make_loader: .source
-        self._io_stats = getattr(source, "io_stats", self._io_stats)  # remote datasets: time waited on the network
+        self._io = next((d for d in (getattr(iterable, "source", None), getattr(iterable, "dataset", None), self._io)
+                         if d is not None), None)
         it = iter(iterable)
+        self._cpu.watch(worker_pids(it) or worker_pids(getattr(iterable, "_iterator", None)))
         self._epoch_start = True
         clock = self._clock
         while True:
@@ -221,6 +225,9 @@ class StarvationMeter:
         self._wait_sum += wait_s
         self._step_sum += step_s
         self._samples += samples
+        n = len(self._waits)
+        if n % SAMPLE_EVERY == 0 or n & (n - 1) == 0:  # every 100 steps, and often in a short run:
+            self._cpu.sample()  # a non-persistent loader's workers are gone when its epoch ends
         if len(self._waits) - self._window_start[0] >= self.config.window:
             self._close_window()
         if self.config.log_every and len(self._waits) % self.config.log_every == 0 and log.isEnabledFor(logging.INFO):
@@ -246,9 +253,11 @@ class StarvationMeter:
         # kernels of the previous step are still queued.
         pct = out.get("gpu_idle_pct", out["starved_pct"])
         out.update(self._epoch_start_figures(out["wait_s"]))
-        if self._io_stats is not None:  # warm-up included: the workers count from their start
-            io = self._io_stats()
-            out.update(network_wait_s=io["network_wait_s"], bytes_fetched=io["bytes_fetched"])
+        stats = getattr(self._io, "io_stats", None)
+        if callable(stats):  # remote datasets; warm-up included: the workers count from their start
+            io = stats() or {}
+            out.update(network_wait_s=io.get("network_wait_s", 0.0), bytes_fetched=io.get("bytes_fetched", 0))
+        out.update(self._worker_figures(out["wait_s"] + out["step_s"]))
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
@@ -258,6 +267,15 @@ class StarvationMeter:
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture
+        return out
+
+    def _worker_figures(self, run_s: float) -> dict:
+        """Cores the workers kept busy (psutil), and the share of their time spent waiting on
+        the network where the dataset reports it (io_stats())."""
+        out = self._cpu.figures()
+        net = network_wait_s(self._io)
+        if net is not None and self.num_workers and run_s > 0:
+            out["network_wait_pct"] = min(100.0, 100.0 * net / (self.num_workers * run_s))
         return out
 
     def _epoch_start_figures(self, wait_s: float) -> dict:
@@ -300,20 +318,38 @@ class StarvationMeter:
         total = self._wait_sum + self._step_sum
         run_pct = 100.0 * self._wait_sum / total if total > 0 else 0.0
         rate = self._samples / total if total > 0 else 0.0
-        return (f"[rank {self.rank}] step {self._seen}: {rate:.1f} samples/s, "
-                f"starved {fig['starved_pct']:.1f}% last {fig['steps']} steps "
+        head = f"[rank {self.rank}] step {self._seen}: {rate:.1f} samples/s, "
+        host = (f"starved {fig['starved_pct']:.1f}% last {fig['steps']} steps "
                 f"({run_pct:.1f}% run, {band(run_pct)}), "
                 f"wait p50 {fig['wait_p50_ms']:.1f} ms p95 {fig['wait_p95_ms']:.1f} ms")
+        gpu = self._gpu_idle_pct()
+        if gpu is None:
+            return head + host
+        # On the GPU the event gap is the figure that matters: host wait overstates starvation
+        # while the previous step's kernels are still queued.
+        return head + f"GPU idle {gpu:.2f}% (CUDA events, {band(gpu)}); host " + host
+
+    def _gpu_idle_pct(self) -> float | None:
+        """GPU idle % so far from the events already finished (never blocks), None without CUDA events."""
+        if self._gpu is None:
+            return None
+        self._gpu.resolve(block=False)
+        total = self._gpu.idle_s + self._gpu.busy_s
+        return 100.0 * self._gpu.idle_s / total if total > 0 else 0.0
 
     def report(self) -> str:
         """A few human lines: figures, band, advice and the cost view."""
         s = self.summary()
         lines = [f"rank {s['rank']}/{s['world_size']}: {s['steps']} steps ({s['warmup_steps']} warm-up left out), "
-                 f"{s['samples_per_s']:.1f} samples/s, {s['steps_per_s']:.2f} steps/s",
-                 f"host wait {s['starved_pct']:.1f}% of step time (p50 {s['wait_p50_ms']:.1f} ms, "
-                 f"p95 {s['wait_p95_ms']:.1f} ms)"]
-        if "gpu_idle_pct" in s:
-            lines.append(f"GPU idle between steps {s['gpu_idle_pct']:.1f}% (CUDA events)")
+                 f"{s['samples_per_s']:.1f} samples/s, {s['steps_per_s']:.2f} steps/s"]
+        if "gpu_idle_pct" in s:  # the headline on a GPU; host wait follows as a detail
+            lines.append(f"GPU idle between steps {s['gpu_idle_pct']:.2f}% (CUDA events)")
+        lines.append(f"host wait {s['starved_pct']:.1f}% of step time (p50 {s['wait_p50_ms']:.1f} ms, "
+                     f"p95 {s['wait_p95_ms']:.1f} ms)")
+        if "worker_cpu_cores" in s:
+            lines.append(f"workers kept {s['worker_cpu_cores']:.1f} cores busy ({s['workers_measured']} measured)"
+                         + (f", waited on the network {s['network_wait_pct']:.0f}% of the time"
+                            if "network_wait_pct" in s else ""))
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]

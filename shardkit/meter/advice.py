@@ -47,6 +47,8 @@ def profile_of(loader) -> DataProfile:
     """The DataProfile of a shardkit loader (or StreamingDataset) from its manifest's image fields;
     an empty profile for anything else."""
     dataset = getattr(loader, "source", None) or getattr(loader, "dataset", loader)  # make_loader: .source
+    if reads_files(dataset):
+        return DataProfile("files")
     fields = getattr(dataset, "field_specs", None)  # StreamingDataset and Mixture
     if not isinstance(fields, dict):
         fields = getattr(getattr(dataset, "manifest", None), "fields", None)
@@ -60,6 +62,24 @@ def profile_of(loader) -> DataProfile:
         shape = images[0].get("shape")
         return DataProfile("raw", tuple(shape[:2]) if shape else None)
     return DataProfile("encoded")
+
+
+FILE_LISTS = ("samples", "imgs", "files", "paths", "file_paths", "image_paths")
+FOLDER_CLASSES = ("DatasetFolder", "ImageFolder")  # torchvision's, matched by name: no torchvision import
+
+
+def reads_files(dataset) -> bool:
+    """A dataset that opens files every epoch: torchvision's ImageFolder / DatasetFolder (or a
+    subclass), or one holding a list of file paths (or of (path, label) pairs)."""
+    if any(cls.__name__ in FOLDER_CLASSES for cls in type(dataset).__mro__):
+        return True
+    for name in FILE_LISTS:
+        items = getattr(dataset, name, None)
+        if isinstance(items, (list, tuple)) and items:
+            first = items[0][0] if isinstance(items[0], (list, tuple)) and items[0] else items[0]
+            if isinstance(first, (str, os.PathLike)):
+                return True
+    return False
 
 
 def advice(figures: dict, *, num_workers: int | None = None, cpus: int | None = None,
@@ -119,14 +139,16 @@ def _lever(figures: dict, num_workers: int | None, cpus: int, data: DataProfile)
     share = network_share(figures, num_workers)
     if share >= NETWORK_SHARE:
         return (f"waiting on the network: readers spent {min(share, 1.0):.0%} of their time waiting for remote "
-                "shards; raise the connections and fetch-ahead (StreamingDataset(connections=16, "
+                "shards; raise fetch-ahead and connections (StreamingDataset(connections=16, "
                 "fetch_ahead=16)), or a larger cache_limit so shards stay cached")
     if num_workers == 0:
         return (f"data loads in the training process: set num_workers (up to {cpus} cores here) "
                 f"so {work} overlaps the step")
+    if num_workers and figures.get("worker_cpu_cores") is not None and not _bursts(figures):
+        return ranked_levers(figures, num_workers, cpus, data)
     if num_workers is not None and num_workers < cpus:
         return (f"raise num_workers (now {num_workers}, {cpus} cores) and prefetch_factor "
-                "so more batches are ready before the step asks")
+                "so more batches are ready before the step asks (a guess: the workers' CPU was not measured)")
     if _bursts(figures):
         return ("waits come in bursts: raise prefetch_factor (or the shuffle buffer's refill size) "
                 "to smooth them out")
@@ -147,3 +169,71 @@ def _lever(figures: dict, num_workers: int | None, cpus: int, data: DataProfile)
 
 def cost_line(starved_pct: float) -> str:
     return f"of every 100 GPU-hours, {starved_pct:.1f} were spent waiting for data"
+
+
+# What cutting per-sample work can give, from the reference figures (BENCHMARKS.md, 2 workers):
+# a raw folder decoded and resized every epoch 244/s vs uint8 shards 19,462/s (>= 40x the
+# target); 224-px JPEG shards 3,959/s vs uint8 shards 19,462/s (~5x).
+BUILD_GAIN = {"files": 40.0, "encoded": 5.0}
+BUILD_LEVER = {
+    "files": "build shards once (shardkit build SRC OUT --image-size N --encode raw): the workers "
+             "decode and resize files every epoch",
+    "encoded": "cache the images decoded (shardkit build --encode raw) or store smaller ones "
+               "(--image-size): the workers decode them every epoch",
+}
+
+
+def needed_speedup(pct: float) -> float:
+    """Starved p% of the time: the loader must get 1 / (1 - p) times faster to keep up."""
+    return 1.0 / max(1e-6, 1.0 - pct / 100.0)
+
+
+def levers(figures: dict, num_workers: int, cpus: int, data: DataProfile) -> list[tuple[float | None, str]]:
+    """(the most speed-up it can give, what to do) for each lever, from what was measured, the
+    smallest change first:
+    - fetch-ahead / connections: removes the network wait w, so at most 1 / (1 - w);
+    - more workers: at most cores / cores the workers keep busy (15 of 16 busy: 16/15). Time they
+      spend blocked on the network counts as used here: more workers help there only as far as the
+      store gives more bandwidth, which the meter cannot see;
+    - less work per sample (build shards): the reference gain of the data's kind, None unknown."""
+    used = figures["worker_cpu_cores"]
+    net = figures.get("network_wait_pct", 0.0) / 100.0
+    busy = used + net * num_workers
+    more = cpus / max(busy, 0.05 * num_workers) if num_workers < cpus else 1.0
+    out = []
+    if net > 0:
+        out.append((1.0 / max(1e-6, 1.0 - net), f"raise fetch-ahead and connections to the store: the workers "
+                                                f"wait on the network {100 * net:.0f}% of the time"))
+    out.append((more, f"raise num_workers (now {num_workers}, keeping {used:.1f} of {cpus} cores busy) "
+                      "and prefetch_factor"))
+    if data.images in BUILD_LEVER:
+        out.append((BUILD_GAIN[data.images], BUILD_LEVER[data.images]))
+    else:
+        out.append((None, "cut per-sample work in the dataset and its transforms (e.g. images decoded "
+                          "every epoch: shardkit build --encode raw), or add cores"))
+    return out
+
+
+def ranked_levers(figures: dict, num_workers: int, cpus: int, data: DataProfile) -> str:
+    """The lever that can give the speed-up needed first (else the one that gives most), and
+    what more workers could give when that is not them."""
+    pct = figures.get("gpu_idle_pct", figures["starved_pct"])
+    need = needed_speedup(pct)
+    options = levers(figures, num_workers, cpus, data)
+    known = sorted((o for o in options if o[0] is not None), key=lambda o: -o[0])
+    enough = [o for o in known if o[0] >= need]
+    # Enough: the smallest change that does it, the first in the list of levers. None: the biggest
+    # known, unless it is still below 1.25x and an unmeasured one (cutting work) may do more.
+    if enough:
+        best = next(o for o in options if o in enough)
+    elif known and known[0][0] >= 1.25:
+        best = known[0]
+    else:
+        best = next(o for o in options if o[0] is None) if any(o[0] is None for o in options) else known[0]
+    gain = f" (up to {best[0]:.1f}x)" if best[0] is not None else ""
+    line = f"needs {need:.2f}x today's loader speed ({pct:.0f}% starved): {best[1]}{gain}"
+    more = next(o for o in options if o[1].startswith("raise num_workers"))
+    if best is not more:
+        line += (f"; more workers give at most {more[0]:.2f}x ({num_workers} workers keep "
+                 f"{figures['worker_cpu_cores']:.1f} of {cpus} cores busy)")
+    return line

@@ -145,11 +145,40 @@ def to_chw(batch: np.ndarray):
     return torch.from_numpy(batch).permute(0, 3, 1, 2)
 
 
+class Encoded:
+    """A batch's encoded images, still encoded, in one buffer: what workers ship when the main
+    process decodes on the GPU (make_loader(decode="cuda")). One array pickles as one copy;
+    a list of bytes objects would cost one object per image."""
+
+    def __init__(self, blobs: list):
+        sizes = np.array([0 if b is None else len(b) for b in blobs], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self.missing = [i for i, b in enumerate(blobs) if b is None]
+        self.data = np.frombuffer(bytearray(b"".join(bytes(b) for b in blobs if b is not None)), np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def blobs(self) -> list:
+        """The images' bytes, as numpy views (None where a sample lacks the field)."""
+        missing = set(self.missing)
+        return [None if i in missing else self.data[self.offsets[i]:self.offsets[i + 1]] for i in range(len(self))]
+
+
+def ships_encoded(alloc) -> bool:
+    """Whether the batch memory comes from a loader transport that decodes images in the main
+    process (on the GPU): then the workers leave them encoded."""
+    return bool(getattr(getattr(alloc, "__self__", None), "ship_encoded", False))
+
+
 def images(blobs: list, alloc=np_empty) -> object:
     """Encoded images -> one (B,3,H,W) uint8 tensor; a list of (3,H,W) tensors (None where a
-    sample lacks the field) when shapes differ or some are missing."""
+    sample lacks the field) when shapes differ or some are missing. Left Encoded for a transport
+    that decodes them on the GPU."""
     import torch
 
+    if ships_encoded(alloc):
+        return Encoded(blobs)
     out = None
     arrays = []
     for i, data in enumerate(blobs):
