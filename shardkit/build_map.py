@@ -150,7 +150,7 @@ def function_fingerprint(fn) -> str:
 
 def _input_stamp(item) -> bytes:
     """An input's repr, plus size and mtime when it names a local file (its content may change)."""
-    stamp = repr(item)
+    stamp = repr(item) + str(getattr(item, "shardkit_stamp", ""))  # e.g. a staged sample's shard digest
     if isinstance(item, (str, os.PathLike)):
         with contextlib.suppress(OSError, ValueError, TypeError):
             st = os.stat(item)
@@ -363,12 +363,29 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
 
     >>> build_map(load_and_resize, sorted(glob.glob("photos/*.jpg")), "out", encode="jpeg")
     """
-    cfg = WriterConfig(format, shard_size, max_samples_per_shard, encode, quality)
-    if worker_pool not in WORKER_POOLS:
-        raise ConfigError(f"worker_pool={worker_pool!r}; expected one of {', '.join(WORKER_POOLS)}")
-    if not isinstance(inputs_per_shard, int) or inputs_per_shard <= 0:
-        raise ConfigError(f"inputs_per_shard={inputs_per_shard!r}; expected a positive int")
-    RejectionLog(on_error)  # checks the policy's name
+    options = {"workers": workers, "scheduler": scheduler, "worker_pool": worker_pool, "format": format,
+               "shard_size": shard_size, "max_samples_per_shard": max_samples_per_shard, "encode": encode,
+               "quality": quality, "fields": fields, "inputs_per_shard": inputs_per_shard, "on_error": on_error,
+               "progress": progress}
+    return run_build_map(fn, inputs, out, options)
+
+
+def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ()) -> MapResult:
+    """build_map with its keyword options as a dict; `prior`: rejections made before fn ran (the
+    built-in stages of `shardkit build --map`), listed first in errors.jsonl."""
+    o = dict(workers=None, scheduler=None, worker_pool="auto", format="tar", shard_size=256 * 2**20,
+             max_samples_per_shard=None, encode="png", quality=90, fields=None, inputs_per_shard=1000,
+             on_error="skip", progress=True)
+    unknown = sorted(set(options) - set(o))
+    if unknown:
+        raise ConfigError(f"build_map: unknown option(s) {unknown}; valid: {', '.join(o)}")
+    o.update(options)
+    cfg = WriterConfig(o["format"], o["shard_size"], o["max_samples_per_shard"], o["encode"], o["quality"])
+    if o["worker_pool"] not in WORKER_POOLS:
+        raise ConfigError(f"worker_pool={o['worker_pool']!r}; expected one of {', '.join(WORKER_POOLS)}")
+    if not isinstance(o["inputs_per_shard"], int) or o["inputs_per_shard"] <= 0:
+        raise ConfigError(f"inputs_per_shard={o['inputs_per_shard']!r}; expected a positive int")
+    RejectionLog(o["on_error"])  # checks the policy's name
     if not callable(fn):
         raise ConfigError(f"fn={fn!r} is not callable; pass the function to run on each input")
     from collections.abc import Sequence
@@ -376,9 +393,10 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
     inputs = inputs if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else list(inputs)
     out = os.path.abspath(out)
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    run = _Run(o["workers"], o["scheduler"], o["worker_pool"], o["fields"], o["inputs_per_shard"], o["on_error"],
+               o["progress"], tuple(prior))
     with folder_lock(out, "build_map"):
-        return _build_map(fn, inputs, out, cfg, _Run(workers, scheduler, worker_pool, fields, inputs_per_shard,
-                                                     on_error, progress))
+        return _build_map(fn, inputs, out, cfg, run)
 
 
 @dataclass(frozen=True)
@@ -390,12 +408,13 @@ class _Run:
     inputs_per_shard: int
     on_error: str
     progress: bool
+    prior: tuple = ()
 
 
 def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
     start = time.perf_counter()
     retire_manifest(out)
-    fields = run.fields if run.fields is not None else _first_fields(fn, inputs, cfg)
+    fields = run.fields if run.fields is not None else first_fields(fn, inputs, cfg)
     base = hashlib.sha256(json.dumps([function_fingerprint(fn), repr(cfg), fields, run.inputs_per_shard,
                                       run.on_error], sort_keys=True).encode()).hexdigest()
     groups = _groups(inputs, run.inputs_per_shard, base)
@@ -406,7 +425,7 @@ def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
     _remove_stale(out, len(groups))
     infos = _numbered([i for r in results for i in r.shards])
     _check_keys_across(out, results)
-    rejections = [x for r in results for x in r.rejections]
+    rejections = list(run.prior) + [x for r in results for x in r.rejections]
     build = {"map": {"function": f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}",
                      "fingerprint": base[:16], "inputs": len(inputs), "inputs_per_shard": run.inputs_per_shard,
                      "format": cfg.format, "shard_size": cfg.shard_size,
@@ -417,7 +436,7 @@ def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
                      time.perf_counter() - start, manifest)
 
 
-def _first_fields(fn, inputs, cfg: WriterConfig) -> dict:
+def first_fields(fn, inputs, cfg: WriterConfig) -> dict:
     """Fields from the first sample fn makes, trying inputs in order here (the same on every run)."""
     for item in inputs:
         try:

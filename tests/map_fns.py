@@ -52,3 +52,12 @@ def other_make(i):
 def read_text(path):
     with open(path, encoding="utf-8") as f:
         return {"__key__": os.path.basename(path).split(".")[0], "txt": f.read()}
+
+
+def caption_length(sample):
+    """For `shardkit build --map`: adds a field; a sample whose key ends in 3 raises, one ending in 4 is dropped."""
+    if sample["__key__"].endswith("3"):
+        raise RuntimeError(f"cannot caption {sample['__key__']}")
+    if sample["__key__"].endswith("4"):
+        return None
+    return dict(sample, n=len(sample["__key__"]))

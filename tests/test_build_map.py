@@ -3,6 +3,7 @@ kill -9 gives the same bytes and no manifest lies in between, unchanged groups a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,3 +138,33 @@ def test_on_error_fail_stops_at_the_first(tmp_path):
     with pytest.raises(FailFast, match="'37'"):
         build_map(map_fns.make, range(100), str(tmp_path / "out"), workers=0, on_error="fail", progress=False)
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_cli_build_map_runs_after_the_built_in_stages(tmp_path, raw_folder):
+    def build(name, *extra):
+        return subprocess.run([sys.executable, "-m", "shardkit.cli", "build", str(raw_folder), str(tmp_path / name),
+                               "--image-size", "32", "--map", "map_fns:caption_length", "--no-progress", *extra],
+                              capture_output=True, text=True, env=_env())
+
+    for name, workers in (("w0", "0"), ("w2", "2")):
+        r = build(name, "--workers", workers)
+        assert r.returncode == 0, r.stderr
+    assert _shards(tmp_path / "w0") == _shards(tmp_path / "w2")
+    errors = [json.loads(line) for line in (tmp_path / "w0" / "errors.jsonl").read_text().splitlines()]
+    mapped = [e for e in errors if e["stage"] == "map"]
+    assert mapped and all(e["path"].split(":")[0].endswith(("3.jpg", "3.txt", ".jsonl")) for e in mapped)
+    assert all(e["reason"].startswith("RuntimeError: cannot caption") for e in mapped)
+    assert any(e["stage"] == "image" for e in errors)  # the build's own rejections are there too
+    ds = StreamingDataset(str(tmp_path / "w0"), shuffle=False)
+    keys = [s["__key__"] for s in ds]
+    assert keys and not any(k.endswith(("3", "4")) for k in keys)
+    one = ds.get("cat/000001")
+    assert one["n"] == len("cat/000001") and min(one["jpg"].shape[1:]) == 32 and "cls" in one
+    r = build("w0", "--workers", "0")
+    assert r.returncode == 0 and "unchanged, reused" in r.stdout
+
+
+def test_cli_map_bad_spec_is_a_clear_error(tmp_path, raw_folder):
+    r = subprocess.run([sys.executable, "-m", "shardkit.cli", "build", str(raw_folder), str(tmp_path / "o"),
+                        "--map", "no_such_module_x:f"], capture_output=True, text=True, env=_env())
+    assert r.returncode == 1 and "cannot import 'no_such_module_x'" in r.stderr + r.stdout
