@@ -59,7 +59,8 @@ class StagedRow:
         return self.source
 
 
-_CACHE: dict = {}  # per process: the last row group read, {(path, group): (first row, samples)}
+_CACHE: dict = {}  # per process: staged files' row-group starts and the last row groups read (as Samples)
+_FUNCTIONS: dict = {}  # per process: module:function -> the function
 
 
 class StagedFn:
@@ -69,8 +70,22 @@ class StagedFn:
         self.spec, self.stage, self.fields = spec, stage, fields
         self.code = function_fingerprint(load_function(spec))  # a change to the function reruns its groups
 
+    @property
+    def shardkit_name(self) -> str:
+        return self.spec
+
+    @property
+    def shardkit_fingerprint(self) -> str:
+        """What build_map's fingerprint takes of this object: not the staging folder's path (it lies in
+        OUT), so a dataset built in another folder gets the same manifest."""
+        import json
+
+        return json.dumps([self.spec, self.code, self.fields], sort_keys=True)
+
     def __call__(self, item: StagedRow):
-        fn = _CACHE.get(("fn", self.spec)) or _CACHE.setdefault(("fn", self.spec), load_function(self.spec))
+        fn = _FUNCTIONS.get(self.spec)
+        if fn is None:
+            fn = _FUNCTIONS[self.spec] = load_function(self.spec)
         return fn(self._sample(item))
 
     def _sample(self, item: StagedRow) -> dict:
@@ -80,13 +95,17 @@ class StagedFn:
         from shardkit.writers.parquet import table_samples
 
         path = os.path.join(self.stage, item.path)
-        meta = _CACHE.get(("meta", path)) or _CACHE.setdefault(("meta", path), _row_groups(path))
+        meta = _CACHE.get(("meta", path))
+        if meta is None:
+            meta = _CACHE[("meta", path)] = _row_groups(path)
         g = int(np.searchsorted(meta, item.row, side="right")) - 1
-        if ("rows", path, g) not in _CACHE:
-            _CACHE.clear() if len(_CACHE) > 64 else None
-            table = pq.ParquetFile(path).read_row_group(g)
-            _CACHE[("rows", path, g)] = table_samples(table, self.fields)
-        sample = _CACHE[("rows", path, g)][item.row - int(meta[g])]
+        rows = _CACHE.get(("rows", path, g))  # one lookup: worker threads share the cache
+        if rows is None:
+            rows = table_samples(pq.ParquetFile(path).read_row_group(g), self.fields)
+            if len(_CACHE) > 64:  # a few row groups per worker thread are all a unit of consecutive rows needs
+                _CACHE.clear()
+            _CACHE[("rows", path, g)] = rows
+        sample = rows[item.row - int(meta[g])]
         out = {"__key__": sample.key}
         for name, value in sample.fields.items():
             spec = self.fields[name]

@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _shards(out) -> dict:
-    return {k: v for k, v in tree_bytes(out).items() if k != "manifest.json"}
+    """Every file of the dataset (shards, sidecars, errors.jsonl, the manifest and its table)."""
+    return tree_bytes(out)
 
 
 def test_same_bytes_for_workers_0_and_2_threads_and_processes(tmp_path):
