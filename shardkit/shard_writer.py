@@ -134,8 +134,10 @@ def _check_dict(sample) -> str:
         raise BadSample(str(e)) from None
 
 
-def store(key: str, name: str, spec: dict, value, cfg: WriterConfig):
-    """The stored form of one value (bytes, int, str or dict), or BadSample naming key and field."""
+def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool = True):
+    """The stored form of one value (bytes, int, str or dict), or BadSample naming key and field.
+    copy=False leaves an array as a C-contiguous ndarray, possibly the caller's own, to be copied
+    before the caller gets control back (ShardCutter copies it into its shard buffer)."""
     kind, want = _kind(value), spec["kind"]
 
     def bad(detail: str) -> BadSample:
@@ -155,7 +157,7 @@ def store(key: str, name: str, spec: dict, value, cfg: WriterConfig):
             raise bad(f"expected bytes, got a {kind}")
         return bytes(value)
     if want == "array":
-        return _array_bytes(value, spec, bad, kind)
+        return _array_value(value, spec, bad, kind, copy)
     if want == "int":
         if kind != "int":
             raise bad(f"expected an int, got a {kind}")
@@ -185,7 +187,7 @@ def _encode_image(im, spec: dict, cfg: WriterConfig, bad):
     return encode(im, spec["encoding"], cfg.quality)
 
 
-def _array_bytes(value, spec: dict, bad, kind: str) -> bytes:
+def _array_value(value, spec: dict, bad, kind: str, copy: bool):
     import numpy as np
 
     if kind != "array":
@@ -195,7 +197,8 @@ def _array_bytes(value, spec: dict, bad, kind: str) -> bytes:
                   "(pad or crop to one shape)")
     if value.dtype.newbyteorder("<") != np.dtype(spec["dtype"]):
         raise bad(f"array of dtype {value.dtype}; the field's arrays are {spec['dtype']} (cast with .astype)")
-    return np.ascontiguousarray(value, dtype=np.dtype(spec["dtype"])).tobytes()
+    arr = np.ascontiguousarray(value, dtype=np.dtype(spec["dtype"]))
+    return arr.tobytes() if copy else arr
 
 
 def _json_checked(value: dict, bad) -> dict:
@@ -208,14 +211,15 @@ def _json_checked(value: dict, bad) -> dict:
     return value
 
 
-def to_sample(sample: dict, fields: dict, cfg: WriterConfig) -> Sample:
-    """A user's sample dict checked against `fields` and turned into a Sample of stored values."""
+def to_sample(sample: dict, fields: dict, cfg: WriterConfig, copy: bool = True) -> Sample:
+    """A user's sample dict checked against `fields` and turned into a Sample of stored values
+    (copy=False: arrays as ndarrays that may be the caller's, see `store`)."""
     key = _check_dict(sample)
     extra = sorted(set(sample) - set(fields) - {"__key__"})
     if extra:
         raise BadSample(f"sample {key!r} has field(s) {extra} that the dataset does not have (its fields: "
                         f"{sorted(fields)}); declare every field with fields= or give the first sample all of them")
-    stored = {name: store(key, name, fields[name], sample[name], cfg)
+    stored = {name: store(key, name, fields[name], sample[name], cfg, copy)
               for name in fields if sample.get(name) is not None}
     if not stored:
         raise BadSample(f"sample {key!r} has no field values: nothing to store")
@@ -224,36 +228,113 @@ def to_sample(sample: dict, fields: dict, cfg: WriterConfig) -> Sample:
 
 def stored_bytes(sample: Sample) -> int:
     """A sample's size in a tar shard (Parquet's is smaller), for cutting shards by size."""
-    return sum(len(v) if isinstance(v, (bytes, str)) else 32 for v in sample.fields.values()) \
+    return sum(len(v) if isinstance(v, (bytes, str)) else getattr(v, "nbytes", 32) for v in sample.fields.values()) \
         + TAR_MEMBER_OVERHEAD * len(sample.fields)
 
 
 class ShardCutter:
     """Cuts a stream of Samples into shards by stored size and count, each written (sorted by key,
-    which readers' key lookups rely on) with the build's writers: callers get ShardInfos back."""
+    which readers' key lookups rely on) with the build's writers: callers get ShardInfos back.
 
-    def __init__(self, root: str, fields: dict, cfg: WriterConfig, name=lambda shard_id: shard_id):
-        self.root, self.fields, self.cfg, self.name = root, fields, cfg, name
+    A full shard is written by a thread of its own while the caller makes the next one (Arrow,
+    hashing and the disk release the GIL): at most one shard waits for it, so memory holds two
+    shards at most. The fsyncs run on it too; `close()` waits for them, so every ShardInfo it
+    returns names files on disk."""
+
+    def __init__(self, root: str, fields: dict, cfg: WriterConfig):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from shardkit.contract import fixed_nbytes
+
+        self.root, self.fields, self.cfg = root, fields, cfg
+        # Arrays are copied once, at add(), into one buffer per field and shard: that buffer becomes
+        # the Arrow column as it is (no bytes object per value, no join), as samples_table would build it.
+        self.fixed = {n: fixed_nbytes(spec) for n, spec in fields.items() if spec["kind"] == "array"}
+        per_sample = sum(self.fixed.values()) + TAR_MEMBER_OVERHEAD * len(fields)
+        self.capacity = min(cfg.max_samples_per_shard or 2**62, cfg.shard_size // max(1, per_sample) + 1)
         self.samples: list[Sample] = []
         self.nbytes, self.next_id, self.infos = 0, 0, []
+        self.buffers = self._new_buffers()
+        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix="shardkit-writer"), None
+
+    def _new_buffers(self) -> dict:
+        import numpy as np
+
+        # np.empty commits pages only as they are written: a buffer for a whole shard costs what it holds
+        return {n: np.empty(self.capacity * nb, np.uint8) for n, nb in self.fixed.items()}
 
     def add(self, sample: Sample) -> None:
+        """Add a Sample from to_sample(copy=False); its arrays are copied here, before the caller goes on."""
         size = stored_bytes(sample)
         full = self.cfg.max_samples_per_shard is not None and len(self.samples) >= self.cfg.max_samples_per_shard
-        if self.samples and (full or self.nbytes + size > self.cfg.shard_size):
+        if self.samples and (full or len(self.samples) >= self.capacity or self.nbytes + size > self.cfg.shard_size):
             self.flush()
+        slot = len(self.samples)
+        for name, nb in self.fixed.items():
+            value = sample.fields.get(name)
+            if value is not None:
+                view = self.buffers[name][slot * nb:(slot + 1) * nb]
+                view[:] = value.reshape(-1).view(self.buffers[name].dtype)
+                sample.fields[name] = view
         self.samples.append(sample)
         self.nbytes += size
 
     def flush(self) -> None:
-        from shardkit.writers.parquet import samples_table
-
+        """Hand the current shard to the writing thread (after the previous one is written)."""
         if not self.samples:
             return
-        table = samples_table(sorted(self.samples, key=lambda s: s.key), self.fields)
-        for fmt in self.cfg.formats:
-            self.infos.append(self.name(get_table_writer(fmt)(table, self.root, self.next_id, self.fields)))
+        self._wait()
+        self._pending = self._pool.submit(self._write, self.samples, self.buffers, self.next_id)
         self.samples, self.nbytes, self.next_id = [], 0, self.next_id + 1
+        self.buffers = self._new_buffers()
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.infos += pending.result()  # a failure to write is raised here, in the caller
+
+    def _write(self, samples: list[Sample], buffers: dict, shard_id: int) -> list:
+        from shardkit.fs import fsync_path
+
+        table = self._table(samples, buffers)
+        infos = [get_table_writer(fmt)(table, self.root, shard_id, self.fields, durable=False)
+                 for fmt in self.cfg.formats]
+        for info in infos:
+            for rel in [info.path] + ([info.index["path"]] if info.index else []):
+                fsync_path(os.path.join(self.root, rel))
+        return infos
+
+    def _table(self, samples: list[Sample], buffers: dict):
+        """samples_table of the shard, sorted by key. Samples written in key order with every array
+        present (the usual case) get their array columns straight from the shard buffers."""
+        import pyarrow as pa
+
+        from shardkit.contract import CHECKSUM_SUFFIX, checksum
+        from shardkit.writers.parquet import samples_table
+
+        ordered = all(a.key < b.key for a, b in zip(samples, samples[1:]))
+        if not ordered or any(s.fields.get(n) is None for n in self.fixed for s in samples):
+            for s in samples:  # the general path: values as bytes, sorted
+                s.fields.update({n: bytes(v) for n, v in s.fields.items() if n in self.fixed})
+            return samples_table(sorted(samples, key=lambda s: s.key), self.fields)
+        rest = samples_table(samples, {n: spec for n, spec in self.fields.items() if n not in self.fixed})
+        columns = {name: rest.column(name) for name in rest.column_names}
+        for name, nb in self.fixed.items():
+            data = buffers[name][:len(samples) * nb]
+            columns[name] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(nb), len(samples), [None, pa.py_buffer(data)])
+            columns[name + CHECKSUM_SUFFIX] = pa.array([checksum(data[i * nb:(i + 1) * nb]) for i in range(len(samples))],
+                                                       pa.uint64())
+        order = samples_table([], self.fields).schema.names  # the same columns, in samples_table's order
+        return pa.table({name: columns[name] for name in order})
+
+    def close(self) -> list:
+        """Write what is left and wait until every shard is on disk; returns their ShardInfos."""
+        try:
+            self.flush()
+            self._wait()
+        finally:
+            self._pool.shutdown(wait=True)
+        return self.infos
 
 
 def retire_manifest(out: str) -> None:
@@ -318,7 +399,7 @@ class ShardWriter:
             raise BadSample(f"ShardWriter({self.out!r}) is closed; open a new one to write more")
         if self.fields is None:
             self.fields = infer_fields(sample, self.cfg)
-        stored = to_sample(sample, self.fields, self.cfg)
+        stored = to_sample(sample, self.fields, self.cfg, copy=False)  # the cutter copies arrays at once
         h = key_hash(stored.key)
         if h in self._keys:
             raise BadSample(f"key {stored.key!r} was written before: keys are unique within a dataset")
@@ -332,10 +413,7 @@ class ShardWriter:
         if self.closed:
             return self.manifest
         try:
-            infos = []
-            if self._cutter is not None:
-                self._cutter.flush()
-                infos = self._cutter.infos
+            infos = self._cutter.close() if self._cutter is not None else []
             build = {"writer": {"format": self.cfg.format, "shard_size": self.cfg.shard_size,
                                 "max_samples_per_shard": self.cfg.max_samples_per_shard,
                                 "encode": self.cfg.encode, "quality": self.cfg.quality}}
@@ -348,7 +426,11 @@ class ShardWriter:
     def abort(self) -> None:
         """Stop without a manifest: the shards written so far stay, named by nothing."""
         self.closed = True
-        self._lock.close()
+        try:
+            if self._cutter is not None:
+                self._cutter._pool.shutdown(wait=True)
+        finally:
+            self._lock.close()
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -188,3 +188,39 @@ def test_kill_9_leaves_no_manifest(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert r.returncode == -9
     assert os.listdir(tmp_path / "out" / "shards") and not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_arrays_in_key_order_and_shuffled_give_the_same_bytes(tmp_path):
+    """Samples written in key order take the shard-buffer path for arrays, others samples_table's:
+    the same bytes either way; and a reused array buffer is copied at write()."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((5, 7)).astype(np.float32) for _ in range(20)]
+    buf = np.empty((5, 7), np.float32)
+    with ShardWriter(str(tmp_path / "sorted"), format="both", max_samples_per_shard=6) as w:
+        for i, a in enumerate(arrays):
+            buf[:] = a  # the caller reuses one buffer: each write must keep its own values
+            w.write({"__key__": f"k{i:03d}", "m": buf, "cls": i})
+    ds = StreamingDataset(str(tmp_path / "sorted"), shuffle=False)
+    for i, a in enumerate(arrays):
+        assert np.array_equal(ds.get(f"k{i:03d}")["m"].numpy(), a)
+    with ShardWriter(str(tmp_path / "sorted2"), format="both", max_samples_per_shard=6) as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i:03d}", "m": arrays[i], "cls": i})
+    with ShardWriter(str(tmp_path / "reversed"), format="both", max_samples_per_shard=6) as w:
+        for lo, hi in ((0, 6), (6, 12), (12, 18), (18, 20)):
+            for i in reversed(range(lo, hi)):
+                w.write({"__key__": f"k{i:03d}", "m": arrays[i], "cls": i})
+    names = sorted(os.listdir(tmp_path / "sorted2" / "shards"))
+    assert len(names) == 12
+    for name in names:
+        a = (tmp_path / "sorted2" / "shards" / name).read_bytes()
+        assert a == (tmp_path / "reversed" / "shards" / name).read_bytes() == (tmp_path / "sorted" / "shards" / name).read_bytes()
+
+
+def test_a_missing_array_takes_the_general_path(tmp_path):
+    with ShardWriter(str(tmp_path / "out"), fields={"m": {"kind": "array", "dtype": "int16", "shape": [2]},
+                                                    "cls": {"kind": "int", "dtype": "int64"}}) as w:
+        w.write({"__key__": "a", "m": np.array([1, 2], np.int16), "cls": 0})
+        w.write({"__key__": "b", "cls": 1})
+    ds = StreamingDataset(str(tmp_path / "out"), shuffle=False)
+    assert ds[0]["m"].tolist() == [1, 2] and "m" not in ds[1] and ds[1]["cls"] == 1
