@@ -6,7 +6,7 @@ The public API is imported lazily so that `shardkit --help` does not pay for tor
 from shardkit._version import __version__
 
 __all__ = ["StreamingDataset", "Mixture", "Source", "make_loader", "StarvationMeter", "build", "dedup",
-           "__version__"]
+           "ShardWriter", "build_map", "__version__"]
 
 _LAZY = {
     "StreamingDataset": ("shardkit.reader.dataset", "StreamingDataset"),
@@ -16,6 +16,8 @@ _LAZY = {
     "StarvationMeter": ("shardkit.meter", "StarvationMeter"),
     "build": ("shardkit.executor", "build"),
     "dedup": ("shardkit.dedup_job", "dedup"),
+    "ShardWriter": ("shardkit.shard_writer", "ShardWriter"),
+    "build_map": ("shardkit.build_map", "build_map"),
 }
 
 

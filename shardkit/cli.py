@@ -233,7 +233,11 @@ def _parse_size(ctx, param, value):
               help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
 @click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
 @click.option("--allow-empty", is_flag=True, help="Write an empty dataset when SRC holds no sample (else an error).")
-def build(src, out, **options):
+@click.option("--map", "map_fn", default=None, metavar="MODULE:FUNCTION",
+              help="Run your function on each sample after the built-in stages: it gets a sample dict "
+                   "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
+                   "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
+def build(src, out, map_fn, **options):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
     \b
@@ -251,12 +255,18 @@ def build(src, out, **options):
       shardkit build hf_export/ out/ --image-field image --label-field label --image-size 224
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
+      shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)
     """
     from shardkit.config import BuildConfig
     from shardkit.executor import build as run_build
 
     # Every flag is named after its BuildConfig field: the mapping is one-to-one by construction.
     cfg = BuildConfig(src=src, out=out, **options)
+    if map_fn:  # the built-in stages into a staging dataset, then the function over its samples
+        from shardkit.cli_map import build_with_map, map_summary
+
+        click.echo(map_summary(build_with_map(cfg, map_fn)))
+        return
     result = run_build(cfg)
     click.echo(build_summary(result))
 

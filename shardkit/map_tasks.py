@@ -1,0 +1,247 @@
+"""build_map's Dask tasks: a work unit runs the user's function over its inputs into a samples table;
+a group's step writes the group's shard(s) from its units' tables, in input order, then its marker.
+
+The client side (groups, fingerprints, the run, the manifest) is shardkit/build_map.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, replace
+
+from shardkit.contract import ShardInfo
+from shardkit.errors import ConfigError, Rejection, RejectionLog
+from shardkit.fs import atomic_write, tmp_name
+from shardkit.shard_writer import BadSample, WriterConfig, to_sample
+from shardkit.writers import get_table_writer
+
+STATE = os.path.join(".shardkit", "map")
+MAX_PARTS = 100_000  # shards one group may be cut into (its part number is below this)
+REPR_CHARS = 300  # of an input's repr in errors.jsonl
+
+
+@dataclass(frozen=True)
+class MapContext:
+    """What every task shares (sent to each worker once)."""
+
+    fn: object
+    out: str
+    fields: dict
+    writer: WriterConfig
+    on_error: str
+    in_memory: bool  # every task runs in this process: units hand their tables over as they are
+
+
+@dataclass(frozen=True)
+class Group:
+    """One shard group: inputs [start, stop), its rerun fingerprint."""
+
+    index: int
+    start: int
+    stop: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Unit:
+    group: int
+    index: int
+    start: int
+    inputs: tuple
+
+
+@dataclass
+class UnitOutput:
+    rows: int
+    rejections: list
+    table: object = None
+    path: str | None = None
+
+
+@dataclass
+class GroupResult:
+    """One group's shards and rejections (what its marker records)."""
+
+    index: int
+    shards: list[ShardInfo]
+    rejections: list[Rejection]
+    reused: bool = False
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "shards": [s.to_dict() for s in self.shards],
+                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections]}
+
+
+def samples_of(out) -> list:
+    """fn's result as a list of sample dicts: one dict, an iterable of them, or None (skip)."""
+    if out is None:
+        return []
+    if isinstance(out, dict):
+        return [out]
+    try:
+        return list(out)
+    except TypeError:
+        raise BadSample(f"fn returned a {type(out).__name__}; it returns a sample dict, an iterable of "
+                        "sample dicts, or None to skip the input") from None
+
+
+def _last_line(e: BaseException) -> str:
+    """`Type: message`, with the message's last line only (what a traceback's last line shows)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1]}" if lines else type(e).__name__
+
+
+def run_unit(unit: Unit, ctx: MapContext) -> UnitOutput:
+    """fn over one unit's inputs; an input whose fn raises (or gives a sample that does not fit) is
+    rejected whole, with its repr and the exception's last line."""
+    from shardkit.writers.parquet import samples_table
+
+    log, samples = RejectionLog(ctx.on_error), []
+    for offset, item in enumerate(unit.inputs):
+        try:
+            made = [to_sample(s, ctx.fields, ctx.writer) for s in samples_of(ctx.fn(item))]
+        except Exception as e:  # noqa: BLE001 — the user's function: any failure is this input's
+            log.reject(repr(item)[:REPR_CHARS], "map", _last_line(e))
+            continue
+        samples += made
+    table = samples_table(samples, ctx.fields)
+    result = UnitOutput(table.num_rows, log.items)
+    if ctx.in_memory:
+        result.table = table
+    else:
+        result.path = _save(table, os.path.join(ctx.out, STATE, "units", f"{unit.group:05d}-{unit.index:04d}.arrow"))
+    return result
+
+
+def _save(table, path: str) -> str:
+    """A unit's table as an Arrow file (temp name, then rename; no fsync: it lives for seconds)."""
+    import pyarrow as pa
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tmp_name(path)
+    with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+    os.replace(tmp, path)
+    return path
+
+
+def _marker(out: str, g: int) -> str:
+    return os.path.join(out, STATE, "done", f"group-{g:05d}.json")
+
+
+def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupResult:
+    """A group's step: its units' tables in input order, duplicate keys rejected (the first kept),
+    sorted by key, cut by size and count, written; then its marker."""
+    import pyarrow as pa
+
+    tables = [p.table if p.table is not None else pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    rejections = [r for p in parts for r in p.rejections]
+    table, dups = _sorted_unique(pa.concat_tables(tables))
+    for key in dups:
+        rejections.append(Rejection(key, "map", f"duplicate key: {key!r} was given by an earlier input, kept"))
+    shards = _write_parts(table, group.index, ctx)
+    result = GroupResult(group.index, shards, rejections)
+    atomic_write(_marker(ctx.out, group.index), json.dumps({"fingerprint": group.fingerprint,
+                                                            "result": result.to_json()}, sort_keys=True))
+    for p in parts:
+        if p.path:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p.path)
+    return result
+
+
+def _sorted_unique(table):
+    """The table sorted by key (stable: among equal keys the first input's row first), repeated keys
+    dropped; returns (table, the repeated keys)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(table, [("__key__", "ascending")]).to_numpy()  # a stable sort
+    keys = table.column("__key__").take(order).to_pylist()
+    repeat = np.array([False] + [a == b for a, b in zip(keys, keys[1:])], bool)
+    return table.take(order[~repeat]), [k for k, r in zip(keys, repeat) if r]
+
+
+def _row_bytes(table):
+    """Each row's stored size in a tar shard (values plus a member's overhead per field present)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from shardkit.contract import CHECKSUM_SUFFIX
+    from shardkit.shard_writer import TAR_MEMBER_OVERHEAD
+
+    total = np.zeros(table.num_rows, np.int64)
+    for name in table.column_names:
+        if name.startswith("__") or name.endswith(CHECKSUM_SUFFIX):
+            continue
+        col = table.column(name)
+        present = col.is_valid().to_numpy(zero_copy_only=False)
+        t = col.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_fixed_size_binary(t):
+            sizes = pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+        else:  # an int: its decimal text in a tar member
+            sizes = np.full(table.num_rows, 20)
+        total += np.where(present, sizes + TAR_MEMBER_OVERHEAD, 0)
+    return total
+
+
+def _cuts(sizes, cfg: WriterConfig) -> list[tuple[int, int]]:
+    """[start, stop) rows of each shard: greedy by size and count, at least one row each."""
+    cuts, start, acc = [], 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        full = cfg.max_samples_per_shard is not None and i - start >= cfg.max_samples_per_shard
+        if i > start and (full or acc + size > cfg.shard_size):
+            cuts.append((start, i))
+            start, acc = i, 0
+        acc += size
+    if start < len(sizes):
+        cuts.append((start, len(sizes)))
+    return cuts
+
+
+def _write_parts(table, g: int, ctx: MapContext) -> list[ShardInfo]:
+    """Shards `data-GGGGG-PPP` of one group (written under a numeric id, then renamed)."""
+    cuts = _cuts(_row_bytes(table), ctx.writer)
+    if len(cuts) >= MAX_PARTS:
+        raise ConfigError(f"group {g} makes {len(cuts)} shards; raise shard_size or lower inputs_per_shard")
+    infos = []
+    for p, (a, b) in enumerate(cuts):
+        for fmt in ctx.writer.formats:
+            info = get_table_writer(fmt)(table.slice(a, b - a), ctx.out, g * MAX_PARTS + p, ctx.fields)
+            infos.append(_rename(info, f"shards/data-{g:05d}-{p:03d}", ctx.out))
+    return infos
+
+
+def _rename(info: ShardInfo, stem: str, out: str) -> ShardInfo:
+    path = stem + os.path.splitext(info.path)[1]
+    os.replace(os.path.join(out, info.path), os.path.join(out, path))
+    index = None
+    if info.index:
+        index = dict(info.index, path=path + ".idx.parquet")
+        os.replace(os.path.join(out, info.index["path"]), os.path.join(out, index["path"]))
+    return replace(info, path=path, index=index)
+
+
+def reusable(out: str, group: Group) -> GroupResult | None:
+    """A previous run's result for this group, if its fingerprint matches and its files are there."""
+    try:
+        with open(_marker(out, group.index), encoding="utf-8") as f:
+            marker = json.load(f)
+        if marker["fingerprint"] != group.fingerprint:
+            return None
+        d = marker["result"]
+        result = GroupResult(group.index, [ShardInfo.from_dict(s) for s in d["shards"]],
+                             [Rejection(*r) for r in d["rejections"]], reused=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for info in result.shards:
+        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
+        if not all(os.path.isfile(os.path.join(out, rel)) and os.path.getsize(os.path.join(out, rel)) == size
+                   for rel, size in files):
+            return None
+    return result
+
+
