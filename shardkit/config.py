@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ON_ERROR_CHOICES, ConfigError
@@ -160,10 +160,6 @@ class BuildConfig:
     def output_hash(self) -> str:
         blob = json.dumps(self.recorded(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def field_names(cls) -> list[str]:
-    return [f.name for f in fields(cls)]
 
 
 VARIANT_POLICIES = ("cycle", "random")

@@ -7,11 +7,13 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.fs import is_remote
 from shardkit.identity import worker_identity, worker_info
 from shardkit.reader import decode
 from shardkit.reader.batches import last_uses
+from shardkit.reader.partition import Plan
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import STORED
 
@@ -25,9 +27,13 @@ GROUP_ROWS = 512
 class EpochDataset(IterableDataset):
     """An IterableDataset read in epochs: exactly-once over ranks x workers, resumable.
 
-    A subclass sets `config` (StreamConfig), `reader` (BatchReader), `tokens` (TokenBatches or
-    None), `transform`, `batch_transform`, `world_size`, `position` (Position) and gives
-    `epoch_plan`, `__len__`, `slotted_fields` and `plan_fields`.
+    The contract a subclass fills, and nothing more: it sets `config` (StreamConfig), `reader`
+    (BatchReader), `tokens` (TokenBatches or None), `fields` and `field_specs`, `transform`,
+    `batch_transform`, `rank`, `world_size` and `position` (Position), and gives `epoch_plan`,
+    `__len__` and `plan_fields` (what fixes the order: saved in the loader's state and compared on
+    restore); `state_extra` / `check_state` add what tells one dataset from another. The plan's
+    options and the slots a batch fills follow from those here. Two hooks only a mixture needs (`check_loader`, `yielded`)
+    do nothing unless overridden.
     """
 
     position: Position
@@ -37,16 +43,32 @@ class EpochDataset(IterableDataset):
         """This rank's plan of `epoch` after resume `layers` (rank 0's at another `world_size`)."""
         raise NotImplementedError
 
+    # -- the state contract: what the loader saves besides the position, and its check on restore
+
     def plan_fields(self) -> dict:
-        """What fixes an epoch's order, saved in the loader's state and checked on restore."""
+        """What fixes an epoch's order, saved in the loader's state and compared key by key on restore."""
         raise NotImplementedError
 
     def state_extra(self) -> dict:
-        """More of the loader's state (a mixture's per-source positions); checked by check_state."""
+        """What the state holds besides (what the data is: digests, a mixture's source positions);
+        checked by check_state."""
         return {}
 
     def check_state(self, state: dict) -> None:
         """Raise a ConfigError when a saved loader state cannot resume this dataset."""
+
+    @property
+    def plan(self) -> Plan:
+        """The epoch layout these options give (one sample per batch)."""
+        c = self.config
+        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
+
+    def slotted_fields(self) -> int:
+        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
+        fixed-shape rows, arrays, token fields)."""
+        return slotted_fields(self.field_specs, self.fields, self.tokens)
+
+    # -- hooks only a mixture needs
 
     def check_loader(self, batch_size: int, drop_last: bool) -> None:
         """Raise a ConfigError when make_loader's batching does not fit this dataset."""
@@ -230,3 +252,12 @@ def shards_digest(counts) -> str:
     import xxhash
 
     return f"{len(counts)} shards, counts {xxhash.xxh3_64_hexdigest(np.ascontiguousarray(counts, '<i8').tobytes())}"
+
+
+def slotted_fields(specs: dict, fields: list[str], tokens) -> int:
+    """Tensors per batch that fill reusable shared slots (images, fixed-shape rows, arrays, token fields)."""
+    if tokens is not None and tokens.packed:
+        return tokens.slots()
+    read = [specs[f] for f in fields if tokens is None or f != "tokens"]
+    fixed = sum(1 for spec in read if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
+    return fixed + (tokens.slots() if tokens is not None else 0)

@@ -7,13 +7,12 @@ import dataclasses
 import numpy as np
 
 from shardkit.config import StreamConfig
-from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.identity import rank_world
 from shardkit.manifest import load_manifest
 from shardkit.reader.base import GROUP_ROWS, EpochDataset, shards_digest  # noqa: F401  (GROUP_ROWS: where it always was)
 from shardkit.reader.batches import BatchReader
-from shardkit.reader.partition import EpochPlan, Plan, rank_size
+from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.lookup import MISSING, Lookup
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
@@ -54,21 +53,10 @@ class StreamingDataset(EpochDataset):
         self._lookup, self._digest = None, None
         self.epoch_plan(0)  # validates the split early: an empty rank is an error here, not mid-run
 
-    def slotted_fields(self) -> int:
-        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
-        fixed-shape rows, arrays, token fields)."""
-        return slotted_fields(self.manifest.fields, self.fields, self.tokens)
-
     @property
     def field_specs(self) -> dict:
         """Name -> spec of every field of the dataset (the manifest's)."""
         return self.manifest.fields
-
-    @property
-    def plan(self) -> Plan:
-        """The epoch layout these options give (one sample per batch)."""
-        c = self.config
-        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
 
     def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False,
                    world_size: int | None = None) -> EpochPlan:
@@ -143,15 +131,6 @@ def stream_config(config: StreamConfig | None, options: dict, who: str) -> Strea
     except TypeError as e:
         valid = ", ".join(f.name for f in dataclasses.fields(StreamConfig))
         raise ConfigError(f"{who}: {e}; valid options: {valid}") from e
-
-
-def slotted_fields(specs: dict, fields: list[str], tokens) -> int:
-    """Tensors per batch that fill reusable shared slots (images, fixed-shape rows, arrays, token fields)."""
-    if tokens is not None and tokens.packed:
-        return tokens.slots()
-    read = [specs[f] for f in fields if tokens is None or f != "tokens"]
-    fixed = sum(1 for spec in read if spec["kind"] == "image" or fixed_nbytes(spec) is not None)
-    return fixed + (tokens.slots() if tokens is not None else 0)
 
 
 def read_format(manifest, asked: str | None = None) -> str:

@@ -63,23 +63,6 @@ def interleave(q: np.ndarray, counts: np.ndarray, offsets: np.ndarray, nodes: li
     return src, rank
 
 
-def counts_before(q: int, counts: np.ndarray, offsets: np.ndarray, nodes: list) -> np.ndarray:
-    """Positions of each source among the phase's first q positions."""
-    csum = np.concatenate([[0], np.cumsum(counts)])
-    out = np.zeros(len(counts), np.int64)
-    stack = [(0, int(q))]
-    while stack:
-        node, qq = stack.pop()
-        lo, mid, hi, left, right = nodes[node]
-        if mid == hi:
-            out[lo] = qq
-            continue
-        n = int(csum[hi] - csum[lo])
-        before = (qq * int(csum[mid] - csum[lo]) + int(offsets[node])) // n if n else 0
-        stack += [(left, before), (right, qq - before)]
-    return out
-
-
 class MixtureOrder:
     """The global order of one mixture epoch, in units (samples, or whole batches with batch-level
     mixing): what `partition.EpochPlan` splits over ranks and workers."""
@@ -135,12 +118,6 @@ class MixtureOrder:
         ids = self.streams.ids(src, t)
         return ids.reshape(-1, unit) if unit > 1 else ids
 
-    def counts_before(self, position: int) -> np.ndarray:
-        """Units of each source among this epoch's first `position` positions."""
-        length, cum = self.table.length, self.table.cum
-        j = min(position // length, len(cum) - 2)
-        q = position - j * length
-        return cum[j] + counts_before(q, cum[j + 1] - cum[j], self._phase_offsets(j), self.nodes)
 
 
 class SourceStreams:

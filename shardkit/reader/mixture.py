@@ -23,10 +23,10 @@ from shardkit.identity import rank_world
 from shardkit.manifest import load_manifest
 from shardkit.reader.base import EpochDataset, shards_digest
 from shardkit.reader.batches import DATASET_KEY, BatchReader, ShardSet
-from shardkit.reader.dataset import read_format, resolve_fields, slotted_fields, stream_config
+from shardkit.reader.dataset import read_format, resolve_fields, stream_config
 from shardkit.reader.mix_order import ChunkPlan, MixtureOrder, SourceStreams
 from shardkit.reader.mixing import MixConfig, MixPlan, Schedule, Source, epoch_units, source_of
-from shardkit.reader.partition import EpochPlan, Plan, rank_size
+from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
@@ -135,11 +135,6 @@ class Mixture(EpochDataset):
             self._orders[epoch] = MixtureOrder(self.mixplan, epoch, self.config.seed, self.streams)
         return self._orders[epoch]
 
-    @property
-    def plan(self) -> Plan:
-        c = self.config
-        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
-
     def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False,
                    world_size: int | None = None):
         """This rank's plan of `epoch` (rank 0's at another `world_size`); with batch-level mixing
@@ -155,9 +150,6 @@ class Mixture(EpochDataset):
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
         return rank_size(self.mixplan.total, self.world_size, self.config.drop_remainder) * self.mix.unit
-
-    def slotted_fields(self) -> int:
-        return slotted_fields(self.field_specs, self.fields, self.tokens)
 
     def counts(self, epoch: int | None = None) -> dict[str, int]:
         """Samples of each source in `epoch` (default: the current one), over all ranks."""

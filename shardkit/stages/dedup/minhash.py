@@ -9,7 +9,6 @@ import numpy as np
 
 SCHEMES = ("affine32", "legacy")
 _MERSENNE = np.uint64((1 << 61) - 1)
-_MAX32 = np.uint32(0xFFFFFFFF)
 # Shingles per numpy pass: a 128 x 4096 x 4 B = 2 MiB work matrix stays in cache, which matters more
 # here than fewer, larger passes.
 CHUNK_ROWS = 4096
