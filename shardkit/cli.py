@@ -12,8 +12,9 @@ import click
 
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
-from shardkit.cli_options import image_field_option, text_field_option
-from shardkit.errors import ON_ERROR_CHOICES, ShardkitError, Terminated
+from shardkit.cli_options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
+                                  on_error_option, progress_option, scheduler_option, text_field_option)
+from shardkit.errors import ShardkitError, Terminated
 
 
 def human_bytes(n: float) -> str:
@@ -24,7 +25,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-# Exit statuses (README "Exit codes"); click itself exits 2 on a bad flag or argument.
+# Exit statuses (README "When something fails"); click itself exits 2 on a bad flag or argument.
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_SYSTEM, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 4, 70, 130
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended, now after a clean stop
@@ -193,22 +194,17 @@ def _parse_size(ctx, param, value):
                    "nothing is copied between processes) or processes; auto: for a folder of images, threads "
                    "where a 0.2 s probe finds their GIL cap above what the cores do, else processes "
                    "(`shardkit --debug build ...` says which and why).")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage "
-                   "the workers share, under the same paths).")
+@scheduler_option
 @click.option("--unit-samples", type=int, default=None, metavar="N",
               help="Samples per work unit [default: chosen from the worker count so every worker stays busy]; "
                    "never changes the output.")
-@click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
-              help="skip: record bad inputs in OUT/errors.jsonl and go on; fail: stop at the first one.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@on_error_option
+@progress_option
 @click.option("--dedup", is_flag=True, help="Remove near-duplicates (MinHash LSH for text, pHash for images) "
               "before writing; report in OUT/dedup/. Tune with --dedup-threshold/--dedup-verify/--image-distance.")
-@click.option("--dedup-threshold", type=float, default=0.8, show_default=True,
-              help="Jaccard similarity of word 5-gram sets above which two texts are duplicates.")
-@click.option("--dedup-verify", is_flag=True, help="Check candidate pairs with exact Jaccard (precision 1.0).")
-@click.option("--image-distance", type=int, default=10, show_default=True,
-              help="Max pHash bit distance (of 64) for near-duplicate images (see `shardkit dedup --help`).")
+@click.option("--dedup-threshold", type=float, default=0.8, show_default=True, help=THRESHOLD_HELP)
+@click.option("--dedup-verify", is_flag=True, help=VERIFY_HELP)
+@image_distance_option
 @click.option("--tokenizer", default=None, metavar="FILE|bpe:N",
               help="Tokenize text once at build time (field tokens replaces txt): a tokenizer.json file, or "
                    "bpe:N to train an N-token byte-level BPE on the corpus first. Saved as OUT/tokenizer.json; "
@@ -216,8 +212,9 @@ def _parse_size(ctx, param, value):
 @click.option("--eos-token", default=None, metavar="TOKEN",
               help="Id appended after each document [default: the tokenizer's <|endoftext|>, </s>, <eos> …].")
 @click.option("--seq-len", type=int, default=None, metavar="N",
-              help="Pack documents into rows of N+1 ids (inputs = row[:-1], targets = row[1:]); document "
-                   "starts stored in field doc_starts. Without it: one row per document.")
+              help="Pack documents into rows of N+1 ids (consecutive rows share one id: inputs = row[:-1], "
+                   "targets = row[1:]); document offsets stored with the rows (field doc_offsets). Without it: "
+                   "one row per document.")
 @click.option("--tail", type=click.Choice(TAIL_CHOICES), default="pad", show_default=True,
               help="Each shard's last partial packed row: pad it (pad id = dtype max) or drop it (counted in "
                    "the manifest's tokenizer stats).")

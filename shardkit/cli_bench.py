@@ -8,6 +8,7 @@ import sys
 import click
 
 from shardkit.bench.config import VARIANT_NAMES
+from shardkit.cli_options import progress_option
 
 
 def _int_list(ctx, param, value):
@@ -50,7 +51,7 @@ def _names(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated folder.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Draw bench.png.")
 @click.option("--plot-only", is_flag=True, help="Only redraw OUT/bench.png from OUT/bench.json.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@progress_option
 def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, variants, batch_size, repeat,
           warmup, min_batches, step_ms, gpu, build_workers, seed, plot, plot_only, progress):
     """Measure data loading on this machine: a raw-folder Dataset vs WebDataset vs shardkit.

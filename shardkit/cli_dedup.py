@@ -5,15 +5,14 @@ from __future__ import annotations
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
-from shardkit.cli_options import image_field_option, text_field_option
-from shardkit.errors import ON_ERROR_CHOICES
+from shardkit.cli_options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
+                                  on_error_option, progress_option, scheduler_option, text_field_option)
 
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--threshold", type=float, default=0.8, show_default=True,
-              help="Text: Jaccard similarity of the word n-gram sets at or above which two documents are duplicates.")
+@click.option("--threshold", type=float, default=0.8, show_default=True, help=THRESHOLD_HELP)
 @click.option("--ngram", type=int, default=5, show_default=True,
               help="Words per shingle (documents shorter than this are one shingle).")
 @click.option("--num-perm", type=int, default=128, show_default=True,
@@ -22,20 +21,14 @@ from shardkit.errors import ON_ERROR_CHOICES
               help="LSH bands (with --rows) [default: datasketch's optimal pair for --threshold, weighted 9:1 "
                    "toward recall since every candidate is checked against the threshold afterwards].")
 @click.option("--rows", type=int, default=None, help="LSH rows per band (with --bands).")
-@click.option("--verify/--no-verify", default=False, show_default=True,
-              help="Check candidate pairs with exact Jaccard of the shingle sets instead of the MinHash "
-                   "estimate: no false positives, no weak transitive links; stores shingle sets.")
+@click.option("--verify/--no-verify", default=False, show_default=True, help=VERIFY_HELP)
 @click.option("--seed", type=int, default=1, show_default=True, help="MinHash permutation seed (datasketch's).")
 @click.option("--modality", type=click.Choice(DEDUP_MODALITIES), default="auto", show_default=True,
               help="auto: samples with an image compare by image, others by their text.")
 @click.option("--image-hash", type=click.Choice(IMAGE_HASHES), default="phash", show_default=True,
               help="64-bit perceptual hash of a grey thumbnail: phash (DCT signs; fewer false matches on "
                    "smooth images) or dhash (neighbour gradients; faster).")
-@click.option("--image-distance", type=int, default=10, show_default=True,
-              help="Images whose hashes differ in at most this many of 64 bits are near duplicates. 10 sits "
-                   "above what resizing, JPEG quality 60 and a 2% crop move a pHash (p99 about 8 bits) and "
-                   "far below unrelated images (about 32 bits apart, rarely under 14). Search cost grows "
-                   "with it: distance+1 bands of 64/(distance+1) bits.")
+@image_distance_option
 @click.option("--partition-size", type=int, default=5000, show_default=True,
               help="Samples per signature task (a built dataset's shards are grouped whole, at least one "
                    "per task). Every bucket task reads a slice of each partition: at 100M+ samples use "
@@ -48,11 +41,9 @@ from shardkit.errors import ON_ERROR_CHOICES
 @click.option("--workers", type=int, default=None,
               help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
                    "estimated work cannot pay for starting a cluster, else one worker per core].")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT on shared storage).")
-@click.option("--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
-              help="skip: record unreadable inputs in OUT/errors.jsonl and go on; fail: stop at the first.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@scheduler_option
+@on_error_option
+@progress_option
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
           partition_size, fmt, text_field, image_field, workers, scheduler, on_error, progress):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.

@@ -1,8 +1,10 @@
-"""Options that `build` and `dedup` both take, defined once so their names, defaults and help agree."""
+"""Options that several commands take (build, dedup, bench), defined once so their names, defaults and help agree."""
 
 from __future__ import annotations
 
 import click
+
+from shardkit.errors import ON_ERROR_CHOICES
 
 text_field_option = click.option(
     "--text-field", default="text", show_default=True,
@@ -10,3 +12,21 @@ text_field_option = click.option(
 image_field_option = click.option(
     "--image-field", default="image", show_default=True,
     help="The image column of .parquet files: binary, or a struct {bytes, path} (Hugging Face datasets).")
+scheduler_option = click.option(
+    "--scheduler", default=None, metavar="ADDRESS",
+    help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage the workers "
+         "share, under the same paths).")
+on_error_option = click.option(
+    "--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
+    help="skip: record bad inputs in OUT/errors.jsonl, count them and go on; fail: stop at the first one.")
+progress_option = click.option("--progress/--no-progress", default=True, show_default=True,
+                               help="Show a progress bar on stderr.")
+IMAGE_DISTANCE_HELP = (
+    "Images whose hashes differ in at most this many of 64 bits are near duplicates. 10 sits above what "
+    "resizing, JPEG quality 60 and a 2% crop move a pHash (p99 about 8 bits) and far below unrelated images "
+    "(about 32 bits apart, rarely under 14). Search cost grows with it: distance+1 bands of 64/(distance+1) bits.")
+image_distance_option = click.option("--image-distance", type=int, default=10, show_default=True,
+                                     help=IMAGE_DISTANCE_HELP)
+THRESHOLD_HELP = "Text: Jaccard similarity of the word n-gram sets at or above which two documents are duplicates."
+VERIFY_HELP = ("Check candidate pairs with exact Jaccard of the shingle sets instead of the MinHash estimate: "
+               "no false positives, no weak transitive links; stores shingle sets.")
