@@ -59,6 +59,31 @@ def accuracy(steps: int) -> None:
     print(f"largest difference: {worst:.2f} points (target <= 3)")
 
 
+def workers(batches: int) -> None:
+    """Host wait per step as DataLoader workers rise (a dataset that sleeps 20 ms an item, 4 a
+    batch; a 10 ms step): ~80 ms in-process, ~30 ms with 2 workers, ~10 ms with 4."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 4 * batches
+
+        def __getitem__(self, i):
+            time.sleep(0.02)
+            return torch.tensor([i])
+
+    wait = {}
+    for n in (0, 2, 4):
+        meter = StarvationMeter(warmup=3, log_every=0)
+        for _ in meter.wrap(DataLoader(Slow(), batch_size=4, num_workers=n, prefetch_factor=2 if n else None)):
+            time.sleep(0.01)
+        s = meter.summary()
+        wait[n] = s["wait_s"] / s["steps"]
+        print(f"workers {n}: wait {1e3 * wait[n]:.1f} ms per step, starved {s['starved_pct']:.1f}%")
+    print(f"wait ratio 0/2 workers: {wait[0] / wait[2]:.2f} (expected ~2.7), 2/4: {wait[2] / wait[4]:.2f} (~3)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=200)
@@ -67,6 +92,7 @@ def main() -> None:
     args = ap.parse_args()
     overhead(args.steps, args.step_ms, args.rounds)
     accuracy(args.steps // 2)
+    workers(16)
 
 
 if __name__ == "__main__":

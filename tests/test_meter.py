@@ -93,24 +93,20 @@ class SlowDataset:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 sleeping workers on 2 cores is fine
-def test_host_wait_falls_as_workers_rise():
+def test_meter_counts_steps_samples_and_workers_of_a_real_dataloader():
+    """The meter over torch's DataLoader at 0, 2 and 4 workers: what it counts. How the wait falls as
+    workers rise is a timing, measured by bench/meter_bench.py (workers section), not asserted here."""
     from torch.utils.data import DataLoader
 
-    mean_wait = {}
     for workers in (0, 2, 4):
-        loader = DataLoader(SlowDataset(64, 0.02), batch_size=4, num_workers=workers,
+        loader = DataLoader(SlowDataset(64, 0.002), batch_size=4, num_workers=workers,
                             prefetch_factor=2 if workers else None)
         meter = StarvationMeter(warmup=3, log_every=0)
-        for _ in meter.wrap(loader):
-            time.sleep(0.01)
+        seen = [int(b[0]) for batch in meter.wrap(loader) for b in batch]
         s = meter.summary()
-        assert s["num_workers"] == workers and s["samples"] == 4 * 13
-        mean_wait[workers] = s["wait_s"] / s["steps"]
-    # A batch is 80 ms of loading and a step 10 ms: ~80 ms wait in-process, ~30 ms with 2
-    # workers (one batch per 40 ms), ~10 ms with 4 (one per 20 ms).
-    assert mean_wait[0] == pytest.approx(0.080, abs=0.015)
-    assert mean_wait[0] > 1.8 * mean_wait[2]
-    assert mean_wait[2] > 1.5 * mean_wait[4]
+        assert sorted(seen) == list(range(64))
+        assert s["num_workers"] == workers and s["steps"] == 13 and s["samples"] == 4 * 13
+        assert s["wait_s"] > 0 and 0 <= s["starved_pct"] <= 100
 
 
 def test_summary_and_json_contents(tmp_path):
