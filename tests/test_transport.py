@@ -282,3 +282,35 @@ def test_page_locked_slots_are_lent_without_a_copy_and_refilled_after_the_copy_f
     gc.collect()
     # Every page-locked storage is unregistered once, when a grown slot replaces it or with the loader.
     assert calls["register"] and sorted(calls["unregister"]) == sorted(calls["register"])
+
+
+def test_a_new_iteration_does_not_free_a_page_locked_slot_before_its_copy_fence(monkeypatch):
+    """A let-go page-locked slot keeps its old generation until its fence passes; reclaim() at the
+    next iteration must not take it for an undelivered batch and free it early (the worker would
+    refill it under a running copy, and release() later would free it again under a new batch)."""
+    import types
+
+    import shardkit.loader.transport as transport_module
+    from shardkit.loader import memory
+    from shardkit.loader.transport import SlotTransport
+
+    monkeypatch.setattr(transport_module, "worker_info", lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setattr(memory, "page_lock", lambda storage: types.SimpleNamespace(storage=storage))
+    monkeypatch.setattr(memory, "copy_fence", FakeFence)
+    # In one process the worker side's own handles hold the storage too: once the batch is
+    # dropped, say nothing else does.
+    monkeypatch.setattr(memory, "refs", lambda t: "unreferenced")
+    transport = SlotTransport(1, 3, pin=True)
+    transport.new_iteration()
+    transport.start_iteration()
+    sent = transport.pack({"x": torch.from_numpy(transport.alloc((4, 64)))})
+    got = transport.unpack(sent)
+    (_, slot), = [(w, s) for w, s, _ in transport._lent]
+    del got
+    transport.release()  # let go: waiting for its fence
+    assert transport._lent == [] and [e[:2] for e in transport._draining] == [(0, slot)]
+    transport.new_iteration()
+    transport.reclaim()
+    assert transport.flags[0, slot] == 1  # still taken: the copy from it may be running
+    transport.release()
+    assert transport.flags[0, slot] == 0 and transport._draining == []

@@ -104,8 +104,9 @@ class SlotTransport:
 
     def reclaim(self) -> int:
         """Main side, once DataLoader has drained the previous iteration: slots filled for
-        batches that were never delivered (the loop stopped early) are free again."""
-        lent = {(w, s) for w, s, _ in self._lent}
+        batches that were never delivered (the loop stopped early) are free again. Slots lent
+        out, or let go but waiting for their copy fence, are not: release() frees those."""
+        lent = {(w, s) for w, s, _ in self._lent + self._draining}
         stale = (self.flags != 0) & (self.flags != int(self.generation))
         freed = 0
         for w, s in stale.nonzero().tolist():
