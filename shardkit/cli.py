@@ -31,31 +31,45 @@ EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went
 EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended, now after a clean stop
 
 
+_COMMAND = {"over": False}  # set once the command's work has ended: the process only reports and exits
+
+
 def _on_sigterm(signum, frame):
     """The first SIGTERM stops the command as Ctrl-C does (tasks cancelled, cluster closed, lock
-    released); a second one during that clean-up leaves at once."""
+    released); a second one during that clean-up leaves at once. After the work, nothing to stop."""
     import signal
 
+    if _COMMAND["over"]:
+        return
     signal.signal(signum, lambda *_: os._exit(EXIT_TERMINATED))
     raise Terminated(signum)
 
 
 @contextlib.contextmanager
-def stop_on_sigterm():
+def stop_on_sigterm(after_ignore: bool = False):
     """SIGTERM (what spot/preemptible machines, Kubernetes and `kill` send) raises Terminated in the
-    main thread for the duration; the previous handler comes back after. Independent of SIGINT, so a
-    job a shell started in the background (SIGINT ignored) still stops cleanly on SIGTERM."""
+    main thread for the duration. Independent of SIGINT, so a job a shell started in the background
+    (SIGINT ignored) still stops cleanly on SIGTERM; a SIGTERM the parent ignored stays ignored.
+
+    After the block the previous handler comes back, or, with `after_ignore` (the shardkit program
+    itself), SIGTERM is ignored: the command is done and the process only exits, with its status,
+    where a SIGTERM would turn a finished build into a killed one (exit -15) without a word."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        yield
+        return
+    _COMMAND["over"] = False
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if after_ignore else previous)
 
 
 def describe(error: BaseException) -> tuple[int, str]:
@@ -87,6 +101,13 @@ class _Group(click.Group):
     """Turns every failure into one line on stderr and a documented exit status; --debug (or
     SHARDKIT_DEBUG=1) shows the traceback instead."""
 
+    def main(self, args=None, *rest, **options):
+        # From the start, not just around the command: a SIGTERM while the arguments are read must
+        # not end the process silently either. args=None: this process is the shardkit program (a
+        # console script), not a caller's CliRunner, so SIGTERM stays handled until it exits.
+        with stop_on_sigterm(after_ignore=args is None):
+            return super().main(args, *rest, **options)
+
     def invoke(self, ctx):
         debug = ctx.params.get("debug") or os.environ.get("SHARDKIT_DEBUG")
         if debug:
@@ -99,8 +120,10 @@ class _Group(click.Group):
                 logging.getLogger("shardkit").addHandler(handler)
                 logging.getLogger("shardkit").setLevel(logging.INFO)
         try:
-            with stop_on_sigterm():
+            try:
                 return super().invoke(ctx)
+            finally:
+                _COMMAND["over"] = True
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error
