@@ -169,3 +169,11 @@ def test_cli_map_bad_spec_is_a_clear_error(tmp_path, raw_folder):
     r = subprocess.run([sys.executable, "-m", "shardkit.cli", "build", str(raw_folder), str(tmp_path / "o"),
                         "--map", "no_such_module_x:f"], capture_output=True, text=True, env=_env())
     assert r.returncode == 1 and "cannot import 'no_such_module_x'" in r.stderr + r.stdout
+
+
+def test_build_config_map_is_not_ignored_by_build(tmp_path, raw_folder):
+    from shardkit.config import BuildConfig
+    from shardkit.executor import build
+
+    with pytest.raises(ConfigError, match="build_with_map"):
+        build(BuildConfig(src=str(raw_folder), out=str(tmp_path / "o"), map="map_fns:caption_length"))
