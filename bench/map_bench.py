@@ -81,14 +81,17 @@ def main() -> None:
     variants = {"Pool(2)": run_pool} | {f"build_map {pool}": run_map(pool) for pool in a.pools.split(",")}
     rates = {name: [] for name in variants}
     try:
-        for r in range(a.rounds):
+        for r in range(a.rounds):  # sizes interleaved too: every variant's small and large runs share the load
             names = list(variants) if r % 2 == 0 else list(variants)[::-1]
+            took = {}
+            for size in (a.small, len(paths)):
+                for name in names:
+                    took[name, size] = seconds(variants[name], paths[:size], os.path.join(out, "o"))
             for name in names:
-                small = seconds(variants[name], paths[:a.small], os.path.join(out, "o"))
-                large = seconds(variants[name], paths, os.path.join(out, "o"))
+                small, large = took[name, a.small], took[name, len(paths)]
                 rates[name].append((len(paths) - a.small) / max(1e-9, large - small))
                 print(f"round {r} {name}: {a.small} in {small:.1f} s, {len(paths)} in {large:.1f} s -> "
-                      f"incremental {rates[name][-1]:,.0f} images/s", flush=True)
+                      f"incremental {rates[name][-1]:,.0f} images/s, whole run {len(paths) / large:,.0f}/s", flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     base = rates["Pool(2)"]

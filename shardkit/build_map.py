@@ -26,7 +26,8 @@ from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import folder_lock
 from shardkit.map_tasks import STATE, Group, GroupResult, MapContext, Unit, reusable, run_group, run_unit, samples_of
-from shardkit.shard_writer import BadSample, WriterConfig, finish, infer_fields, retire_manifest
+from shardkit.shard_writer import finish, retire_manifest
+from shardkit.user_samples import BadSample, WriterConfig, infer_fields
 from shardkit.sources.plan import unit_samples
 from shardkit.tasks import Then, progress_bar, run_tasks
 

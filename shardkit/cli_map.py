@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from shardkit.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
-from shardkit.shard_writer import WriterConfig
+from shardkit.user_samples import WriterConfig
 
 STAGE = os.path.join(STATE, "stage")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import atomic_write, tmp_name
-from shardkit.shard_writer import BadSample, WriterConfig, to_sample
+from shardkit.user_samples import BadSample, WriterConfig, to_sample
 from shardkit.writers import get_table_writer
 
 STATE = os.path.join(".shardkit", "map")
