@@ -87,18 +87,28 @@ def main() -> None:
             for size in (a.small, len(paths)):
                 for name in names:
                     took[name, size] = seconds(variants[name], paths[:size], os.path.join(out, "o"))
+            expected = (len(paths) - a.small) / len(paths)  # the share of the large run the extra images take
             for name in names:
                 small, large = took[name, a.small], took[name, len(paths)]
-                rates[name].append((len(paths) - a.small) / max(1e-9, large - small))
+                if (large - small) / large < expected / 3:  # the load changed between the two runs: no rate
+                    print(f"round {r} {name}: {a.small} in {small:.1f} s, {len(paths)} in {large:.1f} s -> "
+                          "not comparable (the machine's load changed between them): round left out", flush=True)
+                    rates[name].append(None)
+                    continue
+                rates[name].append((len(paths) - a.small) / (large - small))
                 print(f"round {r} {name}: {a.small} in {small:.1f} s, {len(paths)} in {large:.1f} s -> "
                       f"incremental {rates[name][-1]:,.0f} images/s, whole run {len(paths) / large:,.0f}/s", flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     base = rates["Pool(2)"]
     for name in variants:
-        ratios = [x / b for x, b in zip(rates[name], base)]
-        print(f"{name:24s} {statistics.median(rates[name]):7,.0f} images/s  ratio to Pool(2) "
-              f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+        ratios = [x / b for x, b in zip(rates[name], base) if x is not None and b is not None]
+        kept = [x for x in rates[name] if x is not None]
+        if not ratios:
+            print(f"{name:24s} no comparable round")
+            continue
+        print(f"{name:24s} {statistics.median(kept):7,.0f} images/s  ratio to Pool(2) "
+              f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} comparable)")
 
 
 if __name__ == "__main__":
