@@ -168,6 +168,10 @@ def test_cli_build_map_runs_after_the_built_in_stages(tmp_path, raw_folder):
     assert one["n"] == len("cat/000001") and min(one["jpg"].shape[1:]) == 32 and "cls" in one
     r = build("w0", "--workers", "0")
     assert r.returncode == 0 and "unchanged, reused" in r.stdout
+    for cmd in ("verify", "inspect"):  # a build_map dataset is a dataset like any other
+        r = subprocess.run([sys.executable, "-m", "shardkit.cli", cmd, str(tmp_path / "w0")], capture_output=True,
+                           text=True, env=_env())
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_cli_map_bad_spec_is_a_clear_error(tmp_path, raw_folder):
