@@ -194,12 +194,12 @@ class ShardWriter:
         not fit the fields, lacks a key, or repeats one."""
         if self.closed:
             raise BadSample(f"ShardWriter({self.out!r}) is closed; open a new one to write more")
-        if self.fields is None:
-            self.fields = infer_fields(sample, self.cfg)
-        stored = to_sample(sample, self.fields, self.cfg, copy=False)  # the cutter copies arrays at once
+        fields = self.fields if self.fields is not None else infer_fields(sample, self.cfg)
+        stored = to_sample(sample, fields, self.cfg, copy=False)  # the cutter copies arrays at once
         h = key_hash(stored.key)
         if h in self._keys:
             raise BadSample(f"key {stored.key!r} was written before: keys are unique within a dataset")
+        self.fields = fields  # a first sample that is refused fixes nothing
         if self._cutter is None:
             self._cutter = ShardCutter(self.out, self.fields, self.cfg)
         self._cutter.add(stored)

@@ -224,3 +224,11 @@ def test_a_missing_array_takes_the_general_path(tmp_path):
         w.write({"__key__": "b", "cls": 1})
     ds = StreamingDataset(str(tmp_path / "out"), shuffle=False)
     assert ds[0]["m"].tolist() == [1, 2] and "m" not in ds[1] and ds[1]["cls"] == 1
+
+
+def test_a_refused_first_sample_fixes_no_fields(tmp_path):
+    with ShardWriter(str(tmp_path / "out")) as w:
+        with pytest.raises(BadSample, match="not JSON"):
+            w.write({"__key__": "a", "json": {"x": float("nan")}, "cls": 1})
+        w.write({"__key__": "b", "txt": "text", "cls": 2})
+    assert set(load_manifest(str(tmp_path / "out")).fields) == {"txt", "cls"}
