@@ -190,7 +190,7 @@ def test_kill_9_leaves_no_manifest(tmp_path):
     assert os.listdir(tmp_path / "out" / "shards") and not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_arrays_in_key_order_and_shuffled_give_the_same_bytes(tmp_path):
+def test_arrays_in_key_order_and_reversed_give_the_same_bytes(tmp_path):
     """Samples written in key order take the shard-buffer path for arrays, others samples_table's:
     the same bytes either way; and a reused array buffer is copied at write()."""
     rng = np.random.default_rng(3)
