@@ -81,21 +81,34 @@ def main() -> None:
     variants = {"Pool(2)": run_pool} | {f"build_map {pool}": run_map(pool) for pool in a.pools.split(",")}
     rates = {name: [] for name in variants}
     try:
-        for r in range(a.rounds):
+        for r in range(a.rounds):  # sizes interleaved too: every variant's small and large runs share the load
             names = list(variants) if r % 2 == 0 else list(variants)[::-1]
+            took = {}
+            for size in (a.small, len(paths)):
+                for name in names:
+                    took[name, size] = seconds(variants[name], paths[:size], os.path.join(out, "o"))
+            expected = (len(paths) - a.small) / len(paths)  # the share of the large run the extra images take
             for name in names:
-                small = seconds(variants[name], paths[:a.small], os.path.join(out, "o"))
-                large = seconds(variants[name], paths, os.path.join(out, "o"))
-                rates[name].append((len(paths) - a.small) / max(1e-9, large - small))
+                small, large = took[name, a.small], took[name, len(paths)]
+                if (large - small) / large < expected / 3:  # the load changed between the two runs: no rate
+                    print(f"round {r} {name}: {a.small} in {small:.1f} s, {len(paths)} in {large:.1f} s -> "
+                          "not comparable (the machine's load changed between them): round left out", flush=True)
+                    rates[name].append(None)
+                    continue
+                rates[name].append((len(paths) - a.small) / (large - small))
                 print(f"round {r} {name}: {a.small} in {small:.1f} s, {len(paths)} in {large:.1f} s -> "
-                      f"incremental {rates[name][-1]:,.0f} images/s", flush=True)
+                      f"incremental {rates[name][-1]:,.0f} images/s, whole run {len(paths) / large:,.0f}/s", flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     base = rates["Pool(2)"]
     for name in variants:
-        ratios = [x / b for x, b in zip(rates[name], base)]
-        print(f"{name:24s} {statistics.median(rates[name]):7,.0f} images/s  ratio to Pool(2) "
-              f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+        ratios = [x / b for x, b in zip(rates[name], base) if x is not None and b is not None]
+        kept = [x for x in rates[name] if x is not None]
+        if not ratios:
+            print(f"{name:24s} no comparable round")
+            continue
+        print(f"{name:24s} {statistics.median(kept):7,.0f} images/s  ratio to Pool(2) "
+              f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} comparable)")
 
 
 if __name__ == "__main__":

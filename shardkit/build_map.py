@@ -25,9 +25,11 @@ from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import folder_lock
-from shardkit.map_tasks import STATE, Group, GroupResult, MapContext, Unit, reusable, run_group, run_unit, samples_of
-from shardkit.shard_writer import BadSample, WriterConfig, finish, infer_fields, retire_manifest
-from shardkit.sources.plan import unit_samples
+from shardkit.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
+                                reusable, run_group, run_unit, samples_of)
+from shardkit.shard_writer import finish, retire_manifest
+from shardkit.user_samples import BadSample, WriterConfig, infer_fields
+from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.tasks import Then, progress_bar, run_tasks
 
 @dataclass
@@ -239,17 +241,30 @@ def _run_groups(fn, inputs, out, cfg, run: _Run, fields, todo: list[Group], coun
             _check_picklable(fn)
         threads = 1 if pending.local else (sum(pending.get().nthreads().values()) if run.scheduler else
                                            run.workers or max(1, os.cpu_count() or 1))
-        size = unit_samples(sum(g.stop - g.start for g in todo), threads, "image")
+        # Units sized as the build sizes them (cut smaller at both ends: the head start stops soon after
+        # the workers are up, and the workers finish together); they never change the output.
+        counts = [g.stop - g.start for g in todo]
+        sizes = unit_sizes(counts, unit_samples(sum(counts), threads, "image"), threads, "image")
         items, members = [], []
-        for g in todo:
-            n = math.ceil((g.stop - g.start) / size)
-            bounds = [g.start + round(j * (g.stop - g.start) / n) for j in range(n + 1)]
-            members.append(list(range(len(items), len(items) + n)))
-            items += [Unit(g.index, j, a, tuple(inputs[a:b])) for j, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        for g, group_sizes in zip(todo, sizes):
+            members.append(list(range(len(items), len(items) + len(group_sizes))))
+            a = g.start
+            for j, n in enumerate(group_sizes):
+                items.append(Unit(g.index, j, a, tuple(inputs[a:a + n])))
+                a += n
         ctx = MapContext(fn, out, fields, cfg, run.on_error, in_memory=pending.in_process)
         with progress_bar(total, initial=reused, desc="build_map", unit="shard", enabled=run.progress) as bar:
-            return run_tasks(run_unit, items, client=pending, bar=bar, name=f"map-{base[:12]}", shared=(ctx,),
+            done = run_tasks(run_unit, items, client=pending, bar=bar, name=f"map-{base[:12]}", shared=(ctx,),
                              then=Then(run_group, todo, members))
+        # Every group's files on disk with its marker before the manifest names them: the fsync
+        # threads of this process (head start) and of the workers, then any a lost worker left.
+        flush_durable()
+        if not pending.local and pending.started:
+            pending.get().run(flush_durable)
+        for g, result in zip(todo, done):
+            if not has_marker(out, g.index):
+                make_durable(out, g, result)
+        return done
 
 
 def _check_picklable(fn) -> None:

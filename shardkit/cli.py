@@ -253,11 +253,11 @@ def _parse_size(ctx, param, value):
               help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
 @click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
 @click.option("--allow-empty", is_flag=True, help="Write an empty dataset when SRC holds no sample (else an error).")
-@click.option("--map", "map_fn", default=None, metavar="MODULE:FUNCTION",
+@click.option("--map", "map", default=None, metavar="MODULE:FUNCTION",
               help="Run your function on each sample after the built-in stages: it gets a sample dict "
                    "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
                    "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
-def build(src, out, map_fn, **options):
+def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
     \b
@@ -282,10 +282,10 @@ def build(src, out, map_fn, **options):
 
     # Every flag is named after its BuildConfig field: the mapping is one-to-one by construction.
     cfg = BuildConfig(src=src, out=out, **options)
-    if map_fn:  # the built-in stages into a staging dataset, then the function over its samples
+    if cfg.map:  # the built-in stages into a staging dataset, then the function over its samples
         from shardkit.cli_map import build_with_map, map_summary
 
-        click.echo(map_summary(build_with_map(cfg, map_fn)))
+        click.echo(map_summary(build_with_map(cfg)))
         return
     result = run_build(cfg)
     click.echo(build_summary(result))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from shardkit.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
-from shardkit.shard_writer import WriterConfig
+from shardkit.user_samples import WriterConfig
 
 STAGE = os.path.join(STATE, "stage")
 
@@ -142,14 +142,16 @@ def _staged_rows(stage: str, manifest) -> list[StagedRow]:
     return rows
 
 
-def build_with_map(cfg, spec: str) -> MapResult:
-    """`shardkit build --map`: build SRC into the staging dataset, then build_map over its samples."""
+def build_with_map(cfg) -> MapResult:
+    """`shardkit build --map` (cfg.map = MODULE:FUNCTION): build SRC into the staging dataset, then
+    build_map over its samples."""
     from shardkit.executor import build
 
+    spec = cfg.map
     load_function(spec)  # a bad spec fails before any work
     out = os.path.abspath(cfg.out)
     stage = os.path.join(out, STAGE)
-    staged = build(replace(cfg, out=stage, format="parquet", allow_empty=True))
+    staged = build(replace(cfg, out=stage, format="parquet", allow_empty=True, map=None))
     rows = _staged_rows(stage, staged.manifest)
     if "tokens" in staged.manifest.fields:
         raise ConfigError("--map runs on samples, and a tokenized build (--tokenizer) stores token rows: build "

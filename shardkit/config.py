@@ -86,10 +86,12 @@ class BuildConfig:
     dedup_verify: bool = False
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
+    map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (cli_map.py)
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty")
+    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty",
+                    "map")  # map: its output's fingerprint and manifest are build_map's (cli_map.py)
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")

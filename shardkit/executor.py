@@ -383,6 +383,9 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     time per OUT: a second one fails with FolderLocked naming the first.
     """
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    if cfg.map:  # never ignored silently: the map step is build_map's (cli_map.py)
+        raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.cli_map.build_with_map(cfg) "
+                          "(what `shardkit build --map` calls), not build(cfg)")
     if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")

@@ -11,10 +11,11 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+from shardkit.build_tasks import _in_background, flush_durable  # noqa: F401 — the build's fsync thread
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
-from shardkit.fs import atomic_write, tmp_name
-from shardkit.shard_writer import BadSample, WriterConfig, to_sample
+from shardkit.fs import atomic_write, fsync_path, tmp_name
+from shardkit.user_samples import BadSample, WriterConfig, to_sample
 from shardkit.writers import get_table_writer
 
 STATE = os.path.join(".shardkit", "map")
@@ -143,13 +144,28 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
         rejections.append(Rejection(key, "map", f"duplicate key: {key!r} was given by an earlier input, kept"))
     shards = _write_parts(table, group.index, ctx)
     result = GroupResult(group.index, shards, rejections)
-    atomic_write(_marker(ctx.out, group.index), json.dumps({"fingerprint": group.fingerprint,
-                                                            "result": result.to_json()}, sort_keys=True))
-    for p in parts:
-        if p.path:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(p.path)
+    # The fsyncs, then the marker, then the unit files' removal, on this process's fsync thread (the
+    # build's): the next tasks run meanwhile, and the client waits for them all before the manifest.
+    _in_background(make_durable, ctx.out, group, result, [p.path for p in parts if p.path])
     return result
+
+
+def make_durable(out: str, group: Group, result: GroupResult, unit_paths=()) -> None:
+    """fsync a group's shard files, then write its marker, then drop its unit files: a marker always
+    names shards on disk."""
+    for info in result.shards:
+        fsync_path(os.path.join(out, info.path))
+        if info.index:
+            fsync_path(os.path.join(out, info.index["path"]))
+    atomic_write(_marker(out, group.index), json.dumps({"fingerprint": group.fingerprint,
+                                                         "result": result.to_json()}, sort_keys=True))
+    for path in unit_paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def has_marker(out: str, g: int) -> bool:
+    return os.path.exists(_marker(out, g))
 
 
 def _sorted_unique(table):
@@ -210,7 +226,7 @@ def _write_parts(table, g: int, ctx: MapContext) -> list[ShardInfo]:
     infos = []
     for p, (a, b) in enumerate(cuts):
         for fmt in ctx.writer.formats:
-            info = get_table_writer(fmt)(table.slice(a, b - a), ctx.out, g * MAX_PARTS + p, ctx.fields)
+            info = get_table_writer(fmt)(table.slice(a, b - a), ctx.out, g * MAX_PARTS + p, ctx.fields, durable=False)
             infos.append(_rename(info, f"shards/data-{g:05d}-{p:03d}", ctx.out))
     return infos
 

@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[1] / "shardkit"
 BASE = {"sample", "config", "errors", "fs", "_version", "datagen", "contract", "identity"}
 FLOW = ["sources", "stages", "writers", "manifest", "reader", "loader", "meter", "train"]
 TOP = {"executor", "build_tasks", "cli", "cluster", "dedup_job", "dedup_engine", "demo", "bench", "tasks",
-       "recipes", "shard_writer", "build_map", "map_tasks"}  # and cli_* modules
+       "recipes", "shard_writer", "build_map", "map_tasks", "user_samples"}  # and cli_* modules
 
 
 def _layer(module: str) -> str | None:

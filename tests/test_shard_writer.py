@@ -190,7 +190,7 @@ def test_kill_9_leaves_no_manifest(tmp_path):
     assert os.listdir(tmp_path / "out" / "shards") and not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_arrays_in_key_order_and_shuffled_give_the_same_bytes(tmp_path):
+def test_arrays_in_key_order_and_reversed_give_the_same_bytes(tmp_path):
     """Samples written in key order take the shard-buffer path for arrays, others samples_table's:
     the same bytes either way; and a reused array buffer is copied at write()."""
     rng = np.random.default_rng(3)
@@ -224,3 +224,11 @@ def test_a_missing_array_takes_the_general_path(tmp_path):
         w.write({"__key__": "b", "cls": 1})
     ds = StreamingDataset(str(tmp_path / "out"), shuffle=False)
     assert ds[0]["m"].tolist() == [1, 2] and "m" not in ds[1] and ds[1]["cls"] == 1
+
+
+def test_a_refused_first_sample_fixes_no_fields(tmp_path):
+    with ShardWriter(str(tmp_path / "out")) as w:
+        with pytest.raises(BadSample, match="not JSON"):
+            w.write({"__key__": "a", "json": {"x": float("nan")}, "cls": 1})
+        w.write({"__key__": "b", "txt": "text", "cls": 2})
+    assert set(load_manifest(str(tmp_path / "out")).fields) == {"txt", "cls"}

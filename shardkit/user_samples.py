@@ -1,0 +1,216 @@
+"""User samples -> shardkit Samples: a field's kind from its value's type, checked against the fields.
+
+What ShardWriter and build_map share: `WriterConfig` (format, shard cuts, image encoding), `infer_spec`
+/ `infer_fields` (the manifest's field specs from a first sample) and `to_sample` (a user's dict
+checked and turned into stored values, or BadSample naming the key and the field).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardkit.errors import ShardkitError
+from shardkit.sample import Sample, check_key
+
+# Bytes under one of these names are an encoded image, kept as it is (spec encoding "keep", as
+# `shardkit build --encode keep` stores them); bytes under any other name are plain bytes.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+ENCODINGS = ("jpeg", "png", "webp", "raw")  # how a PIL image is stored (stages.image.encode)
+FORMATS = ("tar", "parquet", "both")
+
+
+class BadSample(ShardkitError, ValueError):
+    """A sample that does not fit the writer's fields (or has a bad or repeated key)."""
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """How samples are stored and cut into shards (ShardWriter's and build_map's options)."""
+
+    format: str = "tar"
+    shard_size: int = 256 * 2**20  # stored bytes per shard, at most (one sample larger than this is a shard)
+    max_samples_per_shard: int | None = None
+    encode: str = "png"  # PIL images: jpeg, png, webp or raw (HWC uint8)
+    quality: int = 90  # jpeg / webp
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ValueError(f"format={self.format!r}; expected one of {', '.join(FORMATS)}")
+        if self.encode not in ENCODINGS:
+            raise ValueError(f"encode={self.encode!r}; expected one of {', '.join(ENCODINGS)} "
+                             "(how PIL images are stored)")
+        if not isinstance(self.shard_size, int) or self.shard_size <= 0:
+            raise ValueError(f"shard_size={self.shard_size!r}; expected a positive number of bytes, e.g. 256 * 2**20")
+        if self.max_samples_per_shard is not None and self.max_samples_per_shard <= 0:
+            raise ValueError(f"max_samples_per_shard={self.max_samples_per_shard!r}; expected a positive count or None")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality={self.quality!r}; expected 1..100")
+
+    @property
+    def formats(self) -> list[str]:
+        return ["tar", "parquet"] if self.format == "both" else [self.format]
+
+
+def _kind(value) -> str:
+    """The kind a value's type gives it (bool is refused: it would silently become an int)."""
+    import numpy as np
+
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(value, dict):
+        return "json"
+    if isinstance(value, np.ndarray):
+        return "array"
+    if _is_pil(value):
+        return "pil"
+    return type(value).__name__
+
+
+def _is_pil(value) -> bool:
+    import sys
+
+    image = sys.modules.get("PIL.Image")  # a PIL image means PIL is imported already
+    return image is not None and isinstance(value, image.Image)
+
+
+KIND_HELP = ("bytes (under an extension such as 'jpg', 'wav'), a PIL image, a numpy array, an int, a str "
+             "or a dict (json)")
+
+
+def infer_spec(name: str, value, cfg: WriterConfig) -> dict:
+    """The field spec a first value gives field `name` (the manifest's `fields[name]`)."""
+    kind = _kind(value)
+    if kind == "bytes":
+        return {"kind": "image", "encoding": "keep"} if name.lower() in IMAGE_EXTENSIONS else {"kind": "bytes"}
+    if kind == "pil":
+        spec = {"kind": "image", "encoding": cfg.encode}
+        if cfg.encode == "raw":
+            spec.update(dtype="uint8", shape=[value.height, value.width, 3])
+        return spec
+    if kind == "array":
+        return {"kind": "array", "dtype": value.dtype.newbyteorder("<").name, "shape": list(value.shape)}
+    if kind == "int":
+        return {"kind": "int", "dtype": "int64"}
+    if kind in ("text", "json"):
+        return {"kind": kind}
+    raise BadSample(f"field {name!r} holds a {kind}; a field value is {KIND_HELP}")
+
+
+def infer_fields(sample: dict, cfg: WriterConfig) -> dict:
+    """Field specs from a first sample (every field but `__key__`; None values are left out)."""
+    _check_dict(sample)
+    return {name: infer_spec(name, value, cfg) for name, value in sorted(sample.items())
+            if name != "__key__" and value is not None}
+
+
+def _check_dict(sample) -> str:
+    if not isinstance(sample, dict):
+        raise BadSample(f"a sample is a dict with '__key__' and fields, not a {type(sample).__name__}")
+    if "__key__" not in sample:
+        raise BadSample(f"sample with fields {sorted(sample)} has no '__key__': give each sample a unique key, "
+                        "e.g. {'__key__': f'{i:08d}', ...}")
+    key = sample["__key__"]
+    if not isinstance(key, str):
+        raise BadSample(f"'__key__' is {key!r} ({type(key).__name__}); a key is a str, e.g. f'{{i:08d}}'")
+    try:
+        return check_key(key)
+    except ValueError as e:
+        raise BadSample(str(e)) from None
+
+
+def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool = True):
+    """The stored form of one value (bytes, int, str or dict), or BadSample naming key and field.
+    copy=False leaves an array as a C-contiguous ndarray, possibly the caller's own, to be copied
+    before the caller gets control back (ShardCutter copies it into its shard buffer)."""
+    kind, want = _kind(value), spec["kind"]
+
+    def bad(detail: str) -> BadSample:
+        return BadSample(f"sample {key!r}, field {name!r}: {detail} (the fields are declared with fields=, or "
+                         "taken from the first sample: every sample's value of a field has one kind)")
+
+    if want == "image":
+        if spec["encoding"] == "keep":
+            if kind != "bytes":
+                raise bad(f"expected encoded image bytes, got a {kind}")
+            return bytes(value)
+        if kind != "pil":
+            raise bad(f"expected a PIL image (stored as {spec['encoding']}), got a {kind}")
+        return _encode_image(value, spec, cfg, bad)
+    if want == "bytes":
+        if kind != "bytes":
+            raise bad(f"expected bytes, got a {kind}")
+        return bytes(value)
+    if want == "array":
+        return _array_value(value, spec, bad, kind, copy)
+    if want == "int":
+        if kind != "int":
+            raise bad(f"expected an int, got a {kind}")
+        value = int(value)
+        if not -2**63 <= value < 2**63:
+            raise bad(f"{value} does not fit in int64")
+        return value
+    if want == "text":
+        if kind != "text":
+            raise bad(f"expected a str, got a {kind}")
+        return value
+    if want == "json":
+        if kind != "json":
+            raise bad(f"expected a dict (json), got a {kind}")
+        return _json_checked(value, bad)
+    raise bad(f"kind {want!r} cannot be written by ShardWriter")
+
+
+def _encode_image(im, spec: dict, cfg: WriterConfig, bad):
+    from shardkit.stages.image import encode
+
+    if im.mode != "RGB":  # readers decode every image to RGB: store what they will give back
+        im = im.convert("RGB")
+    if spec.get("shape") is not None and [im.height, im.width, 3] != spec["shape"]:
+        raise bad(f"image of {im.width}x{im.height}; raw images have one size, the first's "
+                  f"{spec['shape'][1]}x{spec['shape'][0]} (resize first, or encode='png'/'jpeg' for mixed sizes)")
+    return encode(im, spec["encoding"], cfg.quality)
+
+
+def _array_value(value, spec: dict, bad, kind: str, copy: bool):
+    import numpy as np
+
+    if kind != "array":
+        raise bad(f"expected a numpy array, got a {kind}")
+    if list(value.shape) != spec["shape"]:
+        raise bad(f"array of shape {list(value.shape)}; the field's arrays have shape {spec['shape']} "
+                  "(pad or crop to one shape)")
+    if value.dtype.newbyteorder("<") != np.dtype(spec["dtype"]):
+        raise bad(f"array of dtype {value.dtype}; the field's arrays are {spec['dtype']} (cast with .astype)")
+    arr = np.ascontiguousarray(value, dtype=np.dtype(spec["dtype"]))
+    return arr.tobytes() if copy else arr
+
+
+def _json_checked(value: dict, bad) -> dict:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise bad(f"the dict is not JSON ({e})") from None
+    return value
+
+
+def to_sample(sample: dict, fields: dict, cfg: WriterConfig, copy: bool = True) -> Sample:
+    """A user's sample dict checked against `fields` and turned into a Sample of stored values
+    (copy=False: arrays as ndarrays that may be the caller's, see `store`)."""
+    key = _check_dict(sample)
+    extra = sorted(set(sample) - set(fields) - {"__key__"})
+    if extra:
+        raise BadSample(f"sample {key!r} has field(s) {extra} that the dataset does not have (its fields: "
+                        f"{sorted(fields)}); declare every field with fields= or give the first sample all of them")
+    stored = {name: store(key, name, fields[name], sample[name], cfg, copy)
+              for name in fields if sample.get(name) is not None}
+    if not stored:
+        raise BadSample(f"sample {key!r} has no field values: nothing to store")
+    return Sample(key, stored, {})
