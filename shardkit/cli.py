@@ -97,6 +97,19 @@ def describe(error: BaseException) -> tuple[int, str]:
                       "traceback, and please report it)")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A log handler that writes to sys.stderr as it is at each record, not as it was when the
+    handler was made: a second command in one process (a test's CliRunner, a redirect) gets its lines."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ sets it; the property above always wins
+        pass
+
+
 class _Group(click.Group):
     """Turns every failure into one line on stderr and a documented exit status; --debug (or
     SHARDKIT_DEBUG=1) shows the traceback instead."""
@@ -114,11 +127,12 @@ class _Group(click.Group):
             from shardkit import cluster
 
             cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
-            if not logging.getLogger("shardkit").handlers:  # what a job decided and why (e.g. its worker pool)
-                handler = logging.StreamHandler()
+            logger = logging.getLogger("shardkit")  # what a job decided and why (e.g. its worker pool)
+            if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+                handler = _StderrHandler()
                 handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-                logging.getLogger("shardkit").addHandler(handler)
-                logging.getLogger("shardkit").setLevel(logging.INFO)
+                logger.addHandler(handler)
+                logger.setLevel(logging.INFO)
         try:
             try:
                 return super().invoke(ctx)

@@ -137,3 +137,26 @@ def test_output_cut_short_by_its_reader_is_quiet(tmp_path):
     p.stdout.close()  # the reader is gone before anything was written
     assert p.wait(timeout=120) == 141
     assert p.stderr.read() == b""
+
+
+def test_debug_lines_reach_the_stderr_of_each_command_in_one_process(monkeypatch, tmp_path):
+    """--debug logs to sys.stderr as it is when a line is written: a second command in the same
+    process (another CliRunner here) gets its own lines, not the first one's closed stream."""
+    import contextlib
+    import io
+    import logging
+
+    from click.testing import CliRunner
+
+    logger = logging.getLogger("shardkit")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logger.level)
+    for i in range(2):
+        run = CliRunner().invoke(main, ["--debug", "sample", str(tmp_path / f"s{i}"), "--images-per-class", "1",
+                                        "--documents", "1", "--no-bad"])
+        assert run.exit_code == 0, run.output
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            logger.info("line %d", i)
+        assert err.getvalue() == f"shardkit: line {i}\n"
+    assert len(logger.handlers) == 1  # one handler, however many commands ran
