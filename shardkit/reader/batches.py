@@ -85,6 +85,7 @@ class BatchReader:
         self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
         self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
         self._ranged_left = 0  # batches still read by range where their shards are not cached yet
+        self._start_later = None  # makes the Fetcher once those batches are read
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -104,6 +105,8 @@ class BatchReader:
             try:
                 batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
                 self._ranged_left = max(0, self._ranged_left - 1)
+                if not self._ranged_left and self._start_later is not None:
+                    self.fetcher, self._start_later = self._start_later(), None
                 return batch
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
@@ -127,11 +130,12 @@ class BatchReader:
         needed = dict.fromkeys(shard_idx.tolist())
         if self.fetcher is not None:  # all of this batch's shards download at once, not one by one
             self.fetcher.want([s for s in needed if s not in self._readers])
+        ranged = self._read_by_range(needed, shard_idx, rows) if self._ranged_left else {}
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, self._batch_reader(s, rows[pos]), pos, rows[pos]))
+            groups.append((s, ranged.get(s) or self._reader(s), pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -236,19 +240,35 @@ class BatchReader:
         for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
             self._cache_of(p)
         order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
-        self.fetcher = Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
 
-    def _batch_reader(self, s: int, rows: np.ndarray):
-        """The reader of shard s for one batch: the open shard, else (a first batch, shard s not
-        cached yet) its `rows` read by range, else the shard opened (fetched first if need be)."""
-        if self._ranged_left and s not in self._readers and self._can_range(s):
+        def start() -> Fetcher:
+            return Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
+
+        # Whole shards start once the batches read by range are done: until then those GETs have the
+        # process's network thread (fsspec runs every GET on one event loop) and the CPU to themselves.
+        self._start_later = start if ranged else None
+        self.fetcher = None if ranged else start()
+
+    def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
+        """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
+        all at once (each is an index and a few samples, mostly round trips)."""
+        todo = [s for s in needed if s not in self._readers and not self.bad[s] and self._can_range(s)]
+        if not todo:
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(s: int):
             try:
-                return timed(self.net, lambda: self._ranged(s, rows))
-            except RangeIgnored:
+                return self._ranged(s, rows[shard_idx == s])
+            except RangeIgnored:  # read whole from now on
                 self.cache(s).ranges = False
+                return None
             except ShardError as e:
                 raise _tagged(e, s)
-        return self._reader(s)
+
+        with ThreadPoolExecutor(len(todo), thread_name_prefix="shardkit-first") as pool:
+            got = timed(self.net, lambda: list(pool.map(one, todo)))
+        return dict(zip(todo, got))
 
     def _can_range(self, s: int) -> bool:
         shard, cache = self.shards[s], self.cache(s)
@@ -268,6 +288,7 @@ class BatchReader:
         return reader
 
     def stop_fetching(self) -> None:
+        self._ranged_left, self._start_later = 0, None
         if self.fetcher is not None:
             self.fetcher.close()
             self.fetcher = None
@@ -325,7 +346,7 @@ class BatchReader:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_readers"], state["_caches"], state["_row_groups"] = OrderedDict(), {}, None
-        state["fetcher"] = None
+        state["fetcher"], state["_start_later"] = None, None
         return state
 
 
