@@ -258,3 +258,20 @@ def test_small_shards_are_fetched_whole_even_for_a_first_batch(tmp_path):
         assert sum(store.range_gets.values()) == 0  # ~600 KB to fetch: below RANGED_FROM
     finally:
         store.close()
+
+
+def test_reservations_hold_room_across_processes_and_die_with_theirs(tmp_path):
+    from shardkit.reader.cache import RESERVE, ShardCache
+
+    a = ShardCache("http://127.0.0.1:9/set", cache_dir=str(tmp_path), cache_limit=1000)
+    b = ShardCache("http://127.0.0.1:9/set", cache_dir=str(tmp_path), cache_limit=1000)  # another process's
+    first = a.reserve(600)
+    assert first and b.reserve(600) is None  # the room is taken, whoever asks
+    ShardCache.release(first)
+    second = b.reserve(600)
+    assert second
+    ShardCache.release(second)
+    # A killed process's reservation (no such pid) is removed when room is needed.
+    with open(os.path.join(a.dir, f"{RESERVE}999999999-0123456789ab"), "wb") as f:
+        f.truncate(900)
+    assert a.reserve(600) and not [n for n in os.listdir(a.dir) if n.startswith(f"{RESERVE}999999999")]

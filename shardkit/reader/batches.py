@@ -245,7 +245,8 @@ class BatchReader:
         # Whole shards download while the first batch is read by range. Starting them after it was
         # tried: the second batch then waited for all of them, and an epoch of 2,090 raw images ran
         # at ~0.65x the samples/s (two bench/remote_bench.py runs, not interleaved, shared VM).
-        self.fetcher = Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
+        self.fetcher = Fetcher(self._prefetch, self._reserve, ShardCache.release, order, self.config.fetch_ahead,
+                               skip=set(self._readers))
 
     def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
         """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
@@ -294,10 +295,9 @@ class BatchReader:
     def _prefetch(self, s: int):
         return self.cache(s).pin_shard(self.shards[s], wait=False)
 
-    def _fits(self, s: int, pending) -> bool:
-        """Whether shard s fits in its cache besides the `pending` fetches (counted whole: a fetch
-        that has begun is in the folder's listing too, so this errs on the safe side)."""
-        return self.cache(s).fits(sum(self._nbytes(t) for t in [s, *pending] if self.cache(t) is self.cache(s)))
+    def _reserve(self, s: int) -> str | None:
+        """Room in its cache for shard s and its index (ShardCache.reserve)."""
+        return self.cache(s).reserve(self._nbytes(s))
 
     def _nbytes(self, s: int) -> int:
         shard = self.shards[s]
