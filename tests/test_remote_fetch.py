@@ -275,3 +275,16 @@ def test_reservations_hold_room_across_processes_and_die_with_theirs(tmp_path):
     with open(os.path.join(a.dir, f"{RESERVE}999999999-0123456789ab"), "wb") as f:
         f.truncate(900)
     assert a.reserve(600) and not [n for n in os.listdir(a.dir) if n.startswith(f"{RESERVE}999999999")]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_workers_forked_after_the_main_process_fetched_make_their_own_connections(data, store, tmp_path):
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    root, expected = data
+    ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
+    assert ds[3]["__key__"]  # the main process fetched: its cache has connection threads now
+    got = keys_of(make_loader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork"))
+    assert sorted(got) == sorted(expected)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -89,6 +90,7 @@ class BatchReader:
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
         self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
         self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
+        self._pid = os.getpid()  # threads, pools and locks made here are this process's only
         self._ranged_left = 0  # batches still read by range where their shards are not cached yet
 
     @property
@@ -226,15 +228,25 @@ class BatchReader:
         return self._cache_of(int(self.shards.part(s)))
 
     def _cache_of(self, p: int) -> ShardCache:
+        self._forked()
         if p not in self._caches:
             self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
                                          self.config.remote_policy(), self.config.connections, self.net.fetched)
         return self._caches[p]
 
+    def _forked(self) -> None:
+        """In a process forked from the one that made them (DataLoader workers under fork), the
+        fetcher, the caches' connection pools and the counters' lock are copies without their
+        threads (a lock may even be copied held): drop them, they are made again here."""
+        if self._pid != os.getpid():
+            self._pid, self.fetcher, self._caches, self._ranged_left = os.getpid(), None, {}, 0
+            self.net.forked()
+
     def start_fetching(self, batches, ranged: int = 0) -> None:
         """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
         the epoch, computed in the fetch thread) first read them; local shards are left alone.
         The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
+        self._forked()
         self.stop_fetching()
         if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
             return

@@ -61,6 +61,10 @@ class NetStats:
     def reset(self) -> None:
         self.table.zero_()
 
+    def forked(self) -> None:
+        """In a forked child: a lock of its own (the parent's may have been copied held)."""
+        self._lock = threading.Lock()
+
     def __getstate__(self):
         return {"table": self.table}
 
