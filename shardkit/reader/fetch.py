@@ -85,7 +85,8 @@ def first_uses(batches, offsets: np.ndarray):
 class Fetcher:
     """Fetches shards ahead of one worker's reads. `pin(s)` fetches shard s if needed and returns
     it pinned (None when another process is fetching it); `reserve(s)` holds room for s in the
-    cache (None when there is none now), and `release(reservation)` gives it back once s landed; `order` yields shard indexes in first-use order; `skip`: shards already open."""
+    cache (None when there is none now), and `release(reservation)` gives it back once s landed;
+    `order` yields shard indexes in first-use order; `skip`: shards already open."""
 
     def __init__(self, pin, reserve, release, order, ahead: int, skip=()):
         self._pin, self._reserve, self._release, self._order, self.ahead = pin, reserve, release, iter(order), ahead
