@@ -139,8 +139,8 @@ def main() -> None:
     local, http = med["shardkit local raw"][0], med["shardkit http raw"][0]
     goal = 0.8 * min(local, LINK / raw_bytes)
     print(f"  raw  http / 0.8 x min(local, 8 x 25 MB/s)  = {http:.0f} / {goal:.0f} = {http / goal:.2f}  target >= 1")
-    print(f"  jpeg http / local                          = {med['shardkit http jpeg'][0] / med['shardkit local jpeg'][0]:.2f}"
-          "  target >= 0.8")
+    jpeg = med["shardkit http jpeg"][0] / med["shardkit local jpeg"][0]
+    print(f"  jpeg http / local                          = {jpeg:.2f}  target >= 0.8")
     print(f"  raw  http first batch                      = {med['shardkit http raw'][1]:.2f} s  target <= 1.5 s")
     for kind in ("raw", "jpeg"):
         print(f"  {kind:4s} http / webdataset http              = "

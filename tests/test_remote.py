@@ -205,9 +205,11 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     slack = 8 * 2 * max(shard_bytes)
     assert peak[0] <= limit + slack < sum(shard_bytes), (peak[0], limit, slack)
     assert _folder_bytes(cache) <= limit
-    # One download per node: over 2 epochs (the second refetches what the limit evicted) the
-    # store sent at most 1.05x the dataset per epoch, whatever 4 ranks x 2 workers x fetch ahead did.
-    assert store.shard_bytes() <= 2 * 1.05 * sum(shard_bytes), store.shard_bytes() / sum(shard_bytes)
+    # One download per node, within what the limit allows: a shard at the edge of two ranks' runs
+    # is read by one rank at its start and the other at its end, and a cache of 1/3 of the dataset
+    # may evict it in between (here ~8 of 48 shards). Without a limit 4 ranks fetch each file once
+    # (test_remote_fetch: exactly once with fetch ahead; bench/remote_bench.py: 1.000x).
+    assert store.shard_bytes() <= 2 * 1.3 * sum(shard_bytes), store.shard_bytes() / sum(shard_bytes)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

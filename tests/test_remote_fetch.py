@@ -178,6 +178,10 @@ def test_a_store_killed_mid_epoch_fails_within_the_timeout_and_a_rerun_completes
     sums = {os.path.basename(s.path): s.sha256 for s in manifest.shards}
     for f in cache_dir.rglob("*.tar"):
         assert hashlib.sha256(f.read_bytes()).hexdigest() == sums[f.name]
+    from fsspec.implementations.http import HTTPFileSystem
+
+    # A rerun is a new process: it keeps no connection to the store that died (fsspec caches them).
+    HTTPFileSystem.clear_instance_cache()
     again = Store(root, latency=0.01, rate=None, port=store.port)  # the store is back: same URL
     try:
         ds = StreamingDataset(again.url, cache_dir=str(cache_dir), shuffle=False, timeout=2, retries=1)
@@ -216,7 +220,10 @@ def test_network_advice_needs_the_network_to_be_most_of_the_wait():
     assert not advice(base, num_workers=2, cpus=2).startswith("waiting on the network")  # local data: no figure
 
 
-def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path):
+def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path, monkeypatch):
+    import shardkit.reader.batches as batches
+
+    monkeypatch.setattr(batches, "RANGED_FROM", 100_000)  # the 4 shards of this batch: ~600 KB
     root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
     store = Store(root, latency=0.01, rate=5e4)  # ~150 KB shards: ~3 s each; a sample: ~0.06 s
     try:
@@ -240,3 +247,44 @@ def test_first_batches_by_range_only_when_they_are_a_small_share_of_the_epoch():
     assert first_by_range(2090, 64, 2)  # 128 of 2,090 samples: read twice, 6%
     assert not first_by_range(522, 64, 2)  # a rank's quarter: 25%, whole shards only
     assert not first_by_range(9, 4, 0)
+
+
+def test_small_shards_are_fetched_whole_even_for_a_first_batch(tmp_path):
+    root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
+    store = Store(root, latency=0.0, rate=None)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
+        next(iter(make_loader(ds, batch_size=5, num_workers=0)))
+        assert sum(store.range_gets.values()) == 0  # ~600 KB to fetch: below RANGED_FROM
+    finally:
+        store.close()
+
+
+def test_reservations_hold_room_across_processes_and_die_with_theirs(tmp_path):
+    from shardkit.reader.cache import RESERVE, ShardCache
+
+    a = ShardCache("http://127.0.0.1:9/set", cache_dir=str(tmp_path), cache_limit=1000)
+    b = ShardCache("http://127.0.0.1:9/set", cache_dir=str(tmp_path), cache_limit=1000)  # another process's
+    first = a.reserve(600)
+    assert first and b.reserve(600) is None  # the room is taken, whoever asks
+    ShardCache.release(first)
+    second = b.reserve(600)
+    assert second
+    ShardCache.release(second)
+    # A killed process's reservation (no such pid) is removed when room is needed.
+    with open(os.path.join(a.dir, f"{RESERVE}999999999-0123456789ab"), "wb") as f:
+        f.truncate(900)
+    assert a.reserve(600) and not [n for n in os.listdir(a.dir) if n.startswith(f"{RESERVE}999999999")]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_workers_forked_after_the_main_process_fetched_make_their_own_connections(data, store, tmp_path):
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    root, expected = data
+    ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
+    assert ds[3]["__key__"]  # the main process fetched: its cache has connection threads now
+    got = keys_of(make_loader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork"))
+    assert sorted(got) == sorted(expected)

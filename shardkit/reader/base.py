@@ -144,10 +144,11 @@ class EpochDataset(IterableDataset):
         cross = group > 1 or (self.transform is None and self.batch_transform is None)
         cross = cross and getattr(transport, "pin", False)
         alloc = transport.alloc if transport is not None else None
-        # Fetch ahead walks the same batches on a plan of its own (its thread computes the ids).
-        ahead = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
-        self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead),
-                                   ranged=int(first_by_range(len(plan) - consumed, batch_size, num_workers)))
+        if self.config.fetch_ahead and any(is_remote(r) for r in self.reader.shards.roots):
+            # Fetch ahead walks the same batches on a plan of its own (its thread computes the ids).
+            ahead = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
+            self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead),
+                                       ranged=int(first_by_range(len(plan) - consumed, batch_size, num_workers)))
         try:
             for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
                 batch = self.load(ids, epoch, alloc, cross)

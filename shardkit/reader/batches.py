@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -22,6 +23,11 @@ from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard
 
 log = logging.getLogger(__name__)
 DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (its index in the mixture)
+# A first batch reads its samples by range when the shards it needs that are not cached yet hold
+# more than this: 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range
+# reads costs (an index and a sample per shard, mostly round trips). Below it (JPEG shards of a
+# few MB), whole shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
+RANGED_FROM = 64 << 20
 MAX_OPEN_SHARDS = 64  # per process; a shuffle block spans a few shards, so this rarely evicts
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
@@ -84,6 +90,7 @@ class BatchReader:
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
         self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
         self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
+        self._pid = os.getpid()  # threads, pools and locks made here are this process's only
         self._ranged_left = 0  # batches still read by range where their shards are not cached yet
 
     @property
@@ -127,11 +134,12 @@ class BatchReader:
         needed = dict.fromkeys(shard_idx.tolist())
         if self.fetcher is not None:  # all of this batch's shards download at once, not one by one
             self.fetcher.want([s for s in needed if s not in self._readers])
+        ranged = self._read_by_range(needed, shard_idx, rows) if self._ranged_left else {}
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, self._batch_reader(s, rows[pos]), pos, rows[pos]))
+            groups.append((s, ranged.get(s) or self._reader(s), pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -220,15 +228,25 @@ class BatchReader:
         return self._cache_of(int(self.shards.part(s)))
 
     def _cache_of(self, p: int) -> ShardCache:
+        self._forked()
         if p not in self._caches:
             self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
                                          self.config.remote_policy(), self.config.connections, self.net.fetched)
         return self._caches[p]
 
+    def _forked(self) -> None:
+        """In a process forked from the one that made them (DataLoader workers under fork), the
+        fetcher, the caches' connection pools and the counters' lock are copies without their
+        threads (a lock may even be copied held): drop them, they are made again here."""
+        if self._pid != os.getpid():
+            self._pid, self.fetcher, self._caches, self._ranged_left = os.getpid(), None, {}, 0
+            self.net.forked()
+
     def start_fetching(self, batches, ranged: int = 0) -> None:
         """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
         the epoch, computed in the fetch thread) first read them; local shards are left alone.
         The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
+        self._forked()
         self.stop_fetching()
         if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
             return
@@ -236,19 +254,32 @@ class BatchReader:
         for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
             self._cache_of(p)
         order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
-        self.fetcher = Fetcher(self._prefetch, self._fits, order, self.config.fetch_ahead, skip=set(self._readers))
+        # Whole shards download while the first batch is read by range. Starting them after it was
+        # tried: the second batch then waited for all of them, and an epoch of 2,090 raw images ran
+        # at ~0.65x the samples/s (two bench/remote_bench.py runs, not interleaved, shared VM).
+        self.fetcher = Fetcher(self._prefetch, self._reserve, ShardCache.release, order, self.config.fetch_ahead,
+                               skip=set(self._readers))
 
-    def _batch_reader(self, s: int, rows: np.ndarray):
-        """The reader of shard s for one batch: the open shard, else (a first batch, shard s not
-        cached yet) its `rows` read by range, else the shard opened (fetched first if need be)."""
-        if self._ranged_left and s not in self._readers and self._can_range(s):
+    def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
+        """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
+        all at once (each is an index and a few samples, mostly round trips)."""
+        todo = [s for s in needed if s not in self._readers and not self.bad[s] and self._can_range(s)]
+        if sum(self._nbytes(s) for s in todo) < RANGED_FROM:  # whole shards come about as soon
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(s: int):
             try:
-                return timed(self.net, lambda: self._ranged(s, rows))
-            except RangeIgnored:
+                return self._ranged(s, rows[shard_idx == s])
+            except RangeIgnored:  # read whole from now on
                 self.cache(s).ranges = False
+                return None
             except ShardError as e:
                 raise _tagged(e, s)
-        return self._reader(s)
+
+        with ThreadPoolExecutor(len(todo), thread_name_prefix="shardkit-first") as pool:
+            got = timed(self.net, lambda: list(pool.map(one, todo)))
+        return dict(zip(todo, got))
 
     def _can_range(self, s: int) -> bool:
         shard, cache = self.shards[s], self.cache(s)
@@ -268,6 +299,7 @@ class BatchReader:
         return reader
 
     def stop_fetching(self) -> None:
+        self._ranged_left = 0
         if self.fetcher is not None:
             self.fetcher.close()
             self.fetcher = None
@@ -275,10 +307,9 @@ class BatchReader:
     def _prefetch(self, s: int):
         return self.cache(s).pin_shard(self.shards[s], wait=False)
 
-    def _fits(self, s: int, pending) -> bool:
-        """Whether shard s fits in its cache besides the `pending` fetches (counted whole: a fetch
-        that has begun is in the folder's listing too, so this errs on the safe side)."""
-        return self.cache(s).fits(sum(self._nbytes(t) for t in [s, *pending] if self.cache(t) is self.cache(s)))
+    def _reserve(self, s: int) -> str | None:
+        """Room in its cache for shard s and its index (ShardCache.reserve)."""
+        return self.cache(s).reserve(self._nbytes(s))
 
     def _nbytes(self, s: int) -> int:
         shard = self.shards[s]

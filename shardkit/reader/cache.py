@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from shardkit.contract import ShardInfo
@@ -28,6 +29,7 @@ from shardkit.fs import (RemotePolicy, RemoteError, filesystem, is_remote, join,
 CHUNK = 1 << 20
 LOCK = ".lock"
 EVICTOR_LOCK = ".evictor.lock"  # one evictor at a time per cache folder
+RESERVE = ".reserve-"  # room held for a fetch ahead: .reserve-{pid}-{id}, counted, never evicted while pid lives
 TMP = ".tmp-"
 ATTEMPTS = 3  # pin tries when evictors keep removing a freshly fetched file (cache far too small)
 # Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a
@@ -237,10 +239,11 @@ class ShardCache:
     @property
     def member_pool(self) -> ThreadPoolExecutor:
         """Connections of their own for a batch's samples read by range (reader.ranged), so that they
-        do not queue behind the parts of whole shards."""
+        do not queue behind the parts of whole shards: 4x as many, since a sample's GET (150 KB) is
+        mostly the store's latency, and a first batch of 64 samples then takes 2 round trips, not 8."""
         with self._pool_lock:
             if self._member_pool is None:
-                self._member_pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-range")
+                self._member_pool = ThreadPoolExecutor(4 * self.connections, thread_name_prefix="shardkit-range")
             return self._member_pool
 
     def has(self, rel: str) -> bool:
@@ -301,12 +304,32 @@ class ShardCache:
                          f"{ATTEMPTS} times before it could be opened; cache_limit={self.limit} bytes is too "
                          "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
 
-    def fits(self, nbytes: int) -> bool:
-        """Whether `nbytes` more fit within cache_limit now, once unpinned copies are evicted."""
+    def reserve(self, nbytes: int) -> str | None:
+        """Room in the cache for a fetch ahead of `nbytes`: a reservation file of that size (sparse)
+        that every process's listing counts until `release`, made under the evictor lock after
+        evicting, so that processes deciding at once cannot all take the same room. None when it
+        does not fit; '' when there is no limit (nothing to release)."""
         if self.limit is None or not self.remote:
-            return True
-        self.evict()
-        return self.held() + nbytes <= self.limit
+            return ""
+        os.makedirs(self.dir, exist_ok=True)
+        guard = _flock(os.path.join(self.dir, EVICTOR_LOCK), fcntl.LOCK_EX)
+        try:
+            self._evict(nbytes)
+            if _listing(self.dir)[1] + nbytes > self.limit:
+                return None
+            path = os.path.join(self.dir, f"{RESERVE}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            with open(path, "wb") as f:
+                f.truncate(nbytes)
+            return path
+        finally:
+            os.close(guard)
+
+    @staticmethod
+    def release(reservation: str | None) -> None:
+        """Give back a reservation (the fetch landed, or failed)."""
+        if reservation:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(reservation)
 
     def held(self) -> int:
         """Bytes in this cache's folder now (fetches in progress count at their full size)."""
@@ -353,25 +376,45 @@ class ShardCache:
             return 0
         guard = _flock(os.path.join(self.dir, EVICTOR_LOCK), fcntl.LOCK_EX)
         try:
-            files, total = _listing(self.dir)
-            freed = 0
-            for _, size, path in sorted(files):
-                if total - freed <= self.limit:
-                    break
-                fd = _flock(path.split(TMP)[0] + LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if fd is None:
-                    continue  # pinned by a reader, or being fetched
-                try:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(path)
-                        freed += size
-                    if TMP not in path:  # waiters on this lock file find it gone and lock a new one
-                        os.remove(path + LOCK)
-                finally:
-                    os.close(fd)
-            return freed
+            return self._evict()
         finally:
             os.close(guard)
+
+    def _evict(self, room: int = 0) -> int:
+        """evict(), the evictor lock held, until `room` more bytes fit as well."""
+        files, total = _listing(self.dir)
+        freed = 0
+        for _, size, path in sorted(files):
+            if total - freed + room <= self.limit:
+                break
+            if os.path.basename(path).startswith(RESERVE):
+                if not _alive(int(os.path.basename(path)[len(RESERVE):].split("-")[0])):
+                    with contextlib.suppress(FileNotFoundError):  # a killed process's reservation
+                        os.remove(path)
+                        freed += size
+                continue
+            fd = _flock(path.split(TMP)[0] + LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                continue  # pinned by a reader, or being fetched
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+                    freed += size
+                if TMP not in path:  # waiters on this lock file find it gone and lock a new one
+                    os.remove(path + LOCK)
+            finally:
+                os.close(fd)
+        return freed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove_stale_temps(dest: str) -> None:

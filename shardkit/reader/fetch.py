@@ -61,6 +61,10 @@ class NetStats:
     def reset(self) -> None:
         self.table.zero_()
 
+    def forked(self) -> None:
+        """In a forked child: a lock of its own (the parent's may have been copied held)."""
+        self._lock = threading.Lock()
+
     def __getstate__(self):
         return {"table": self.table}
 
@@ -80,11 +84,12 @@ def first_uses(batches, offsets: np.ndarray):
 
 class Fetcher:
     """Fetches shards ahead of one worker's reads. `pin(s)` fetches shard s if needed and returns
-    it pinned (None when another process is fetching it); `fits(s, pending)` says whether s fits
-    in the cache now, besides the shards `pending` (started here, not yet in the cache folder); `order` yields shard indexes in first-use order; `skip`: shards already open."""
+    it pinned (None when another process is fetching it); `reserve(s)` holds room for s in the
+    cache (None when there is none now), and `release(reservation)` gives it back once s landed;
+    `order` yields shard indexes in first-use order; `skip`: shards already open."""
 
-    def __init__(self, pin, fits, order, ahead: int, skip=()):
-        self._pin, self._fits, self._order, self.ahead = pin, fits, iter(order), ahead
+    def __init__(self, pin, reserve, release, order, ahead: int, skip=()):
+        self._pin, self._reserve, self._release, self._order, self.ahead = pin, reserve, release, iter(order), ahead
         self._started: dict[int, Future] = {}  # fetched or fetching, not yet taken by the reader
         self._taken: set[int] = set(skip)
         self._cond = threading.Condition()
@@ -105,17 +110,23 @@ class Fetcher:
                     if len(self._started) >= self.ahead:
                         self._cond.wait(POLL_S)
                         continue
-                    pending = [t for t, f in self._started.items() if not f.done()]
-                if self._fits(s, pending):  # evicts and lists the cache folder: outside the lock
+                reservation = self._reserve(s)  # evicts and lists the cache folder: outside the lock
+                if reservation is not None:
                     with self._cond:
-                        self._start(s)
+                        future = self._start(s)
+                    if future is None:
+                        self._release(reservation)
+                    else:
+                        future.add_done_callback(lambda _, r=reservation: self._release(r))
                     break
                 with self._cond:
                     self._cond.wait(POLL_S)
 
-    def _start(self, s: int) -> None:  # under the lock
+    def _start(self, s: int) -> Future | None:  # under the lock
         if not self._closed and s not in self._started and s not in self._taken:
             self._started[s] = self._pool.submit(self._pin, s)
+            return self._started[s]
+        return None
 
     def want(self, shards) -> None:
         """Start these shards now (a batch about to be read needs them), whatever the window."""

@@ -37,7 +37,8 @@ class RangedTar(TarShard):
         fields = [n[:-7] for n in t.column_names if n.endswith(".offset")]
         offsets = {f: t.column(f + ".offset").to_numpy().astype(np.int64) for f in fields}
         self.sizes = {f: t.column(f + ".size").to_numpy().astype(np.int64) for f in fields}
-        self.sums = {f: t.column(f + CHECKSUM_SUFFIX).to_numpy() for f in fields if f + CHECKSUM_SUFFIX in t.column_names}
+        self.sums = {f: t.column(f + CHECKSUM_SUFFIX).to_numpy() for f in fields
+                     if f + CHECKSUM_SUFFIX in t.column_names}
         rows = np.unique(np.asarray(rows, np.int64))
         spans = _spans(offsets, self.sizes, rows)
         data = _fetch(url, spans, pool, policy)
