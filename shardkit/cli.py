@@ -152,7 +152,7 @@ def _parse_size(ctx, param, value):
 @click.option("--worker-pool", type=click.Choice(WORKER_POOLS), default="auto", show_default=True,
               help="How embedded workers run: threads of this process (images: Pillow releases the GIL, and "
                    "nothing is copied between processes) or processes; auto: for a folder of images, threads "
-                   "where a 0.2 s probe finds their GIL cap above what the cores do, else processes "
+                   "where a ~0.25 s probe finds their GIL cap above what the cores do, else processes "
                    "(`shardkit --debug build ...` says which and why).")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage "
