@@ -1,6 +1,6 @@
 """Build at the speed of the machine: the default build vs multiprocessing.Pool on the same images.
 
-    .venv/bin/python bench/build_pool_bench.py [--images 2000,12000] [--reps 2]
+    .venv/bin/python bench/build_pool_bench.py [--images 2000,12000] [--reps 2] [--scheduler]
 
 Photo-like JPEGs of about 450 x 340 → raw uint8 224² (center crop), `shardkit build` with every other
 option at its default (--workers: one per core; --worker-pool auto, which probes the GIL), each
@@ -84,13 +84,55 @@ def child(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class RealCluster:
+    """`dask scheduler` + one `dask worker --nthreads 1` per core, with docker/dask's configuration
+    (as docker/compose.yml runs them): what `--scheduler` builds run on."""
+
+    def __init__(self, workers: int):
+        import socket
+        import time
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+        env["DASK_CONFIG"] = str(Path(__file__).resolve().parent.parent / "docker" / "dask")
+        dask = str(Path(sys.executable).parent / "dask")
+        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        self.procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                        "--no-dashboard"], **quiet)]
+        self.procs += [subprocess.Popen([dask, "worker", self.address, "--nthreads", "1", "--nworkers", "1",
+                                         "--no-dashboard", "--host", "127.0.0.1"], **quiet) for _ in range(workers)]
+        from distributed import Client
+
+        deadline = time.time() + 120
+        while True:
+            try:
+                with Client(self.address, timeout="5s") as client:
+                    client.wait_for_workers(workers, timeout=120)
+                return
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        import signal
+
+        for p in self.procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            p.wait(timeout=30)
+
+
 def probe(cfg) -> tuple[float, float]:
-    from shardkit.cluster import gil_share_min
+    from shardkit.cluster import gil_share_median
     from shardkit.stages.image import process_image
 
     datas = [p.read_bytes() for p in sorted(Path(cfg.src).rglob("*.jpg"))[:8]]
     turn = iter(range(1 << 62))
-    return gil_share_min(lambda: process_image(datas[next(turn) % len(datas)], cfg), rounds=3, seconds=0.6)
+    return gil_share_median(lambda: process_image(datas[next(turn) % len(datas)], cfg), rounds=5, seconds=1.0)
 
 
 def main() -> int:
@@ -103,6 +145,8 @@ def main() -> int:
     ap.add_argument("--images", default="2000,12000")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--workdir", default="bench/out/build-pool")
+    ap.add_argument("--scheduler", action="store_true",
+                    help="also build with --scheduler on `dask scheduler` + one `dask worker` per core")
     args = ap.parse_args()
     small, big = sorted(int(x) for x in args.images.split(","))
     work = Path(args.workdir)
@@ -113,23 +157,36 @@ def main() -> int:
                            resize_mode="center-crop", encode="raw", progress=False) for n in (small, big)}
     share, seconds = probe(cfgs[small])
     print(f"GIL probe: {seconds * 1e3:.2f} ms per image on a worker thread, {share:.0%} of it holding the GIL: "
-          f"threads cap near {1 / max(share * seconds, 1e-9):,.0f} images/s; {cores} processes do ~{cores / seconds:,.0f}/s")
-    runs = {(kind, n): [] for kind in ("build", "pool") for n in (small, big)}
+          f"threads cap near {1 / max(share * seconds, 1e-6):,.0f} images/s; {cores} processes do ~{cores / seconds:,.0f}/s")
+    kinds = ("build", "pool") + (("scheduler",) if args.scheduler else ())
+    runs = {(kind, n): [] for kind in kinds for n in (small, big)}
     pool_line = ""
-    for rep in range(args.reps):
-        for n in (small, big):
-            shutil.rmtree(cfgs[n].out, ignore_errors=True)
-            b = child(CHILD, json.dumps(asdict(cfgs[n])))
-            assert b["samples"] == n, b
-            p = child(POOL, json.dumps(asdict(replace(cfgs[n]))), str(cores))
-            assert p["samples"] == n, p
-            runs[("build", n)].append(b["seconds"])
-            runs[("pool", n)].append(p["seconds"])
-            pool_line = b["pool"] or pool_line
-            print(f"  rep {rep}, {n:>6,} images: build {b['seconds']:6.2f} s ({n / b['seconds']:5.0f}/s), "
-                  f"Pool({cores}) {p['seconds']:6.2f} s ({n / p['seconds']:5.0f}/s)", flush=True)
+    real = RealCluster(cores) if args.scheduler else None
+    try:
+        for rep in range(args.reps):
+            for n in (small, big):
+                shutil.rmtree(cfgs[n].out, ignore_errors=True)
+                b = child(CHILD, json.dumps(asdict(cfgs[n])))
+                assert b["samples"] == n, b
+                p = child(POOL, json.dumps(asdict(cfgs[n])), str(cores))
+                assert p["samples"] == n, p
+                runs[("build", n)].append(b["seconds"])
+                runs[("pool", n)].append(p["seconds"])
+                pool_line = b["pool"] or pool_line
+                line = (f"  rep {rep}, {n:>6,} images: build {b['seconds']:6.2f} s ({n / b['seconds']:5.0f}/s), "
+                        f"Pool({cores}) {p['seconds']:6.2f} s ({n / p['seconds']:5.0f}/s)")
+                if real is not None:
+                    shutil.rmtree(cfgs[n].out, ignore_errors=True)
+                    r = child(CHILD, json.dumps(asdict(replace(cfgs[n], scheduler=real.address))))
+                    assert r["samples"] == n, r
+                    runs[("scheduler", n)].append(r["seconds"])
+                    line += f", --scheduler {r['seconds']:6.2f} s ({n / r['seconds']:5.0f}/s)"
+                print(line, flush=True)
+    finally:
+        if real is not None:
+            real.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
-    inc = {kind: (big - small) / (med[(kind, big)] - med[(kind, small)]) for kind in ("build", "pool")}
+    inc = {kind: (big - small) / (med[(kind, big)] - med[(kind, small)]) for kind in kinds}
     fixed = med[("build", small)] - small / inc["build"]
     pool_fixed = med[("pool", small)] - small / inc["pool"]
     print(f"{pool_line}")
@@ -137,6 +194,10 @@ def main() -> int:
           f"Pool({cores}) {inc['pool']:,.0f}/s: ratio {inc['build'] / inc['pool']:.2f} (target >= 0.9)")
     print(f"fixed start: build {fixed:.2f} s (target <= 1.5 s), Pool({cores}) {pool_fixed:.2f} s; "
           f"at {big:,} images build / Pool = {med[('pool', big)] / med[('build', big)]:.2f}")
+    if args.scheduler:
+        print(f"--scheduler ({cores} `dask worker` processes): incremental {inc['scheduler']:,.0f}/s = "
+              f"{inc['scheduler'] / inc['pool']:.2f} of the Pool's, {inc['scheduler'] / inc['build']:.2f} of the "
+              f"embedded default's")
     return 0
 
 

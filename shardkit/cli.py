@@ -229,7 +229,7 @@ def _parse_size(ctx, param, value):
 @click.option("--worker-pool", type=click.Choice(WORKER_POOLS), default="auto", show_default=True,
               help="How embedded workers run: threads of this process (images: Pillow releases the GIL, and "
                    "nothing is copied between processes) or processes; auto: for a folder of images, threads "
-                   "where a 0.2 s probe finds their GIL cap above what the cores do, else processes "
+                   "where a ~0.25 s probe finds their GIL cap above what the cores do, else processes "
                    "(`shardkit --debug build ...` says which and why).")
 @scheduler_option
 @click.option("--unit-samples", type=int, default=None, metavar="N",

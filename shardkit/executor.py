@@ -34,8 +34,8 @@ from shardkit.stages.augment import variant_fields
 from shardkit.dedup_engine import dedup_inventory, estimate_inventory_seconds
 from shardkit.stages.dedup.report import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_min, import_in_background,
-                              plan_execution)
+from shardkit.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
+                              import_in_background, plan_execution)
 from shardkit.tasks import Then, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
@@ -208,7 +208,7 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
         except Exception:  # noqa: BLE001 — a bad input is the build's to reject
             return None
 
-    return gil_share_min(work)
+    return gil_share_median(work)
 
 
 def _image_work(listing, cfg: BuildConfig) -> bool:
