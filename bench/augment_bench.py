@@ -19,7 +19,7 @@ import numpy as np
 
 from shardkit.config import BuildConfig
 from shardkit.datagen import generated, image_folder
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.contract import key_hash
 from shardkit.stages.augment import apply_ops, parse_ops
 

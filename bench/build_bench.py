@@ -16,8 +16,8 @@ from pathlib import Path
 
 from shardkit.config import BuildConfig
 from shardkit.datagen import generated, image_folder
-from shardkit.executor import build
-from shardkit.cluster import dask_client
+from shardkit.jobs.build import build
+from shardkit.jobs.cluster import dask_client
 from shardkit.stages.image import process_image
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 CHILD = r"""
 import json, logging, sys, time
 from shardkit.config import BuildConfig
-from shardkit.executor import build
+from shardkit.jobs.build import build
 lines = []
 class Keep(logging.Handler):
     def emit(self, record):
@@ -127,7 +127,7 @@ class RealCluster:
 
 
 def probe(cfg) -> tuple[float, float]:
-    from shardkit.cluster import gil_share_median
+    from shardkit.jobs.cluster import gil_share_median
     from shardkit.stages.image import process_image
 
     datas = [p.read_bytes() for p in sorted(Path(cfg.src).rglob("*.jpg"))[:8]]

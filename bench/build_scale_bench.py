@@ -33,13 +33,13 @@ WORKERS = 2
 CHILD = """
 import json, os, resource, sys, time
 import psutil
-import shardkit.cluster
+import shardkit.jobs.cluster
 from shardkit.config import BuildConfig
-from shardkit.executor import build
+from shardkit.jobs.build import build
 cfg = BuildConfig(**json.loads(sys.argv[1]))
 me = psutil.Process()
 others = {}
-close = shardkit.cluster.PendingClient.close
+close = shardkit.jobs.cluster.PendingClient.close
 def counted_close(self):  # CPU of the cluster's processes, read just before they exit
     for p in me.children(recursive=True):
         try:
@@ -47,7 +47,7 @@ def counted_close(self):  # CPU of the cluster's processes, read just before the
         except psutil.Error:
             pass
     close(self)
-shardkit.cluster.PendingClient.close = counted_close
+shardkit.jobs.cluster.PendingClient.close = counted_close
 base, cpu = me.memory_info().rss, sum(me.cpu_times()[:2])
 start = time.perf_counter()
 result = build(cfg)

@@ -19,7 +19,7 @@ import sys
 CHILD = r"""
 import json, sys, time
 import distributed  # imported while the build lists SRC (cluster.import_in_background)
-from shardkit.cluster import dask_client
+from shardkit.jobs.cluster import dask_client
 n, threads = int(sys.argv[1]), sys.argv[2] == "threads"
 start = time.perf_counter()
 with dask_client(None, n, threads) as client:

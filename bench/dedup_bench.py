@@ -26,17 +26,17 @@ import time
 import numpy as np
 
 from shardkit.config import DedupConfig
-from shardkit.dedup_engine import find_duplicates
+from shardkit.jobs.dedup_tasks import find_duplicates
 from shardkit.sample import Sample
-from shardkit.stages.dedup.lsh import detection_probability, optimal_params
-from shardkit.stages.dedup.text import normalise, shingles
+from shardkit.duplicates.lsh import detection_probability, optimal_params
+from shardkit.duplicates.text import normalise, shingles
 
 THRESHOLD, NUM_PERM, NGRAM = 0.8, 128, 5
 E2E_WORDS, E2E_PAIRS, DOCS_PER_FILE = 120, 2000, 10_000
 LOOP = r'''
 import json, sys
 from datasketch import MinHash, MinHashLSH
-from shardkit.stages.dedup.text import normalise, shingles
+from shardkit.duplicates.text import normalise, shingles
 lsh, n = MinHashLSH(threshold=0.8, num_perm=128), 0
 for path in sys.argv[1:]:
     with open(path) as f:

@@ -26,9 +26,9 @@ TARGET_BYTES_PER_DOC = 150
 
 CHILD = r'''
 import json, resource, sys, time
-import shardkit.cluster as cluster
+import shardkit.jobs.cluster as cluster
 from shardkit.config import DedupConfig
-from shardkit.dedup_job import dedup
+from shardkit.jobs.dedup import dedup
 src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 seen = []

@@ -33,7 +33,7 @@ TARGET_BYTES_PER_DOC, TARGET_SPEEDUP = 150, 8.0
 CHILD = r'''
 import json, resource, sys, time
 from shardkit.config import DedupConfig
-from shardkit.dedup_job import dedup
+from shardkit.jobs.dedup import dedup
 src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 start = time.perf_counter()
@@ -56,7 +56,7 @@ LOOP = r'''
 import json, sys, time
 import pyarrow.parquet as pq
 from datasketch import MinHash, MinHashLSH
-from shardkit.stages.dedup.text import normalise, shingles
+from shardkit.duplicates.text import normalise, shingles
 docs = pq.read_table(sys.argv[1], columns=["txt"]).column(0).to_pylist()[: int(sys.argv[2])]
 start, cpu = time.perf_counter(), time.process_time()
 lsh = MinHashLSH(threshold=0.8, num_perm=128)

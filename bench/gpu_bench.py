@@ -32,8 +32,8 @@ CPU = dict(images=256, size=64, batch=32, workers=2, ranks=2, seconds=2.0, model
 
 def data(args):
     """Generated photo-like images built to JPEG and raw uint8 shards (cached under --out)."""
-    from shardkit.bench.config import BenchConfig
-    from shardkit.bench.data import prepare
+    from shardkit.loaderbench.settings import BenchConfig
+    from shardkit.loaderbench.data import prepare
 
     cfg = BenchConfig(out=args.out, cache_dir=os.path.join(args.out, "cache"), images=args.images,
                       image_size=args.size, progress=False, plot=False)
@@ -139,13 +139,13 @@ def model_step(args, device, classes):
     if args.model == "resnet18":
         import torchvision
 
-        from shardkit.bench.model import ModelStep
+        from shardkit.loaderbench.model import ModelStep
 
         step = ModelStep(classes, str(device))
         step.model = torchvision.models.resnet18(num_classes=classes).to(device, memory_format=torch.channels_last)
         step.optimizer = torch.optim.SGD(step.model.parameters(), lr=0.05, momentum=0.9)
         return step
-    from shardkit.bench.model import ModelStep
+    from shardkit.loaderbench.model import ModelStep
 
     return ModelStep(classes, str(device), width=8)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from shardkit.config import BuildConfig
 from shardkit.datagen import generated, words
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.sample import Sample
 from shardkit.stages.tokenize import BATCH_DOCS, load_tokenizer, tokenize
 

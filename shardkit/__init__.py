@@ -14,10 +14,10 @@ _LAZY = {
     "Source": ("shardkit.reader.mixing", "Source"),
     "make_loader": ("shardkit.loader", "make_loader"),
     "StarvationMeter": ("shardkit.meter", "StarvationMeter"),
-    "build": ("shardkit.executor", "build"),
-    "dedup": ("shardkit.dedup_job", "dedup"),
-    "ShardWriter": ("shardkit.shard_writer", "ShardWriter"),
-    "build_map": ("shardkit.build_map", "build_map"),
+    "build": ("shardkit.jobs.build", "build"),
+    "dedup": ("shardkit.jobs.dedup", "dedup"),
+    "ShardWriter": ("shardkit.jobs.shard_writer", "ShardWriter"),
+    "build_map": ("shardkit.jobs.build_map", "build_map"),
 }
 
 

@@ -86,12 +86,12 @@ class BuildConfig:
     dedup_verify: bool = False
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
-    map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (cli_map.py)
+    map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
     RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty",
-                    "map")  # map: its output's fingerprint and manifest are build_map's (cli_map.py)
+                    "map")  # map: its output's fingerprint and manifest are build_map's (jobs/mapped_build.py)
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -326,7 +326,7 @@ class DedupConfig:
 
     def lsh_params(self) -> tuple[int, int]:
         """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
-        weighted toward recall (shardkit.stages.dedup.lsh.optimal_params)."""
+        weighted toward recall (shardkit.duplicates.lsh.optimal_params)."""
         return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
 
     def min_shingles(self) -> int:

@@ -1,6 +1,6 @@
 """The dataset contract both sides share: shard records, field kinds and sizes, key hashing, text bytes.
 
-Build (writers, executor) and read (reader, loader) import these from here, never from each other.
+Build (writers, jobs) and read (reader, loader) import these from here, never from each other.
 """
 
 from __future__ import annotations

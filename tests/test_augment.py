@@ -11,7 +11,7 @@ from PIL import Image
 
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 from shardkit.reader.dataset import StreamingDataset
 from shardkit.reader.variants import choose

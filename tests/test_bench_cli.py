@@ -37,7 +37,7 @@ def ran(tmp_path_factory):
 
 def test_every_variant_ran_on_the_same_samples(ran):
     r = ran["report"]
-    assert r["schema"] == "shardkit.bench/1"
+    assert r["schema"] == "shardkit.loaderbench/1"
     assert {"created", "machine", "config", "step", "data", "variants", "checks", "cells", "ratios", "best",
             "runs"} <= set(r)
     assert r["data"]["samples"] == 24 and r["data"]["classes"] == 3
@@ -99,8 +99,8 @@ def test_rerun_reuses_the_cache(ran, tmp_path):
 
 
 def test_checks_catch_a_variant_that_read_other_samples(ran):
-    from shardkit.bench.report import checks
-    from shardkit.bench.report import label_checksum
+    from shardkit.loaderbench.summary import checks
+    from shardkit.loaderbench.summary import label_checksum
 
     r = ran["report"]
     runs = [dict(run) for run in r["runs"]]
@@ -128,7 +128,7 @@ def test_the_plot_shows_the_figures(ran):
     """Each cell's bar is drawn in its worker count's colour, and taller bars mean more samples/s."""
     from PIL import Image, ImageColor
 
-    from shardkit.bench import plot
+    from shardkit.loaderbench import plot
 
     report = ran["report"]
     img = Image.open(ran["out"] / "bench.png").convert("RGB")
@@ -153,8 +153,8 @@ def test_plot_only_redraws_from_bench_json(ran, tmp_path):
 
 
 def test_schedule_interleaves_and_rotates():
-    from shardkit.bench.config import BenchConfig
-    from shardkit.bench.runner import schedule
+    from shardkit.loaderbench.settings import BenchConfig
+    from shardkit.loaderbench.runner import schedule
 
     cfg = BenchConfig(workers=(0, 2), repeat=3, cache_dir="unused")
     order = schedule(cfg)
@@ -203,14 +203,14 @@ def test_a_small_folder_is_read_for_enough_epochs(tmp_path, images, workers):
 
 
 def test_epochs_per_run():
-    from shardkit.bench.config import BenchConfig
+    from shardkit.loaderbench.settings import BenchConfig
 
     cfg = BenchConfig(cache_dir="unused")  # batch 64, warmup 5, min_batches 20
     assert [cfg.epochs_per_run(n) for n in (1, 64, 65, 137, 1600, 3000)] == [25, 25, 13, 9, 1, 1]
 
 
 def test_every_epoch_of_a_run_must_read_the_same_samples():
-    from shardkit.bench.runner import _read
+    from shardkit.loaderbench.runner import _read
 
     class Variant:
         @staticmethod
@@ -245,7 +245,7 @@ def test_gpu_flag_without_cuda_says_so(ran, tmp_path, monkeypatch):
 def test_model_step_trains_on_cpu():
     import torch
 
-    from shardkit.bench.model import ModelStep
+    from shardkit.loaderbench.model import ModelStep
 
     torch.manual_seed(0)
     step = ModelStep(num_classes=3, device="cpu", width=8)
@@ -289,9 +289,9 @@ def test_variants_yield_the_same_batches(ran):
     """Same samples, same order (0 workers, no shuffle), same layout; the JPEG variants decode the same bytes."""
     import torch
 
-    from shardkit.bench.config import BenchConfig
-    from shardkit.bench.data import prepare
-    from shardkit.bench.variants import VARIANTS
+    from shardkit.loaderbench.settings import BenchConfig
+    from shardkit.loaderbench.data import prepare
+    from shardkit.loaderbench.loaders import VARIANTS
 
     cfg = BenchConfig(images=24, classes=3, image_size=32, build_workers=0, progress=False,
                       cache_dir=str(ran["cache"]))
@@ -328,7 +328,7 @@ def test_a_mixture_variant_reports_observed_against_target_proportions(ran, tmp_
 def test_checks_flag_a_mixture_off_its_targets():
     from types import SimpleNamespace
 
-    from shardkit.bench.report import checks
+    from shardkit.loaderbench.summary import checks
 
     data = SimpleNamespace(samples=4, items=[("a", 0)] * 4, classes=["a"])
     run = {"variant": "shardkit-mix", "workers": 0, "repetition": 0, "samples": 4, "label_checksum": "x",

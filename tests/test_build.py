@@ -16,7 +16,7 @@ from PIL import Image
 from shardkit.cli import main
 from shardkit.config import BuildConfig
 from shardkit.errors import ManifestError
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 
 from conftest import tree_bytes

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from shardkit.cli import main
 from shardkit.config import BuildConfig
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 
 
@@ -64,7 +64,7 @@ with folder_lock(sys.argv[1], "test holder"):
 
 def test_dedup_takes_the_lock_too(raw_folder, tmp_path):
     from shardkit.config import DedupConfig
-    from shardkit.dedup_job import dedup
+    from shardkit.jobs.dedup import dedup
     from shardkit.errors import FolderLocked
     from shardkit.fs import folder_lock
 

@@ -15,7 +15,7 @@ import map_fns
 from conftest import tree_bytes
 from shardkit import StreamingDataset, build_map
 from shardkit.errors import ConfigError, FailFast
-from shardkit.shard_writer import BadSample
+from shardkit.jobs.shard_writer import BadSample
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -182,7 +182,7 @@ def test_cli_map_bad_spec_is_a_clear_error(tmp_path, raw_folder):
 
 def test_build_config_map_is_not_ignored_by_build(tmp_path, raw_folder):
     from shardkit.config import BuildConfig
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     with pytest.raises(ConfigError, match="build_with_map"):
         build(BuildConfig(src=str(raw_folder), out=str(tmp_path / "o"), map="map_fns:caption_length"))

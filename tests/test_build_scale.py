@@ -18,7 +18,7 @@ from PIL import Image
 from shardkit.cli import main
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 from shardkit.sources.rows import jsonl_index
 
@@ -161,7 +161,7 @@ def _recorded_unit(item, ctx):
     """unit_task, noting where it ran (Dask sends it by reference: workers in other processes note there).
     A head start beside worker threads holds its first unit until they run one: tiny units could all
     be done here before the cluster is up (it imports Dask first in a fresh process)."""
-    from shardkit.build_tasks import unit_task
+    from shardkit.jobs.build_tasks import unit_task
 
     name = threading.current_thread().name
     if "Dask-Default-Threads" in name:
@@ -187,7 +187,7 @@ def image_only_folder(tmp_path):
 
 def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(image_only_folder, tmp_path,
                                                                            monkeypatch):
-    import shardkit.executor as executor
+    import shardkit.jobs.build as executor
 
     ran_on = _RAN_ON
     _ON_WORKER_THREAD.clear()
@@ -211,8 +211,8 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
 
 
 def test_threads_for_images_only(tmp_path):
-    from shardkit.cluster import choose_pool
-    from shardkit.executor import _image_work
+    from shardkit.jobs.cluster import choose_pool
+    from shardkit.jobs.build import _image_work
     from shardkit.sources.walk import Listing
 
     images, rows = Listing(files=None, row_files=[], images=3), Listing(files=None, row_files=[object()], images=3)
@@ -401,18 +401,18 @@ def test_a_broken_or_changed_row_file_is_rejected_not_fatal(tmp_path):
 
 
 def test_a_rerun_with_nothing_to_do_starts_no_cluster(raw_folder, tmp_path, monkeypatch):
-    import shardkit.cluster
+    import shardkit.jobs.cluster
 
     out = tmp_path / "out"
     _build(raw_folder, out, workers=1, max_samples_per_shard=8)
     started = []
-    real = shardkit.cluster.dask_client
+    real = shardkit.jobs.cluster.dask_client
 
     def counting(scheduler, workers, threads=False):
         started.append(workers)
         return real(scheduler, workers, threads)
 
-    monkeypatch.setattr(shardkit.cluster, "dask_client", counting)
+    monkeypatch.setattr(shardkit.jobs.cluster, "dask_client", counting)
     again = _build(raw_folder, out, workers=1, max_samples_per_shard=8)
     assert again.reused_shards == len({s.id for s in again.shards}) and started == []
     (raw_folder / "corpus.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")
@@ -455,7 +455,7 @@ def test_dedup_finds_parquet_images_under_the_image_field_given(tmp_path):
     """`--image-field photo` names the image column for the dedup step too (build --dedup and dedup
     of a raw folder), not only for the build: else every row looked image-less and nothing was removed."""
     from shardkit.config import DedupConfig
-    from shardkit.dedup_job import dedup
+    from shardkit.jobs.dedup import dedup
 
     raw = tmp_path / "raw"
     os.makedirs(raw)

@@ -21,7 +21,7 @@ def run(*args):
 
 
 def test_disk_full_during_build_is_one_line_and_not_retried(raw_folder, tmp_path, monkeypatch):
-    import shardkit.build_tasks as build_tasks
+    import shardkit.jobs.build_tasks as build_tasks
 
     calls = []
 
@@ -65,7 +65,7 @@ def test_http_without_its_extra(monkeypatch):
 
 
 def test_a_bug_is_one_line_and_debug_shows_the_traceback(raw_folder, tmp_path, monkeypatch):
-    import shardkit.executor as executor
+    import shardkit.jobs.build as executor
 
     def broken(cfg):
         raise KeyError("unexpected")
@@ -107,7 +107,7 @@ def _attempt(item, log):
 def client():
     import cloudpickle
 
-    from shardkit.cluster import dask_client
+    from shardkit.jobs.cluster import dask_client
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     with dask_client(None, 1) as c:
@@ -116,7 +116,7 @@ def client():
 
 @pytest.mark.parametrize("item,error,tries", [("full", OSError, 1), ("flaky", RuntimeError, 3)])
 def test_run_tasks_retries_only_what_may_pass(client, tmp_path, item, error, tries):
-    from shardkit.tasks import run_tasks
+    from shardkit.jobs.tasks import run_tasks
 
     log = tmp_path / "attempts"
     with pytest.raises(error) as caught:

@@ -6,7 +6,7 @@ import sys
 import textwrap
 from multiprocessing import forkserver
 
-from shardkit import cluster
+from shardkit.jobs import cluster
 
 
 def _recorded_preload(monkeypatch) -> list:
@@ -51,7 +51,7 @@ def test_the_private_state_follows_a_real_fork_server():
     """On this Python the private name exists and tells a started server from none (a fresh process)."""
     code = textwrap.dedent("""
         from multiprocessing import forkserver
-        from shardkit.cluster import forkserver_started
+        from shardkit.jobs.cluster import forkserver_started
         before = forkserver_started()
         forkserver.ensure_running()
         print(before, forkserver_started())
@@ -108,7 +108,7 @@ def test_debug_says_which_pool_and_why(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    import shardkit.executor as executor
+    import shardkit.jobs.build as executor
     from shardkit.cli import main
     from shardkit.datagen import image_folder
 

@@ -108,7 +108,7 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
         """The values of EMBEDDED_CLUSTER_CONFIG's settings in this Dask process, normalised."""
         import dask
 
-        from shardkit.cluster import EMBEDDED_CLUSTER_CONFIG
+        from shardkit.jobs.cluster import EMBEDDED_CLUSTER_CONFIG
 
         out = {}
         for key in EMBEDDED_CLUSTER_CONFIG:
@@ -150,7 +150,7 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
                 time.sleep(0.5)
         assert list(trim.values()) == [None, None]  # docker/dask/shardkit.yaml took effect
         # ... with every setting of the embedded cluster that workers or the scheduler read
-        from shardkit.cluster import EMBEDDED_CLUSTER_CONFIG
+        from shardkit.jobs.cluster import EMBEDDED_CLUSTER_CONFIG
 
         expected = {k: v for k, v in EMBEDDED_CLUSTER_CONFIG.items()
                     if k != "distributed.worker.multiprocessing-method" and "pre-spawn-environ" not in k}
@@ -181,7 +181,7 @@ def test_real_scheduler_and_workers_give_the_same_bytes(raw_folder, tmp_path):
 
 def test_embedded_cluster_workers_keep_glibc_adaptive_malloc(monkeypatch):
     """The nanny's default MALLOC_TRIM_THRESHOLD_ made every image ~25% slower in the workers."""
-    from shardkit.cluster import dask_client
+    from shardkit.jobs.cluster import dask_client
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with dask_client(None, 2) as client:

@@ -8,10 +8,10 @@ import pytest
 from PIL import Image
 
 from shardkit.config import DedupConfig
-from shardkit.dedup_engine import find_duplicates
+from shardkit.jobs.dedup_tasks import find_duplicates
 from shardkit.errors import RejectedInput
 from shardkit.sample import Sample
-from shardkit.stages.dedup.image import (band_masks, decode, dhash, grey, hamming, image_signature, near_pairs,
+from shardkit.duplicates.phash import (band_masks, decode, dhash, grey, hamming, image_signature, near_pairs,
                                          phash)
 
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit.config import BuildConfig, DedupConfig
-from shardkit.dedup_engine import dedup_inventory, find_duplicates
-from shardkit.dedup_job import dedup
-from shardkit.stages.dedup.report import write_report
-from shardkit.cluster import dask_client
+from shardkit.jobs.dedup_tasks import dedup_inventory, find_duplicates
+from shardkit.jobs.dedup import dedup
+from shardkit.duplicates.review import write_report
+from shardkit.jobs.cluster import dask_client
 from shardkit.manifest import Manifest, load_manifest, write_manifest
 from shardkit.reader.shards import read_shard_samples
 from shardkit.sample import Sample
@@ -138,7 +138,7 @@ def test_signature_files_are_reused_and_stale_ones_removed(tmp_path):
 
 
 def test_signature_files_of_another_text_hashing_scheme_are_never_reused(tmp_path, monkeypatch):
-    import shardkit.dedup_engine as engine
+    import shardkit.jobs.dedup_tasks as engine
 
     samples = corpus(n=40)
     cfg = DedupConfig(progress=False)
@@ -162,7 +162,7 @@ def test_verify_drops_pairs_under_the_threshold(tmp_path):
 
 
 def test_parquet_shards_are_filtered_as_tables_into_the_bytes_the_samples_make(tmp_path, monkeypatch):
-    import shardkit.dedup_job as job
+    import shardkit.jobs.dedup as job
 
     src = tmp_path / "src"
     manifest = make_dataset(src, corpus(), formats=("parquet",))
@@ -199,7 +199,7 @@ def test_a_damaged_parquet_shard_met_on_a_rerun_is_a_shard_error_naming_it(tmp_p
 
 
 def test_text_datasets_are_read_in_blocks_with_the_report_of_one_sample_at_a_time(tmp_path):
-    from shardkit.dedup_engine import ShardReader
+    from shardkit.jobs.dedup_tasks import ShardReader
 
     fields = {"txt": {"kind": "text"}, "cls": {"kind": "int", "dtype": "int64"}}
     samples = [Sample(s.key, {k: v for k, v in s.fields.items() if k in fields}) for s in corpus(n=60)
@@ -304,7 +304,7 @@ def test_raw_folder_and_cli(tmp_path):
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
     # The step `shardkit build --dedup` runs between scan and shard assignment: positions to remove.
-    from shardkit.executor import _reader
+    from shardkit.jobs.build import _reader
     from shardkit.sources.inventory import make_inventory, scan_options, without
     from shardkit.sources.rows import count_rows
     from shardkit.sources.walk import walk
@@ -366,7 +366,7 @@ def _jsonl_folder(root, files=3, per_file=60, seed=5):
 def test_raw_jsonl_dedup_equals_build_then_dedup(tmp_path):
     """Same clusters and kept set whether a raw jsonl folder is deduplicated directly (partitions of
     row-file pieces signed on 2 workers) or built first and the dataset deduplicated."""
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     raw = _jsonl_folder(tmp_path / "raw")
     cfg = dict(progress=False, partition_size=50, format="parquet")
@@ -384,9 +384,9 @@ def test_raw_jsonl_dedup_equals_build_then_dedup(tmp_path):
 def test_raw_jsonl_dedup_sends_pieces_and_builds_no_record_per_row(tmp_path, monkeypatch):
     """The driver of a raw-folder dedup holds compact columns: sources.records (one object per row)
     is never called, and each signature task gets a partition of pieces, not of rows."""
-    import shardkit.dedup_engine as engine
+    import shardkit.jobs.dedup_tasks as engine
     import shardkit.sources as sources
-    from shardkit.sources.order import Piece
+    from shardkit.sources.key_order import Piece
 
     raw = _jsonl_folder(tmp_path / "raw")
     monkeypatch.setattr(sources, "records", lambda inv: pytest.fail("records() builds one object per row"))

@@ -8,10 +8,10 @@ import pytest
 from PIL import Image
 
 from shardkit.config import DedupConfig
-from shardkit.dedup_engine import find_duplicates
+from shardkit.jobs.dedup_tasks import find_duplicates
 from shardkit.sample import Sample
-from shardkit.stages.dedup.report import write_report
-from shardkit.cluster import dask_client
+from shardkit.duplicates.review import write_report
+from shardkit.jobs.cluster import dask_client
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
@@ -73,7 +73,7 @@ def test_partitioned_clustering_equals_the_single_process_path(tmp_path, make):
 
 
 def test_hash_order_equals_a_lexsort_by_hash_then_the_tie_breakers():
-    from shardkit.stages.dedup.cluster import hash_order
+    from shardkit.duplicates.links import hash_order
 
     rng = np.random.default_rng(5)
     for n, values in [(1, 1), (2000, 3), (2000, 400), (50000, 2**64 - 1)]:

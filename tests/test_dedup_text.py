@@ -8,14 +8,14 @@ from datasketch import LeanMinHash, MinHash
 
 from shardkit.config import DedupConfig
 from shardkit.contract import decode_text
-from shardkit.dedup_engine import find_duplicates
+from shardkit.jobs.dedup_tasks import find_duplicates
 from shardkit.sample import Sample
-from shardkit.stages.dedup.cluster import band_candidates, exact_links
-from shardkit.stages.dedup.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
-from shardkit.stages.dedup.minhash import MinHasher, estimate_jaccard
-from shardkit.stages.dedup.text import (content_digests, distinct_counts, normalise, shingle_hash, shingle_hashes,
+from shardkit.duplicates.links import band_candidates, exact_links
+from shardkit.duplicates.lsh import band_keys, candidate_pairs, detection_probability, optimal_params
+from shardkit.duplicates.minhash import MinHasher, estimate_jaccard
+from shardkit.duplicates.text import (content_digests, distinct_counts, normalise, shingle_hash, shingle_hashes,
                                         shingles, token_hash, token_hashes, tokens, words)
-from shardkit.stages.dedup.unionfind import components, linked_components
+from shardkit.duplicates.unionfind import components, linked_components
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
@@ -65,7 +65,7 @@ ODD_DOCS = ["Hello,  World! A b_c", "ｆｕｌｌ — Ünïcode x\x1cy", "", "  
 
 @pytest.mark.parametrize("ngram", [1, 3, 5])
 def test_batch_tokens_and_shingles_equal_the_scalar_reference_on_every_path(ngram, monkeypatch):
-    from shardkit.stages.dedup import text
+    from shardkit.duplicates import text
 
     monkeypatch.setattr(text, "CHUNK_BYTES", 64)  # many chunks, and texts longer than a chunk
     rng = np.random.default_rng(ngram)

@@ -14,10 +14,10 @@ from PIL import Image
 
 from shardkit.cli import main
 from shardkit.config import DedupConfig
-from shardkit.dedup_engine import find_duplicates
+from shardkit.jobs.dedup_tasks import find_duplicates
 from shardkit.manifest import load_manifest
 from shardkit.sample import Sample
-from shardkit.cluster import CLUSTER_START_SECONDS, plan_execution
+from shardkit.jobs.cluster import CLUSTER_START_SECONDS, plan_execution
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
@@ -205,14 +205,14 @@ def _imports(module: str) -> set[str]:
 
 
 def test_build_and_dedup_import_one_way():
-    assert not {"shardkit.dedup_job", "shardkit.executor"} & _imports("dedup_engine")
-    assert "shardkit.dedup_job" not in _imports("executor")
-    assert "shardkit.executor" in _imports("dedup_job")
+    assert not {"shardkit.jobs.dedup", "shardkit.jobs.build"} & _imports("jobs/dedup_tasks")
+    assert "shardkit.jobs.dedup" not in _imports("jobs/build")
+    assert "shardkit.jobs.build" in _imports("jobs/dedup")
 
 
 def test_dedup_of_a_raw_folder_builds_once_and_writes_its_report_once(tmp_path, monkeypatch):
-    import shardkit.dedup_job as job
-    import shardkit.executor as executor
+    import shardkit.jobs.dedup as job
+    import shardkit.jobs.build as executor
 
     calls = {"build": 0, "report": 0, "find": 0}
     for module, name, key in ((executor, "build", "build"), (executor, "write_report", "report"),

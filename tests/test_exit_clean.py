@@ -51,7 +51,7 @@ def raw_dataset(tmp_path_factory):
     """Raw uint8 images in tar and Parquet shards (the issue's case: a raw tar dataset)."""
     from shardkit.config import BuildConfig
     from shardkit.datagen import image_folder
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     root = tmp_path_factory.mktemp("exit")
     image_folder(str(root / "raw"), n=40, classes=2, size=(48, 40), seed=1)

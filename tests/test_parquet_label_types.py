@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardkit.config import BuildConfig
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 
 

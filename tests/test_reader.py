@@ -158,7 +158,7 @@ def test_interop_on_a_shardkit_build(tmp_path):
 
     from shardkit.config import BuildConfig
     from shardkit.datagen import raw_folder
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     raw_folder(str(tmp_path / "raw"), images_per_class=4, classes=("a", "b"), documents=3, bad=False)
     out = tmp_path / "out"

@@ -17,7 +17,7 @@ from PIL import Image
 
 from shardkit import ShardWriter, StreamingDataset
 from shardkit.manifest import load_manifest
-from shardkit.shard_writer import BadSample
+from shardkit.jobs.shard_writer import BadSample
 
 
 def _png(seed: int, size=(16, 12)) -> bytes:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from shardkit.cluster import PendingClient
-from shardkit.tasks import Then, run_tasks
+from shardkit.jobs.cluster import PendingClient
+from shardkit.jobs.tasks import Then, run_tasks
 
 
 def _item(i: int, delay: float) -> tuple[int, int]:
@@ -124,7 +124,7 @@ def test_a_cluster_of_threads_gets_the_head_starts_results_as_they_are():
 @pytest.fixture
 def watched(monkeypatch):
     """(runs, submitted keys): every _Run and every task key it submitted, in order."""
-    from shardkit import tasks
+    from shardkit.jobs import tasks
 
     runs, keys = [], []
     real_run, real_submit = tasks._Run.run, tasks._Run.submit
@@ -200,7 +200,7 @@ def test_an_error_in_the_head_start_fails_the_run_and_drops_the_steps_left(watch
 def test_a_cluster_that_fails_to_start_fails_the_run_from_head(watched, monkeypatch):
     import contextlib
 
-    from shardkit import cluster
+    from shardkit.jobs import cluster
 
     @contextlib.contextmanager
     def broken(*a, **kw):

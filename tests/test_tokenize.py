@@ -14,7 +14,7 @@ import webdataset as wds
 
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError
-from shardkit.executor import build
+from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 from shardkit.stages.tokenize import TokenizerInfo, pack_stream
 
@@ -252,7 +252,7 @@ def test_packed_builds_keep_text_only_and_say_why(tmp_path):
 
 def test_dedup_of_packed_rows_says_to_dedup_the_raw_text(corpus, tmp_path):
     from shardkit.config import DedupConfig
-    from shardkit.dedup_job import dedup
+    from shardkit.jobs.dedup import dedup
 
     out = tmp_path / "packed"
     _build(corpus, out, tokenizer="bpe:300", seq_len=16)

@@ -1,5 +1,5 @@
 """Packed token shards on the read side: rows gathered straight from the stored id array, and the
-offsets of the shard's documents (the layout is described in shardkit/writers/tokens.py)."""
+offsets of the shard's documents (the layout is described in shardkit/writers/token_rows.py)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ class ScanResult:
 def records(inv) -> list[InputRecord]:
     """Every sample of an Inventory as an InputRecord, in key order: O(samples), for small tools and
     for deduplication (which reads samples one by one)."""
-    from shardkit.sources.order import ATOMS
+    from shardkit.sources.key_order import ATOMS
     from shardkit.sources.index import load_index, row_key
 
     out = []
@@ -116,7 +116,7 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
         with open(os.path.join(root, rel), "rb") as f:
             f.seek(offset)
             return parse_jsonl_line(f.read(length), rec.key, rec.source, text_field, number)
-    from shardkit.sources.parquet import RowConverter, row_group_of
+    from shardkit.sources.parquet_files import RowConverter, row_group_of
     from shardkit.sources.index import ScanOptions
 
     opts = ScanOptions(root, "", text_field, image_field)

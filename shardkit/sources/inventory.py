@@ -10,7 +10,7 @@ import numpy as np
 
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError, Rejection
-from shardkit.sources import order as O
+from shardkit.sources import key_order as O
 from shardkit.sources import walk as W
 from shardkit.sources.index import RowCount, ScanOptions
 
@@ -133,7 +133,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     """Order everything by key (exploding the rare row files that interleave with other keys)."""
     import pyarrow as pa
 
-    from shardkit.sources.parquet import reject_odd_label_types
+    from shardkit.sources.parquet_files import reject_odd_label_types
 
     if cfg.label_field:  # a file whose label column has the other type is rejected alone
         counts = reject_odd_label_types(listing.row_files, counts, cfg.label_field)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardkit.sources.order import ATOMS, Piece
+from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import load_index
 
 PLAN_VERSION = 2

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardkit.sources import walk as W
-from shardkit.sources.order import ATOMS, Piece
+from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index, row_key
 from shardkit.sources.rows import jsonl_rows
 
@@ -79,7 +79,7 @@ class SourceReader:
                 yield row_key(rf.stem_key, number, count.width), rf.rel, number
 
     def _converter(self, rid: int):
-        from shardkit.sources.parquet import RowConverter
+        from shardkit.sources.parquet_files import RowConverter
 
         return RowConverter(self.opts, self.counts[rid].parquet, self.label_index, self.row_files[rid].rel)
 
@@ -90,7 +90,7 @@ class SourceReader:
             if rf.kind == "jsonl":
                 refs = list(jsonl_rows(self.opts, rf, count, start, stop, keys))
             else:
-                from shardkit.sources.parquet import parquet_rows
+                from shardkit.sources.parquet_files import parquet_rows
 
                 refs = list(parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys))
         except (OSError, ValueError) as e:

@@ -92,7 +92,7 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
         if rf.kind == "jsonl":
             index, top, info = *jsonl_index(path), {}
         else:
-            from shardkit.sources.parquet import parquet_index
+            from shardkit.sources.parquet_files import parquet_index
 
             index, top, info = parquet_index(path, opts)
     except ConfigError:

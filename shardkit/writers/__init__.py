@@ -11,7 +11,7 @@ from __future__ import annotations
 def _writers():
     from shardkit.writers.parquet import write_parquet, write_parquet_table
     from shardkit.writers.tar import write_tar, write_tar_table
-    from shardkit.writers.tokens import packed_or, write_rows_parquet, write_rows_tar
+    from shardkit.writers.token_rows import packed_or, write_rows_parquet, write_rows_tar
 
     return {"tar": (packed_or(write_tar, write_rows_tar), write_tar_table),
             "parquet": (packed_or(write_parquet, write_rows_parquet), write_parquet_table)}

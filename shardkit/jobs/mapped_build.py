@@ -15,9 +15,9 @@ import importlib
 import os
 from dataclasses import dataclass, replace
 
-from shardkit.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
+from shardkit.jobs.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
-from shardkit.user_samples import WriterConfig
+from shardkit.writers.user_samples import WriterConfig
 
 STAGE = os.path.join(STATE, "stage")
 
@@ -145,7 +145,7 @@ def _staged_rows(stage: str, manifest) -> list[StagedRow]:
 def build_with_map(cfg) -> MapResult:
     """`shardkit build --map` (cfg.map = MODULE:FUNCTION): build SRC into the staging dataset, then
     build_map over its samples."""
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     spec = cfg.map
     load_function(spec)  # a bad spec fails before any work

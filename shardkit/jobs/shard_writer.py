@@ -17,7 +17,7 @@ from shardkit.contract import key_hash
 from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, TABLE_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sample import Sample
-from shardkit.user_samples import (BadSample, WriterConfig, infer_fields,  # noqa: F401 — BadSample: public here
+from shardkit.writers.user_samples import (BadSample, WriterConfig, infer_fields,  # noqa: F401 — BadSample: public here
                                    to_sample)
 from shardkit.writers import get_table_writer
 

@@ -15,12 +15,12 @@ from shardkit.config import MAX_MIN_SHINGLES
 from shardkit.contract import IMAGE_FIELDS as DATASET_IMAGE_FIELDS
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput, Rejection
-from shardkit.stages.dedup import image as image_mod
-from shardkit.stages.dedup.cluster import hash_order
-from shardkit.stages.dedup.lsh import band_keys
-from shardkit.stages.dedup.minhash import MinHasher
-from shardkit.stages.dedup.store import pack_strings, save_arrays
-from shardkit.stages.dedup.text import content_digests, distinct_counts, fmix64, shingles_of, token_hashes
+from shardkit.duplicates import phash as image_mod
+from shardkit.duplicates.links import hash_order
+from shardkit.duplicates.lsh import band_keys
+from shardkit.duplicates.minhash import MinHasher
+from shardkit.duplicates.store import pack_strings, save_arrays
+from shardkit.duplicates.text import content_digests, distinct_counts, fmix64, shingles_of, token_hashes
 
 # "image": a raw-folder sample before the image stage; then the dataset's own image fields.
 IMAGE_FIELDS = ("image",) + DATASET_IMAGE_FIELDS

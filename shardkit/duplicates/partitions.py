@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardkit.stages.dedup.signatures import BAND_ENTRY, EXACT_ENTRY, IMAGE_ENTRY
-from shardkit.stages.dedup.store import ArrayFile, read_strings
+from shardkit.duplicates.signatures import BAND_ENTRY, EXACT_ENTRY, IMAGE_ENTRY
+from shardkit.duplicates.store import ArrayFile, read_strings
 
 ENTRY_DTYPES = {"exact": EXACT_ENTRY, "text": BAND_ENTRY, "image": IMAGE_ENTRY}
 

@@ -8,7 +8,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from shardkit.bench.config import BenchConfig
+from shardkit.loaderbench.settings import BenchConfig
 from shardkit.errors import ConfigError
 
 SHARDS = 16  # enough shards for WebDataset to split evenly over any worker count a user tries here
@@ -71,7 +71,7 @@ def generated_folder(cfg: BenchConfig) -> str:
 
 def _build(src: str, out: str, cfg: BenchConfig, n: int, encode: str, fmt: str):
     from shardkit.config import BuildConfig
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
 
     per_shard = max(1, min(10_000, math.ceil(n / SHARDS)))
     return build(BuildConfig(src=src, out=out, format=fmt, max_samples_per_shard=per_shard,

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from shardkit.bench.data import BenchData
+from shardkit.loaderbench.data import BenchData
 from shardkit.meter import DataProfile
 
 

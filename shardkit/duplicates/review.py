@@ -10,9 +10,9 @@ import numpy as np
 
 from shardkit.errors import Rejection
 from shardkit.fs import atomic_write, atomic_writer
-from shardkit.stages.dedup.image import hamming
-from shardkit.stages.dedup.partitions import PartitionSet
-from shardkit.stages.dedup.signatures import MODALITY_NAMES
+from shardkit.duplicates.phash import hamming
+from shardkit.duplicates.partitions import PartitionSet
+from shardkit.duplicates.signatures import MODALITY_NAMES
 
 CLUSTERS_NAME = "clusters.parquet"
 SUMMARY_NAME = "summary.json"
@@ -63,7 +63,7 @@ def _similarity(parts: PartitionSet, a: np.ndarray, b: np.ndarray, verify: bool)
     text = ~exact & (kind == 1)
     if text.any():
         if verify:
-            from shardkit.stages.dedup.cluster import jaccard_exact
+            from shardkit.duplicates.links import jaccard_exact
 
             sim[text] = jaccard_exact(parts.sets(a[text]), parts.sets(b[text]))
         else:
@@ -169,8 +169,8 @@ def summarise(metas: list[dict], link_stats: dict, table, params: dict, rejectio
     agrees with the others: inputs = rejected + no field + text documents + images, and
     inputs = kept + removed + rejected."""
     from shardkit.errors import count_by_reason
-    from shardkit.stages.dedup.image import band_masks
-    from shardkit.stages.dedup.lsh import detection_curve, detection_probability
+    from shardkit.duplicates.phash import band_masks
+    from shardkit.duplicates.lsh import detection_curve, detection_probability
 
     st = _sum_stats(metas)
     reasons = table.column("reason").to_pylist()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardkit.stages.dedup.image import close_in_runs
+from shardkit.duplicates.phash import close_in_runs
 
 # A bucket with more members than this links each member to the bucket's first one instead of
 # emitting all pairs: boilerplate shared by thousands of documents must not cost millions of pairs.

@@ -1,7 +1,7 @@
 """build_map's Dask tasks: a work unit runs the user's function over its inputs into a samples table;
 a group's step writes the group's shard(s) from its units' tables, in input order, then its marker.
 
-The client side (groups, fingerprints, the run, the manifest) is shardkit/build_map.py.
+The client side (groups, fingerprints, the run, the manifest) is shardkit/jobs/build_map.py.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import json
 import os
 from dataclasses import dataclass, replace
 
-from shardkit.build_tasks import _in_background, flush_durable  # noqa: F401 — the build's fsync thread
+from shardkit.jobs.build_tasks import _in_background, flush_durable  # noqa: F401 — the build's fsync thread
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import atomic_write, fsync_path, tmp_name
-from shardkit.user_samples import BadSample, WriterConfig, to_sample
+from shardkit.writers.user_samples import BadSample, WriterConfig, to_sample
 from shardkit.writers import get_table_writer
 
 STATE = os.path.join(".shardkit", "map")
@@ -187,7 +187,7 @@ def _row_bytes(table):
     import pyarrow.compute as pc
 
     from shardkit.contract import CHECKSUM_SUFFIX
-    from shardkit.shard_writer import TAR_MEMBER_OVERHEAD
+    from shardkit.jobs.shard_writer import TAR_MEMBER_OVERHEAD
 
     total = np.zeros(table.num_rows, np.int64)
     for name in table.column_names:

@@ -7,10 +7,10 @@ import os
 import threading
 import time
 
-from shardkit.bench.config import BenchConfig
-from shardkit.bench.data import BenchData, prepare
-from shardkit.bench.report import build_report, label_checksum, write_outputs
-from shardkit.bench.variants import ALL_VARIANTS
+from shardkit.loaderbench.settings import BenchConfig
+from shardkit.loaderbench.data import BenchData, prepare
+from shardkit.loaderbench.summary import build_report, label_checksum, write_outputs
+from shardkit.loaderbench.loaders import ALL_VARIANTS
 
 RSS_PERIOD_S = 0.05
 
@@ -120,7 +120,7 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
 
 
 def _step(cfg: BenchConfig, data: BenchData):
-    from shardkit.bench.model import ModelStep, simulated_step
+    from shardkit.loaderbench.model import ModelStep, simulated_step
 
     if not cfg.gpu:
         return simulated_step(cfg.step_ms), {"kind": "simulated", "step_ms": cfg.step_ms}
@@ -160,7 +160,7 @@ def run(cfg: BenchConfig) -> dict:
     os.makedirs(cfg.out, exist_ok=True)
     outputs = write_outputs(report, cfg.out)
     if cfg.plot:
-        from shardkit.bench.plot import plot_file
+        from shardkit.loaderbench.plot import plot_file
 
         outputs["png"] = plot_file(outputs["json"], os.path.join(cfg.out, "bench.png"))
     report["outputs"] = outputs  # not in bench.json: where this run wrote its files

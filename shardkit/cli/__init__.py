@@ -12,7 +12,7 @@ import click
 
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
-from shardkit.cli_options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
+from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, scheduler_option, text_field_option)
 from shardkit.errors import ShardkitError, Terminated
 
@@ -124,7 +124,7 @@ class _Group(click.Group):
     def invoke(self, ctx):
         debug = ctx.params.get("debug") or os.environ.get("SHARDKIT_DEBUG")
         if debug:
-            from shardkit import cluster
+            from shardkit.jobs import cluster
 
             cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
             logger = logging.getLogger("shardkit")  # what a job decided and why (e.g. its worker pool)
@@ -292,12 +292,12 @@ def build(src, out, **options):
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)
     """
     from shardkit.config import BuildConfig
-    from shardkit.executor import build as run_build
+    from shardkit.jobs.build import build as run_build
 
     # Every flag is named after its BuildConfig field: the mapping is one-to-one by construction.
     cfg = BuildConfig(src=src, out=out, **options)
     if cfg.map:  # the built-in stages into a staging dataset, then the function over its samples
-        from shardkit.cli_map import build_with_map, map_summary
+        from shardkit.jobs.mapped_build import build_with_map, map_summary
 
         click.echo(map_summary(build_with_map(cfg)))
         return
@@ -490,8 +490,8 @@ def _register_optional():
     """Commands that live in their own modules (kept out of this file's import time)."""
     import importlib
 
-    for module, name in (("shardkit.cli_dedup", "dedup"), ("shardkit.cli_bench", "bench"),
-                         ("shardkit.cli_show", "show")):
+    for module, name in (("shardkit.cli.dedup", "dedup"), ("shardkit.cli.bench", "bench"),
+                         ("shardkit.cli.show", "show")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -20,17 +20,17 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from shardkit.cluster import background_client
+from shardkit.jobs.cluster import background_client
 from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import folder_lock
-from shardkit.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
+from shardkit.jobs.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
                                 reusable, run_group, run_unit, samples_of)
-from shardkit.shard_writer import finish, retire_manifest
-from shardkit.user_samples import BadSample, WriterConfig, infer_fields
+from shardkit.jobs.shard_writer import finish, retire_manifest
+from shardkit.writers.user_samples import BadSample, WriterConfig, infer_fields
 from shardkit.sources.plan import unit_samples, unit_sizes
-from shardkit.tasks import Then, progress_bar, run_tasks
+from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 
 @dataclass
 class MapResult:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardkit.stages.dedup.cluster import (EMPTY_PAIRS, MAX_BUCKET_PAIRS, band_candidates, exact_links,
+from shardkit.duplicates.links import (EMPTY_PAIRS, MAX_BUCKET_PAIRS, band_candidates, exact_links,
                                            image_links, jaccard_exact)
-from shardkit.stages.dedup.partitions import PartitionSet
-from shardkit.stages.dedup.unionfind import linked_components
+from shardkit.duplicates.partitions import PartitionSet
+from shardkit.duplicates.unionfind import linked_components
 
 # Entries one bucket task holds (~70 bytes each while sorting): ~70 MB a task, whatever the corpus.
 ENTRIES_PER_TASK = 1_000_000

@@ -10,13 +10,13 @@ import statistics
 import time
 from dataclasses import asdict
 
-from shardkit.bench.config import BenchConfig
-from shardkit.bench.data import BenchData
-from shardkit.bench.variants import ALL_VARIANTS, MIXTURE_VARIANTS
+from shardkit.loaderbench.settings import BenchConfig
+from shardkit.loaderbench.data import BenchData
+from shardkit.loaderbench.loaders import ALL_VARIANTS, MIXTURE_VARIANTS
 from shardkit.fs import atomic_write
 from shardkit.meter import advice, band, mixture_line
 
-SCHEMA = "shardkit.bench/1"
+SCHEMA = "shardkit.loaderbench/1"
 METRICS = ("samples_per_s", "mb_per_s", "starved_pct", "first_batch_s", "peak_rss_bytes", "wait_p50_ms", "wait_p95_ms",
            "step_p50_ms", "epoch_start_wait_pct", "steady_wait_p95_ms", "steady_starved_pct")
 ADVICE_FIGURES = ("starved_pct", "wait_p50_ms", "wait_p95_ms", "step_p50_ms", "epoch_start_wait_pct",

@@ -1,4 +1,4 @@
-"""One home for running offline work: the task loop over this process or a Dask client (shardkit.cluster).
+"""One home for running offline work: the task loop over this process or a Dask client (shardkit.jobs.cluster).
 
 `run_tasks` runs a function over items in this process (no client) or on Dask, with a progress
 bar, and cancels what is left at the first failure. Build and dedup both run through it.
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from shardkit.cluster import PendingClient
+from shardkit.jobs.cluster import PendingClient
 
 RETRIES = 2  # a task that raised is tried this many more times (a worker may have died under it)
 IN_FLIGHT = 2  # tasks queued or running per worker thread: one running, one ready to start

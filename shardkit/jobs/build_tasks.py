@@ -20,7 +20,7 @@ from shardkit.config import BuildConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
 from shardkit.fs import atomic_write, atomic_writer, fsync_path
-from shardkit.sources.order import Piece
+from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import arrays

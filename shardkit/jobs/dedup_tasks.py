@@ -21,14 +21,14 @@ import numpy as np
 from shardkit.config import DedupConfig
 from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN
 from shardkit.errors import FailFast, RejectedInput, Rejection
-from shardkit.stages.dedup import signatures as sigmod
-from shardkit.stages.dedup.decide import BucketParams, bucket_count, bucket_task, decide, merge_links
-from shardkit.stages.dedup.partitions import PartitionRef, PartitionSet
-from shardkit.stages.dedup.report import DedupResult, cluster_table, in_key_order, summarise
-from shardkit.stages.dedup.store import ArrayFile, save_arrays
-from shardkit.stages.dedup.text import SCHEME as TEXT_SCHEME
-from shardkit.cluster import LazyClient
-from shardkit.tasks import progress_bar, run_tasks
+from shardkit.duplicates import signatures as sigmod
+from shardkit.duplicates.decide import BucketParams, bucket_count, bucket_task, decide, merge_links
+from shardkit.duplicates.partitions import PartitionRef, PartitionSet
+from shardkit.duplicates.review import DedupResult, cluster_table, in_key_order, summarise
+from shardkit.duplicates.store import ArrayFile, save_arrays
+from shardkit.duplicates.text import SCHEME as TEXT_SCHEME
+from shardkit.jobs.cluster import LazyClient
+from shardkit.jobs.tasks import progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.dedup")
 WORK_VERSION = 2
@@ -315,7 +315,7 @@ def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
     (memory-mapped), no per-row object."""
     from shardkit.sources import walk as W
     from shardkit.sources.index import load_index
-    from shardkit.sources.order import ATOMS
+    from shardkit.sources.key_order import ATOMS
 
     image = text = 0
     if len(inv.atoms):

@@ -1,11 +1,11 @@
-"""`shardkit dedup`: flags → DedupConfig → shardkit.dedup_job.dedup → a one-screen summary."""
+"""`shardkit dedup`: flags → DedupConfig → shardkit.jobs.dedup.dedup → a one-screen summary."""
 
 from __future__ import annotations
 
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
-from shardkit.cli_options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
+from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, scheduler_option, text_field_option)
 
 
@@ -69,8 +69,8 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786
     """
     from shardkit.config import DedupConfig
-    from shardkit.dedup_job import dedup as run_dedup
-    from shardkit.stages.dedup.report import summary_text
+    from shardkit.jobs.dedup import dedup as run_dedup
+    from shardkit.duplicates.review import summary_text
 
     cfg = DedupConfig(src=src, out=out, threshold=threshold, num_perm=num_perm, ngram=ngram, bands=bands,
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,

@@ -45,7 +45,7 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int, subset: np.ndarray 
 def candidate_pairs(keys: np.ndarray) -> np.ndarray:
     """Unique (m, 2) int64 pairs (i < j) of rows that share at least one band key (in memory: the
     bucket tasks do the same over their hash range of the whole corpus)."""
-    from shardkit.stages.dedup.cluster import band_candidates
+    from shardkit.duplicates.links import band_candidates
 
     n, bands = keys.shape
     h = (keys ^ (np.arange(1, bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))[None, :]).ravel()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardkit.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
+from shardkit.jobs.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
                                   flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
                                   units_dir)
 from shardkit.config import BuildConfig, DedupConfig
@@ -25,18 +25,18 @@ from shardkit.fs import atomic_write, folder_lock
 from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
 from shardkit.sources import walk as W
 from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
-from shardkit.sources.order import ATOMS
+from shardkit.sources.key_order import ATOMS
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
-from shardkit.dedup_engine import dedup_inventory, estimate_inventory_seconds
-from shardkit.stages.dedup.report import dedup_record, write_report
+from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
+from shardkit.duplicates.review import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
+from shardkit.jobs.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
                               import_in_background, plan_execution)
-from shardkit.tasks import Then, progress_bar, run_tasks
+from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 
 log = logging.getLogger("shardkit.build")
 _Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
@@ -383,8 +383,8 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     time per OUT: a second one fails with FolderLocked naming the first.
     """
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
-    if cfg.map:  # never ignored silently: the map step is build_map's (cli_map.py)
-        raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.cli_map.build_with_map(cfg) "
+    if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
+        raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
     if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "

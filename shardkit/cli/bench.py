@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from shardkit.bench.config import VARIANT_NAMES
-from shardkit.cli_options import progress_option
+from shardkit.loaderbench.settings import VARIANT_NAMES
+from shardkit.cli.options import progress_option
 
 
 def _int_list(ctx, param, value):
@@ -70,8 +70,8 @@ def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, vari
     """
     if plot_only:
         return _replot(out)
-    from shardkit.bench import BenchConfig, run_bench
-    from shardkit.bench.report import markdown
+    from shardkit.loaderbench import BenchConfig, run_bench
+    from shardkit.loaderbench.summary import markdown
 
     cfg = BenchConfig(raw_folder=raw_folder, out=out, cache_dir=cache_dir, images=images, classes=classes,
                       image_size=image_size, workers=workers, variants=variants, batch_size=batch_size,
@@ -87,7 +87,7 @@ def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, vari
 
 
 def _replot(out: str) -> None:
-    from shardkit.bench.plot import plot_file
+    from shardkit.loaderbench.plot import plot_file
 
     path = os.path.join(out, "bench.json")
     if not os.path.isfile(path):

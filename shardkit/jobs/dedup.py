@@ -11,12 +11,12 @@ from dataclasses import replace
 import numpy as np
 
 from shardkit.config import DedupConfig
-from shardkit.dedup_engine import ShardReader, find_duplicates, shard_sources
+from shardkit.jobs.dedup_tasks import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, ShardError, count_by_reason
 from shardkit.fs import folder_lock, is_remote
-from shardkit.stages.dedup.report import DedupResult, dedup_record, write_report
-from shardkit.cluster import lazy_client, plan_execution
-from shardkit.tasks import progress_bar, run_tasks
+from shardkit.duplicates.review import DedupResult, dedup_record, write_report
+from shardkit.jobs.cluster import lazy_client, plan_execution
+from shardkit.jobs.tasks import progress_bar, run_tasks
 
 # Single-core bytes per second of a dataset dedup (signatures of stored samples + the filtered
 # copy), what `plan_execution` weighs an embedded cluster against.
@@ -159,7 +159,7 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
 def dedup(cfg: DedupConfig) -> DedupResult:
     """`shardkit dedup SRC OUT`: SRC a raw folder or a built dataset; OUT a dataset without the duplicates,
     with OUT/dedup/clusters.parquet and OUT/dedup/summary.json."""
-    from shardkit.executor import build
+    from shardkit.jobs.build import build
     from shardkit.manifest import MANIFEST_NAME
 
     cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))

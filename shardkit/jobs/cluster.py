@@ -24,7 +24,7 @@ EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRE
                            "distributed.worker.memory.monitor-interval": "1s"}
 # Imported once by the fork server, so that each worker it forks starts with them loaded.
 FORKSERVER_PRELOAD = ["distributed", "numpy", "pyarrow", "pyarrow.ipc", "pyarrow.parquet", "PIL.Image", "PIL.JpegImagePlugin",
-                      "PIL.PngImagePlugin", "shardkit.build_tasks"]
+                      "PIL.PngImagePlugin", "shardkit.jobs.build_tasks"]
 worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --debug` lowers it
 
 
