@@ -171,6 +171,12 @@ def test_advice_never_asks_for_what_the_data_already_is():
     assert "overlaps the step" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("raw"))
     assert "reading overlaps" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("raw"))
     assert "decoding overlaps" in advice(saturated, num_workers=0, cpus=8, data=DataProfile("encoded"))
+    # with the workers' CPU measured (ranked levers) too: a raw dataset is never told to cache decoded
+    for busy in (8.0, 1.0):
+        ranked = advice(dict(saturated, worker_cpu_cores=busy, workers_measured=8), num_workers=8, cpus=8,
+                        data=DataProfile("raw", (64, 64)))
+        assert "--encode raw" not in ranked and "decoded every epoch" not in ranked
+        assert "stored decoded (64x64)" in ranked and "fields" in ranked
 
 
 def test_advice_follows_what_was_measured():

@@ -208,6 +208,11 @@ def levers(figures: dict, num_workers: int, cpus: int, data: DataProfile) -> lis
                       "and prefetch_factor"))
     if data.images in BUILD_LEVER:
         out.append((BUILD_GAIN[data.images], BUILD_LEVER[data.images]))
+    elif data.images == "raw":  # stored decoded: nothing left to cache, only copying to cut
+        size = f" ({data.image_shape[0]}x{data.image_shape[1]})" if data.image_shape else ""
+        out.append((None, f"the images are stored decoded{size}, so only copying is left: store smaller images "
+                          "(--image-size), read only the fields the step uses (StreamingDataset(fields=...)), "
+                          "or add cores"))
     else:
         out.append((None, "cut per-sample work in the dataset and its transforms (e.g. images decoded "
                           "every epoch: shardkit build --encode raw), or add cores"))
