@@ -485,6 +485,21 @@ def test_network_wait_comes_from_the_datasets_io_stats():
     assert s["network_wait_pct"] == pytest.approx(60.0) and "raise fetch-ahead" in s["advice"]
 
 
+def test_a_local_dataset_says_nothing_about_the_network():
+    from shardkit.meter.workers import network_wait_s
+
+    class Local:
+        def io_stats(self):  # what StreamingDataset reports for a local folder
+            return {"bytes_fetched": 0, "files_fetched": 0, "network_wait_s": 0.0}
+
+    class Remote:
+        def io_stats(self):
+            return {"bytes_fetched": 10, "files_fetched": 1, "network_wait_s": 0.0}
+
+    assert network_wait_s(Local()) is None and network_wait_s(object()) is None
+    assert network_wait_s(Remote()) == 0.0  # fetched without waiting: worth saying
+
+
 class _FixedCpu:
     def __init__(self, cores):
         self.cores = cores

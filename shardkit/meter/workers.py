@@ -76,5 +76,8 @@ def network_wait_s(dataset) -> float | None:
     stats = getattr(dataset, "io_stats", None)
     if not callable(stats):
         return None
-    value = (stats() or {}).get("network_wait_s")
-    return float(value) if isinstance(value, (int, float)) else None
+    figures = stats() or {}
+    value = figures.get("network_wait_s")
+    if not isinstance(value, (int, float)) or (value == 0 and not figures.get("bytes_fetched")):
+        return None  # not reported, or a local dataset: nothing was fetched, nothing to say
+    return float(value)
