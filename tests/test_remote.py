@@ -205,11 +205,13 @@ def test_ranks_sharing_one_cache_under_eviction(tmp_path):
     slack = 8 * 2 * max(shard_bytes)
     assert peak[0] <= limit + slack < sum(shard_bytes), (peak[0], limit, slack)
     assert _folder_bytes(cache) <= limit
-    # One download per node, within what the limit allows: a shard at the edge of two ranks' runs
-    # is read by one rank at its start and the other at its end, and a cache of 1/3 of the dataset
-    # may evict it in between (here ~8 of 48 shards). Without a limit 4 ranks fetch each file once
-    # (test_remote_fetch: exactly once with fetch ahead; bench/remote_bench.py: 1.000x).
-    assert store.shard_bytes() <= 2 * 1.3 * sum(shard_bytes), store.shard_bytes() / sum(shard_bytes)
+    # No refetch storm under eviction. Here a rank's run is 6 whole shuffle blocks of 8 samples (2
+    # shards each), so each shard is read by the two workers of one rank per epoch, and a fetched
+    # shard stays pinned until read: at worst each worker fetches it once, 2x the dataset an epoch.
+    # How often the second worker still finds it cached is timing (1.0-1.3x an epoch when idle,
+    # 1.42x under stress --cpu 2), so only the worst case is asserted. Without a limit 4 ranks fetch
+    # each file exactly once (test_remote_fetch: exactly once with fetch ahead; the bench: 1.000x).
+    assert store.shard_bytes() <= 2 * 2 * sum(shard_bytes), store.shard_bytes() / sum(shard_bytes)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
