@@ -6,6 +6,8 @@ import sys
 import textwrap
 from multiprocessing import forkserver
 
+import pytest
+
 from shardkit.jobs import cluster
 
 
@@ -125,3 +127,20 @@ def test_debug_says_which_pool_and_why(tmp_path, monkeypatch):
     quiet = CliRunner().invoke(main, ["build", str(tmp_path / "raw"), str(tmp_path / "o2"),
                                                       "--workers", "0", "--image-size", "32", "--no-progress"])
     assert quiet.exit_code == 0 and "worker pool" not in quiet.stderr
+
+
+def test_a_stop_hides_dask_teardown_errors_only_in_the_command(monkeypatch):
+    """On Ctrl-C/SIGTERM inside the embedded cluster, what Dask logs while it is torn down mid-operation
+    is dropped when the shardkit command runs (quiet_on_stop), and kept for a library caller."""
+    import logging
+
+    handler = logging.StreamHandler()
+    dask_logger = logging.getLogger("distributed")
+    monkeypatch.setattr(dask_logger, "handlers", [handler])
+    record = logging.LogRecord("distributed.core", logging.ERROR, __file__, 1, "Exception while handling op", (), None)
+    for quiet in (False, True):
+        monkeypatch.setattr(cluster, "quiet_on_stop", quiet)
+        with pytest.raises(KeyboardInterrupt):
+            with cluster._stop_quietly():
+                raise KeyboardInterrupt
+        assert bool(handler.filter(record)) is (not quiet)

@@ -133,11 +133,15 @@ class _Group(click.Group):
                 handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
                 logger.addHandler(handler)
                 logger.setLevel(logging.INFO)
+        from shardkit.jobs import cluster
+
+        cluster.quiet_on_stop = True  # a stop's Dask teardown noise stays hidden: the command says one line
         try:
             try:
                 return super().invoke(ctx)
             finally:
                 _COMMAND["over"] = True
+                cluster.quiet_on_stop = False
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error

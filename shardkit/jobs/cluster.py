@@ -26,6 +26,26 @@ EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRE
 FORKSERVER_PRELOAD = ["distributed", "numpy", "pyarrow", "pyarrow.ipc", "pyarrow.parquet", "PIL.Image", "PIL.JpegImagePlugin",
                       "PIL.PngImagePlugin", "shardkit.jobs.build_tasks"]
 worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --debug` lowers it
+# Set by the shardkit command (its process ends after the command): on a stop (Ctrl-C, SIGTERM) the
+# embedded cluster is closed in the middle of its operations, and Dask logs each broken one as an
+# error with a traceback. Those are the stop itself, not news: the command prints its one line.
+quiet_on_stop = False
+
+
+def _silence_dask() -> None:
+    """Drop every record of the 'distributed' loggers' handlers from now on (this process is stopping)."""
+    for handler in logging.getLogger("distributed").handlers:
+        handler.addFilter(lambda record: False)
+
+
+@contextlib.contextmanager
+def _stop_quietly():
+    try:
+        yield
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (errors.Terminated)
+        if quiet_on_stop and worker_log_level >= logging.ERROR and not os.environ.get("SHARDKIT_DEBUG"):
+            _silence_dask()
+        raise
 
 
 @contextlib.contextmanager
@@ -64,7 +84,7 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
         Image.init()
         with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
                 LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=":0",
-                             silence_logs=quiet) as cluster, Client(cluster) as client:
+                             silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
             yield client
         return
     # Workers are forked from a fork server that has imported Dask and the build's modules once
@@ -74,7 +94,7 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
     _preload_forkserver()
     with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         silence_logs=quiet) as cluster, Client(cluster) as client:
+                         silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
         yield client
 
 
