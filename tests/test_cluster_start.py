@@ -138,6 +138,8 @@ def test_a_stop_hides_dask_teardown_errors_only_in_the_command(monkeypatch):
     dask_logger = logging.getLogger("distributed")
     monkeypatch.setattr(dask_logger, "handlers", [handler])
     record = logging.LogRecord("distributed.core", logging.ERROR, __file__, 1, "Exception while handling op", (), None)
+    monkeypatch.setattr(cluster, "worker_log_level", logging.ERROR)  # as without --debug (a test before may have set it)
+    monkeypatch.delenv("SHARDKIT_DEBUG", raising=False)
     for quiet in (False, True):
         monkeypatch.setattr(cluster, "quiet_on_stop", quiet)
         with pytest.raises(KeyboardInterrupt):
