@@ -146,3 +146,28 @@ def test_a_stop_hides_dask_teardown_errors_only_in_the_command(monkeypatch):
             with cluster._stop_quietly():
                 raise KeyboardInterrupt
         assert bool(handler.filter(record)) is (not quiet)
+
+
+def test_the_sigterm_handler_silences_dask_before_the_stop_begins(monkeypatch):
+    """The embedded cluster may live in a background thread, out of the stop's exception path: the
+    shardkit command's SIGTERM handler drops Dask's records itself, before raising Terminated."""
+    import logging
+    import signal
+
+    from shardkit import cli
+    from shardkit.errors import Terminated
+
+    handler = logging.StreamHandler()
+    monkeypatch.setattr(logging.getLogger("distributed"), "handlers", [handler])
+    monkeypatch.setattr(cluster, "worker_log_level", logging.ERROR)
+    monkeypatch.setattr(cluster, "quiet_on_stop", True)
+    monkeypatch.delenv("SHARDKIT_DEBUG", raising=False)
+    monkeypatch.setitem(cli._COMMAND, "over", False)
+    record = logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "Removing worker", (), None)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Terminated):
+            cli._on_sigterm(signal.SIGTERM, None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not handler.filter(record)

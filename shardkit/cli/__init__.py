@@ -42,6 +42,11 @@ def _on_sigterm(signum, frame):
     if _COMMAND["over"]:
         return
     signal.signal(signum, lambda *_: os._exit(EXIT_TERMINATED))
+    # The cluster may live in another thread (started in the background): its teardown is not this
+    # exception's, so Dask's records are dropped from the moment the stop begins.
+    cluster = sys.modules.get("shardkit.jobs.cluster")
+    if cluster is not None:
+        cluster.silence_for_stop()
     raise Terminated(signum)
 
 

@@ -38,13 +38,19 @@ def _silence_dask() -> None:
         handler.addFilter(lambda record: False)
 
 
+def silence_for_stop() -> None:
+    """In the shardkit command without --debug: Dask's records from here on are dropped (called when a
+    stop begins: the SIGTERM handler, or a Ctrl-C reaching the embedded cluster's block)."""
+    if quiet_on_stop and worker_log_level >= logging.ERROR and not os.environ.get("SHARDKIT_DEBUG"):
+        _silence_dask()
+
+
 @contextlib.contextmanager
 def _stop_quietly():
     try:
         yield
     except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (errors.Terminated)
-        if quiet_on_stop and worker_log_level >= logging.ERROR and not os.environ.get("SHARDKIT_DEBUG"):
-            _silence_dask()
+        silence_for_stop()
         raise
 
 
