@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dedup_scale_bench  # noqa: E402  (its run(): one child process per measurement)
 
 FILES, WORDS = 20, 30
 TARGET_BYTES_PER_DOC = 150
@@ -66,13 +67,7 @@ def make_raw(root: str, n_docs: int, seed: int = 0) -> None:
 
 
 def run(src: str, workers: int) -> dict:
-    out = tempfile.mkdtemp(prefix="shardkit-dedup-raw-")
-    try:
-        done = subprocess.run([sys.executable, "-c", CHILD, src, out, str(workers)], check=True,
-                              capture_output=True, text=True)
-    finally:
-        shutil.rmtree(out)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dedup_scale_bench.run(src, workers, CHILD)  # the same fresh-process run, this bench's child
 
 
 def main() -> int:

@@ -107,10 +107,11 @@ def dataset(size: int, largest: str) -> str:
     return root
 
 
-def run(src: str, workers: int) -> dict:
-    out = tempfile.mkdtemp(prefix="shardkit-dedup-scale-")
+def run(src: str, workers: int, child: str = CHILD) -> dict:
+    """The last JSON line `child` (a script: SRC OUT WORKERS) prints, run in a fresh process on a temp OUT."""
+    out = tempfile.mkdtemp(prefix="shardkit-dedup-bench-")
     try:
-        done = subprocess.run([sys.executable, "-c", CHILD, src, out, str(workers)], check=True,
+        done = subprocess.run([sys.executable, "-c", child, src, out, str(workers)], check=True,
                               capture_output=True, text=True)
     finally:
         shutil.rmtree(out)
