@@ -246,3 +246,37 @@ def test_a_head_start_that_did_everything_leaves_nothing_for_the_cluster(watched
     assert [o[0] for o in out] == [[0, 1, 2], [3, 4, 5]]
     assert {n for o in out for n in o[1]} == {"shardkit-head-start"}
     assert runs[0].trail == ["head", "up", "done"] and keys == []
+
+
+def test_several_head_start_threads_run_items_at_once_and_a_group_step_waits_for_its_items(watched):
+    runs, keys = watched
+    met, done, ran = threading.Barrier(3, timeout=30), threading.Event(), []
+
+    def item(i):
+        if i < 3:
+            met.wait()  # three items in flight at once: one head-start thread alone breaks the barrier
+        time.sleep(0.02 * (2 - i % 3))  # later items of a group finish first
+        return i, threading.get_ident()
+
+    def step(group, parts):
+        ran.append(group)
+        if len(ran) == 3:
+            done.set()
+        return group, [i for i, _ in parts], {ident for _, ident in parts}
+    pending = _SlowStart(done)  # up only once every step ran here
+    try:
+        out = run_tasks(item, list(range(9)), client=pending, head_threads=3,
+                        then=Then(step, ["a", "b", "c"], [[0, 1, 2], [3, 4, 5], [6, 7, 8]]))
+    finally:
+        pending.close()
+    assert [(g, ids) for g, ids, _ in out] == [("a", [0, 1, 2]), ("b", [3, 4, 5]), ("c", [6, 7, 8])]
+    assert len(set().union(*(idents for _, _, idents in out))) == 3
+    assert runs[0].trail == ["head", "up", "done"] and keys == []
+
+
+def test_the_pool_choice_gives_head_start_threads_by_the_gil_share():
+    from shardkit.jobs.cluster import choose_pool, head_threads
+
+    assert head_threads(0.07, 16) == 7 and head_threads(0.5, 16) == 1 and head_threads(0.01, 4) == 4
+    assert choose_pool("auto", True, 16, lambda: (0.07, 0.003)).head_threads == 7
+    assert choose_pool("processes", True, 16).head_threads == 1  # no probe: one head-start thread

@@ -145,7 +145,8 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     if not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src, cfg.out)
-    pending.use_threads(_pool(cfg, listing).threads)
+    choice = _pool(cfg, listing)
+    pending.use_threads(choice.threads, choice.head_threads)
     if start:
         pending.start()
     opts = scan_options(cfg)

@@ -174,10 +174,12 @@ def gil_share_median(work: Callable[[], object], rounds: int = 3, seconds: float
 
 @dataclass(frozen=True)
 class PoolChoice:
-    """Whether an embedded cluster's workers are threads of this process, and why (a --debug line)."""
+    """Whether an embedded cluster's workers are threads of this process, and why (a --debug line);
+    and how many threads of this process run tasks while the cluster starts (run_tasks' head start)."""
 
     threads: bool
     reason: str
+    head_threads: int = 1
 
 
 def choose_pool(pool: str, images: bool, workers: int, probe: Callable[[], tuple[float, float]] | None = None) -> PoolChoice:
@@ -199,10 +201,23 @@ def choose_pool(pool: str, images: bool, workers: int, probe: Callable[[], tuple
     cores = workers / seconds
     cap = f"near {1 / (share * seconds):,.0f} images/s" if share * seconds > 1e-6 else "out of reach"
     verdict = "threads" if share <= 1 / (THREAD_HEADROOM * workers) else "worker processes"
+    head = head_threads(share, workers)
     return PoolChoice(verdict == "threads",
                       f"{verdict}: one image takes {seconds * 1e3:.1f} ms, {share:.0%} of it holding the GIL, so "
                       f"threads cap {cap} against {cores:,.0f}/s for {workers} cores "
-                      f"(threads need {THREAD_HEADROOM}x that)")
+                      f"(threads need {THREAD_HEADROOM}x that); {head} head-start thread{'s' * (head > 1)}", head)
+
+
+# The GIL share the head-start threads may take together while the cluster starts: the rest is left to
+# this process's own start-up work (Dask's event loop spawning and greeting the workers).
+HEAD_GIL_BUDGET = 0.5
+
+
+def head_threads(share: float, workers: int) -> int:
+    """Threads of this process that run image tasks while worker processes start: as many as keep
+    their GIL-held time together under HEAD_GIL_BUDGET, at most one per worker. On 16 cores a worker
+    process cluster takes ~2-3 s to start; one head-start thread used 1 of the 16 cores meanwhile."""
+    return max(1, min(workers, int(HEAD_GIL_BUDGET / max(share, 1e-3))))
 
 
 # Seconds an embedded cluster costs before its first task runs and after its last (start-up,
@@ -299,6 +314,7 @@ class PendingClient:
         self._local = workers == 0
         self._embedded = not scheduler
         self.threads = False  # an embedded cluster of threads of this process (use_threads)
+        self.head_threads = 1  # threads of this process that run tasks while the cluster starts (use_threads)
         self._thread = threading.Thread(target=self._hold, args=(scheduler, workers), name="shardkit-cluster",
                                         daemon=True)
         if start:
@@ -309,12 +325,14 @@ class PendingClient:
             if not self._thread.is_alive() and not self._ready.is_set():
                 self._thread.start()
 
-    def use_threads(self, threads: bool) -> None:
-        """Start an embedded cluster as worker threads of this process (or not); before it starts."""
+    def use_threads(self, threads: bool, head_threads: int = 1) -> None:
+        """Start an embedded cluster as worker threads of this process (or not); before it starts.
+        `head_threads`: how many threads of this process run tasks until it is up (run_tasks)."""
         with self._lock:
             if self.started:
                 raise RuntimeError("use_threads: the cluster has already started")
             self.threads = threads and self._embedded and not self._local
+            self.head_threads = max(1, head_threads)
 
     @property
     def in_process(self) -> bool:

@@ -76,7 +76,8 @@ class Then:
 
 
 def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str = "task",
-              check: Callable | None = None, shared: tuple = (), then: Then | None = None) -> list:
+              check: Callable | None = None, shared: tuple = (), then: Then | None = None,
+              head_threads: int | None = None) -> list:
     """`fn(item, *shared)` for every item, results in the order of `items`.
 
     client None: one after another in this process. Else on Dask, `RETRIES` retries per task for
@@ -86,13 +87,18 @@ def run_tasks(fn: Callable, items: Sequence, *, client=None, bar=None, name: str
     on first use: LazyClient) starts its cluster when there is a task to run and gets a head start:
     items run in this process until the cluster is up. `check(result)` may raise to stop the run
     (e.g. a FailFast result); the first exception cancels the tasks still pending. With `then`, the
-    results are those of `then.fn`, one per group, and `check` and `bar` see those.
+    results are those of `then.fn`, one per group, and `check` and `bar` see those. `head_threads`
+    threads run the head start (default: the PendingClient's `head_threads`, which the pool choice
+    sets for work that mostly releases the GIL, e.g. images: the cores would otherwise idle while
+    worker processes start).
     """
     if isinstance(client, PendingClient) and (client.local or not items):
         client = None
     if client is None:
         return _run_here(fn, items, bar, check, shared, then)
-    return _Run(fn, items, then, shared, name).run(client, bar, check)
+    if head_threads is None:
+        head_threads = getattr(client, "head_threads", 1)
+    return _Run(fn, items, then, shared, name).run(client, bar, check, max(1, head_threads))
 
 
 class _Run:
@@ -101,15 +107,17 @@ class _Run:
     up front and run later groups' items early (work stealing), which left a large group's `then`
     step alone at the end while the other workers idled.
 
-    With a PendingClient, a thread of this process runs steps from the front meanwhile (`head`):
-    the cluster's start-up is most of a small build's fixed cost, and it leaves a core idle.
+    With a PendingClient, threads of this process run steps from the front meanwhile (`head`): the
+    cluster's start-up is most of a small build's fixed cost, and it leaves the cores idle. With
+    several head-start threads a group's step waits until its items are all done here
+    (`_take_step`), while the other threads go on with later items.
 
     States (`self.state`; every change under `self.lock`, through `_to`, recorded in `self.trail`):
 
-      "head"    the cluster is starting: the head-start thread takes steps from the front of `steps`
-                one at a time; its values wait in `local` (items) and `local_groups` (groups done).
+      "head"    the cluster is starting: the head-start threads take steps from the front of `steps`
+                one at a time each; values wait in `local` (items) and `local_groups` (groups done).
       "up"      the client is up: the main loop feeds Dask from `steps`; the head start finishes
-                the step in hand and takes no other. A step it finishes now submits a `_wake` task,
+                the steps in hand and takes no other. A step it finishes now submits a `_wake` task,
                 since the main loop may be waiting on Dask alone. A group whose items are partly in
                 the head start's hands is `deferred` until they are in `local`; then its step gets
                 them scattered (a cluster of this process's threads) or in the graph (processes).
@@ -135,6 +143,7 @@ class _Run:
             if then is not None:
                 self.steps.append(("then", None, g))
         self.lock, self.state, self.trail, self.error = threading.Lock(), "head", ["head"], None
+        self.step_done = threading.Condition(self.lock)  # a head-start step finished (or the state changed)
         self.local, self.local_groups, self.futures, self.deferred, self.what = {}, {}, {}, [], {}
         self.results, self.reported, self.busy, self.priority = [None] * len(self.members), set(), 0, 0
         # Known once the client is up (state "up"):
@@ -155,13 +164,26 @@ class _Run:
         self.state = state
         self.trail.append(state)
 
+    def _take_step(self):
+        """The first step a head-start thread can run now (the caller holds `self.lock`): an item, or
+        a group's step once all its items are done here. Waits while only group steps whose items
+        other head-start threads still run are left; None when the head start is over."""
+        while not (self.up or not self.steps or self.error):
+            for n, (kind, i, g) in enumerate(self.steps):
+                if kind == "item" or all(j in self.local for j in self.members[g]):
+                    del self.steps[n]
+                    return kind, i, g
+            self.step_done.wait()
+        return None
+
     def head(self, check) -> None:
         """Run steps here while the state is "head"; one finished after that wakes the main loop."""
         while True:
             with self.lock:
-                if self.up or not self.steps or self.error:
+                step = self._take_step()
+                if step is None:
                     return
-                kind, i, g = self.steps.popleft()
+                kind, i, g = step
             try:
                 if kind == "item":
                     value = self.fn(self.items[i], *self.raw_shared)
@@ -178,6 +200,7 @@ class _Run:
                     self.local[i] = value
                 if kind == "then" or self.then is None:
                     self.local_groups[g] = value
+                self.step_done.notify_all()
                 if self.state == "up":  # the main loop may be waiting on Dask alone: give it something to see
                     future = self.submit(_wake, f"wake-{kind}-{i}-{g}")
                     self.what[future.key] = ("wake", g, future)
@@ -246,14 +269,16 @@ class _Run:
         if bar is not None:
             bar.update(1)
 
-    def run(self, client, bar, check) -> list:
+    def run(self, client, bar, check, head_threads: int = 1) -> list:
         import threading
 
-        helper, self.in_process = None, isinstance(client, PendingClient) and client.in_process
+        helpers, self.in_process = [], isinstance(client, PendingClient) and client.in_process
         try:
             if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
-                helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
-                helper.start()
+                helpers = [threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
+                           for _ in range(head_threads)]
+                for helper in helpers:
+                    helper.start()
                 client = client.get()
             from distributed import as_completed
 
@@ -265,9 +290,11 @@ class _Run:
             with self.lock:
                 self.steps.clear()
                 self._to("failed")
+                self.step_done.notify_all()
             raise
         with self.lock:
             self._to("up")
+            self.step_done.notify_all()  # head-start threads waiting on a group's items: stop
         try:
             while True:
                 self.feed()
@@ -278,8 +305,9 @@ class _Run:
                         self.report(g, future.result(), bar, check)
                     self._report_local(bar, check)
                     self.feed()
-                if helper is not None and helper.is_alive():
-                    helper.join()
+                if any(helper.is_alive() for helper in helpers):
+                    for helper in helpers:
+                        helper.join()
                     continue
                 self._report_local(bar, check)
                 if all(g in self.reported for g in range(len(self.members))):
@@ -291,6 +319,7 @@ class _Run:
             with self.lock:
                 self.steps.clear()
                 self._to("failed")
+                self.step_done.notify_all()
             client.cancel([f for _, _, f in self.what.values()])
             raise
 
