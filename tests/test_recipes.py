@@ -188,8 +188,8 @@ def uninterrupted(raw_images, tmp_path_factory):
     return root / "data", root / "a"
 
 
-@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGUSR1, True)],
-                         ids=["sigterm", "sigusr1-to-the-group"])
+@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGUSR1, True), (signal.SIGTERM, True)],
+                         ids=["sigterm", "sigusr1-to-the-group", "sigterm-to-the-group"])
 def test_a_stop_signal_mid_epoch_saves_and_resumes_exactly(raw_images, uninterrupted, tmp_path, signum, group):
     """A preempted run (SIGTERM; SLURM's pre-timeout SIGUSR1, sent to every process of the job) finishes
     its step, checkpoints with the loader's position and exits 128 + signal within seconds; the rerun
