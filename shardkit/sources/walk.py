@@ -144,7 +144,7 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
     for entry in entries:
         rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
         if (reason := _unusable(entry)) is not None:
-            rejections.append(Rejection(printable(rel), "source", reason))
+            rejections.append(Rejection(_printable(rel), "source", reason))
             continue
         if entry.is_dir():  # follows symlinks, as os.walk lists them
             if entry.name.startswith("."):
@@ -178,7 +178,7 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
     return files
 
 
-def printable(rel: str) -> str:
+def _printable(rel: str) -> str:
     """A path for errors.jsonl and the screen: bytes that are not UTF-8 (kept by os.fsdecode as lone
     surrogates) shown as \\xNN escapes."""
     return os.fsencode(rel).decode("utf-8", "backslashreplace")
@@ -203,7 +203,7 @@ def _file_type(mode: int) -> str:
                        (stat.S_ISBLK, "a block device")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "another kind of entry"
 
 
 def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
