@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from torch.utils.data import DataLoader
@@ -67,7 +68,9 @@ class StreamingLoader(DataLoader):
         if self._transport is None:
             return self._count(super().__iter__(), sizes, (pos.epoch, pos.layers))
         self._transport.new_iteration()
-        with signals.blocked(self._start_method()):  # workers start with the stop signals blocked (loader/signals.py)
+        # The (persistent) workers start on the first iteration, with the stop signals blocked (loader/signals.py)
+        starting = signals.blocked(self._start_method()) if self._iterator is None else contextlib.nullcontext()
+        with starting:
             batches = super().__iter__()  # returns once the workers dropped the previous iteration
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
