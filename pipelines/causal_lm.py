@@ -13,12 +13,11 @@ signal; the same command continues from that step.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
 
-from shardkit.recipes import Recipe, fit, open_session, parse, prepare
+from shardkit.recipes import Recipe, fit, open_session, parse, prepare, setup_logging
 
 BYTE_PAD = 256  # one id past the bytes: never an input (split_rows maps it to 0), ignored as a target
 BYTE_VOCAB = 256
@@ -120,7 +119,7 @@ def main(argv=None) -> dict:
     recipe = parse(argv, LMRecipe)
     import torch
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging(recipe)  # Dask's lines only with --debug
     os.makedirs(recipe.run, exist_ok=True)
     train_dir, val_dir = prepare(recipe.src, recipe.data, recipe.val_pct, text_config(recipe))
     vocab, pad_id, transform = BYTE_VOCAB, BYTE_PAD, ByteTokens(recipe.block)

@@ -12,12 +12,11 @@ session, checkpointed loop, command line) is shardkit.recipes: copy this file al
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from dataclasses import dataclass
 
-from shardkit.recipes import Recipe, fit, open_session, parse, prepare
+from shardkit.recipes import Recipe, fit, open_session, parse, prepare, setup_logging
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def main(argv=None) -> dict:
     from shardkit.manifest import load_manifest
     from shardkit.train import classification_loss
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging(recipe)  # Dask's lines only with --debug
     os.makedirs(recipe.run, exist_ok=True)
     train_dir, val_dir = prepare(recipe.src, recipe.data, recipe.val_pct, image_config(recipe))
     torch.manual_seed(recipe.seed)  # the same initial weights on every start; a resume overwrites them

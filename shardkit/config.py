@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ON_ERROR_CHOICES, ConfigError
+from shardkit.identity import check_embedded_workers
 
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
@@ -104,8 +105,7 @@ class BuildConfig:
         positive("max_samples_per_shard", self.max_samples_per_shard, "--max-samples-per-shard")
         positive("image_size", self.image_size, "--image-size", allow_none=True)
         positive("unit_samples", self.unit_samples, "--unit-samples", allow_none=True)
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
+        check_embedded_workers(self.workers, self.scheduler)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":
@@ -317,8 +317,7 @@ class DedupConfig:
         choice("format", self.format, FORMATS, "--format")
         if not isinstance(self.image_distance, int) or not 0 <= self.image_distance <= 32:
             raise ConfigError(f"image_distance={self.image_distance!r}: expected 0..32 bits of 64 (--image-distance)")
-        if self.workers is not None and self.workers != 0:
-            positive("workers", self.workers, "--workers (0 runs in-process)")
+        check_embedded_workers(self.workers, self.scheduler)
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
         if not self.image_field:

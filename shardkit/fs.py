@@ -238,27 +238,34 @@ def sha256_bytes(data: bytes) -> str:
 
 
 LOCK_FILE = os.path.join(".shardkit", "lock")
-_HELD: dict[str, int] = {}  # lock files this process holds -> depth (dedup RAW OUT runs a build inside)
+_HELD: dict[str, list] = {}  # lock files this process holds -> [depth, command, since]
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str, command: str):
+def folder_lock(folder: str, command: str, within: str | None = None):
     """One writer per output folder: an exclusive flock on FOLDER/.shardkit/lock for the whole run.
 
     A second build or dedup into the same folder fails at once with FolderLocked naming the
     holder (pid, host, start). The kernel drops a flock when its process ends, however it ends,
     so a build killed with kill -9 leaves no stale lock; the file itself stays (deleting it would
-    let two processes lock two different files under one name). Re-entrant within a process.
+    let two processes lock two different files under one name). A second writer in this same
+    process is refused too (two ShardWriters on one folder would lose the first one's samples),
+    except the one named by `within`: the holder's command whose run this one is part of
+    (`dedup RAW OUT` runs a build into the OUT it holds).
     """
     path = os.path.join(folder, LOCK_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     key = os.path.realpath(path)
     if key in _HELD:
-        _HELD[key] += 1
+        depth, holder, since = _HELD[key]
+        if within is None or holder != within:
+            raise FolderLocked(f"{folder} is being written by `{holder}` in this process (pid {os.getpid()}, since "
+                               f"{since}); close that writer first, or choose another output folder")
+        _HELD[key][0] += 1
         try:
             yield
         finally:
-            _HELD[key] -= 1
+            _HELD[key][0] -= 1
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -268,10 +275,11 @@ def folder_lock(folder: str, command: str):
         os.close(fd)
         raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
                            f"output folder (the lock, {path}, is released when that process ends, even if killed)") from None
+    since = time.strftime("%Y-%m-%d %H:%M:%S %z")
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                             "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
-    _HELD[key] = 1
+                             "since": since}).encode())
+    _HELD[key] = [1, command, since]
     try:
         yield
     finally:

@@ -39,6 +39,25 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
+WORKERS_PER_CORE = 4  # the most embedded Dask workers per core a build, dedup or build_map accepts
+
+
+def check_embedded_workers(workers, scheduler: str | None, flag: str = "--workers") -> None:
+    """A worker count for an embedded Dask cluster on this machine: None (one per core), 0 (in-process)
+    or up to WORKERS_PER_CORE per core. More only queue for the cores, each worker a process with its
+    own memory (1,000 on 2 cores never started, and Dask printed tens of thousands of lines)."""
+    if workers is None:
+        return
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise ConfigError(f"workers={workers!r}: expected 0 (in-process, no cluster) or more ({flag})")
+    cores = usable_cores()
+    if scheduler is None and workers > WORKERS_PER_CORE * cores:
+        raise ConfigError(f"workers={workers}: more than {WORKERS_PER_CORE} per core of this machine's {cores} "
+                          f"(at most {WORKERS_PER_CORE * cores}); more only wait for the cores, each with its own "
+                          f"memory: use {flag} {cores} or leave it out (one per core), or --scheduler ADDRESS to "
+                          "run on a cluster's workers")
+
+
 def worker_info():
     """DataLoader's worker info in a worker process, else None (torch only if already imported)."""
     data = sys.modules.get("torch.utils.data")

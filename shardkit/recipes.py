@@ -50,6 +50,7 @@ class Recipe:
     build_workers: int | None = None
     # Stop signals: finish the step, checkpoint, exit 128 + signal. SIGUSR1: `sbatch --signal=USR1@120`.
     stop_signals: str = "SIGTERM,SIGUSR1"
+    debug: bool = False  # other libraries' log lines too (the embedded Dask cluster's INFO)
 
     def __post_init__(self):
         for name in ("batch_size", "accum_steps", "max_steps", "eval_every", "ckpt_every", "keep",
@@ -72,6 +73,19 @@ class Recipe:
         """--stop-signals as signal names: "term, usr1" → ("SIGTERM", "SIGUSR1")."""
         names = (n.strip().upper() for n in self.stop_signals.split(",") if n.strip())
         return tuple(n if n.startswith("SIG") else f"SIG{n}" for n in names)
+
+
+# Loggers of the embedded Dask cluster a build starts (its scheduler and nannies run in this process):
+# dozens of INFO lines per build, shown only with --debug.
+DASK_LOGGERS = ("distributed", "tornado", "bokeh")
+
+
+def setup_logging(recipe: Recipe) -> None:
+    """INFO lines on stderr: the recipe's and shardkit's; Dask's only with --debug."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not recipe.debug:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda record: not record.name.startswith(DASK_LOGGERS))
 
 
 # -- data: split once, build once ------------------------------------------------------------

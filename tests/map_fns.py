@@ -61,3 +61,13 @@ def caption_length(sample):
     if sample["__key__"].endswith("4"):
         return None
     return dict(sample, n=len(sample["__key__"]))
+
+
+def surrogate_at_4(i):
+    """Input 4 gives a text UTF-8 cannot store (a lone surrogate)."""
+    return {"__key__": f"k{i:03d}", "txt": "bad \ud800" if i == 4 else f"text {i}"}
+
+
+def skip_below_10(i):
+    """A filter: inputs 0-9 (the whole first group of 10) are skipped."""
+    return None if i < 10 else {"__key__": f"k{i:03d}", "cls": i}

@@ -77,8 +77,9 @@ def test_dedup_takes_the_lock_too(raw_folder, tmp_path):
             dedup(DedupConfig(str(raw_folder), str(out), workers=0, progress=False))
     finally:
         holder.communicate("")
-    # Released with its process; and re-entrant in one: `dedup RAW OUT` runs a build into the OUT it holds.
-    with folder_lock(str(out), "outer"), folder_lock(str(out), "inner"):
+    # Released with its process; and joined in one only by the run it names: `dedup RAW OUT` runs a build
+    # into the OUT it holds.
+    with folder_lock(str(out), "shardkit dedup"), folder_lock(str(out), "shardkit build", within="shardkit dedup"):
         pass
     dedup(DedupConfig(str(raw_folder), str(out), workers=0, progress=False))
 

@@ -160,3 +160,33 @@ def test_debug_lines_reach_the_stderr_of_each_command_in_one_process(monkeypatch
             logger.info("line %d", i)
         assert err.getvalue() == f"shardkit: line {i}\n"
     assert len(logger.handlers) == 1  # one handler, however many commands ran
+
+
+@pytest.mark.parametrize("command", ["build", "dedup"])
+def test_more_workers_than_the_machine_can_hold_is_one_line(raw_folder, tmp_path, monkeypatch, command):
+    """1,000 embedded workers on 2 cores never started and printed tens of thousands of Dask lines."""
+    import shardkit.identity as identity
+
+    monkeypatch.setattr(identity, "usable_cores", lambda: 1)
+    result = run(command, raw_folder, tmp_path / "out", "--workers", "5", "--no-progress")
+    assert result.exit_code == 1
+    err = one_line(result)
+    assert "workers=5: more than 4 per core of this machine's 1 (at most 4)" in err and "--workers 1" in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_the_worker_bound_holds_for_every_embedded_cluster_and_not_for_a_scheduler(tmp_path):
+    from shardkit import build_map
+    from shardkit.config import BuildConfig, DedupConfig
+    from shardkit.errors import ConfigError
+    from shardkit.identity import usable_cores
+
+    too_many = 4 * usable_cores() + 1
+    with pytest.raises(ConfigError, match=rf"workers={too_many}: more than 4 per core"):
+        BuildConfig("raw", "out", workers=too_many)
+    with pytest.raises(ConfigError, match=rf"workers={too_many}: more than 4 per core"):
+        DedupConfig("raw", "out", workers=too_many)
+    with pytest.raises(ConfigError, match=r"use workers= \d+ or leave it out"):
+        build_map(str, range(3), str(tmp_path / "out"), workers=too_many)
+    assert BuildConfig("raw", "out", workers=4 * usable_cores()).workers == 4 * usable_cores()
+    assert BuildConfig("raw", "out", workers=too_many, scheduler="tcp://host:8786").workers == too_many

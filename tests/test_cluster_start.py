@@ -171,3 +171,29 @@ def test_the_sigterm_handler_silences_dask_before_the_stop_begins(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not handler.filter(record)
+
+
+@pytest.mark.parametrize("name", ["asyncio", "tornado.application"])
+def test_a_stop_drops_the_event_loops_tracebacks_too(monkeypatch, name):
+    """A SIGTERM as the workers come up can cut the client's scatter: asyncio (or tornado) then logs the
+    task's exception with its traceback on its own logger, which reaches the screen through the root
+    logger's handlers. The stop drops those records as it drops Dask's."""
+    import logging
+
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [Catch()])
+    monkeypatch.setattr(logging.getLogger("distributed"), "handlers", [])
+    monkeypatch.setattr(cluster, "worker_log_level", logging.ERROR)
+    monkeypatch.delenv("SHARDKIT_DEBUG", raising=False)
+    logger.error("before the stop")
+    monkeypatch.setattr(cluster, "quiet_on_stop", True)
+    cluster.silence_for_stop()
+    logger.error("Task exception was never retrieved")
+    assert seen == ["before the stop"]

@@ -188,8 +188,8 @@ def uninterrupted(raw_images, tmp_path_factory):
     return root / "data", root / "a"
 
 
-@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGUSR1, True)],
-                         ids=["sigterm", "sigusr1-to-the-group"])
+@pytest.mark.parametrize("signum,group", [(signal.SIGTERM, False), (signal.SIGUSR1, True), (signal.SIGTERM, True)],
+                         ids=["sigterm", "sigusr1-to-the-group", "sigterm-to-the-group"])
 def test_a_stop_signal_mid_epoch_saves_and_resumes_exactly(raw_images, uninterrupted, tmp_path, signum, group):
     """A preempted run (SIGTERM; SLURM's pre-timeout SIGUSR1, sent to every process of the job) finishes
     its step, checkpoints with the loader's position and exits 128 + signal within seconds; the rerun
@@ -233,3 +233,16 @@ def test_a_stop_signal_mid_epoch_saves_and_resumes_exactly(raw_images, uninterru
 def trace_lines(run_dir) -> list[str]:
     path = Path(run_dir) / "trace.jsonl"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_recipe_output_holds_no_dask_line_unless_debug(raw_texts, tmp_path):
+    """A build on the embedded Dask cluster: its scheduler and nannies run in the recipe's process and
+    logged ~65 INFO lines through the recipe's log handler; they show only with --debug."""
+    args = ["--precision", "fp32", "--build-workers", "2", "--block", "16", "--d-model", "16", "--heads", "2",
+            "--layers", "1", "--batch-size", "8", "--num-workers", "0", "--max-steps", "2", "--eval-every", "2"]
+    out, err = run(LM, raw_texts, tmp_path / "data", tmp_path / "run", *args)
+    lines = (out + err).splitlines()
+    assert not [line for line in lines if " distributed." in line or line.startswith("distributed.")], err
+    assert any("shardkit.recipes built" in line for line in lines)  # the recipe's own lines stay
+    _, debug = run(LM, raw_texts, tmp_path / "data2", tmp_path / "run2", *args, "--debug")
+    assert sum(" distributed." in line for line in debug.splitlines()) > 5  # the same run does make them

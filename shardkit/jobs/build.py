@@ -390,7 +390,8 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
-    with folder_lock(cfg.out, "shardkit build"):
+    # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
+    with folder_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
         return _build(cfg, dedup)
 
 

@@ -25,6 +25,7 @@ from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.fs import folder_lock
+from shardkit.identity import check_embedded_workers
 from shardkit.jobs.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
                                 reusable, run_group, run_unit, samples_of)
 from shardkit.jobs.shard_writer import finish, retire_manifest
@@ -171,6 +172,7 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
     if not isinstance(o["inputs_per_shard"], int) or o["inputs_per_shard"] <= 0:
         raise ConfigError(f"inputs_per_shard={o['inputs_per_shard']!r}; expected a positive int")
     RejectionLog(o["on_error"])  # checks the policy's name
+    check_embedded_workers(o["workers"], o["scheduler"], "workers=")
     if not callable(fn):
         raise ConfigError(f"fn={fn!r} is not callable; pass the function to run on each input")
     from collections.abc import Sequence

@@ -32,10 +32,18 @@ worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --
 quiet_on_stop = False
 
 
+# Loggers of the event loop the Dask client runs on: a scatter or connection cut by the stop ends as an
+# asyncio "Task exception was never retrieved" or a tornado callback error, each with its traceback.
+STOP_NOISE_LOGGERS = ("asyncio", "tornado.application", "tornado.general")
+
+
 def _silence_dask() -> None:
-    """Drop every record of the 'distributed' loggers' handlers from now on (this process is stopping)."""
+    """Drop every record of the 'distributed' loggers' handlers, and of the event loop's loggers, from
+    now on (this process is stopping)."""
     for handler in logging.getLogger("distributed").handlers:
         handler.addFilter(lambda record: False)
+    for name in STOP_NOISE_LOGGERS:  # records created on these loggers themselves: a logger filter sees each
+        logging.getLogger(name).addFilter(lambda record: False)
 
 
 def silence_for_stop() -> None:

@@ -176,7 +176,8 @@ def _sorted_unique(table):
 
     order = pc.sort_indices(table, [("__key__", "ascending")]).to_numpy()  # a stable sort
     keys = table.column("__key__").take(order).to_pylist()
-    repeat = np.array([False] + [a == b for a, b in zip(keys, keys[1:])], bool)
+    repeat = np.zeros(len(keys), bool)  # a group whose every input was skipped has no row
+    repeat[1:] = [a == b for a, b in zip(keys, keys[1:])]
     return table.take(order[~repeat]), [k for k, r in zip(keys, repeat) if r]
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, from_worker
 from shardkit.identity import local_world_size, usable_cores
+from shardkit.loader import signals
 from shardkit.loader.gpu_decode import BatchDecoder, choose
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
@@ -66,9 +68,18 @@ class StreamingLoader(DataLoader):
         if self._transport is None:
             return self._count(super().__iter__(), sizes, (pos.epoch, pos.layers))
         self._transport.new_iteration()
-        batches = super().__iter__()  # returns once the workers dropped the previous iteration
+        # The (persistent) workers start on the first iteration, with the stop signals blocked (loader/signals.py)
+        starting = signals.blocked(self._start_method()) if self._iterator is None else contextlib.nullcontext()
+        with starting:
+            batches = super().__iter__()  # returns once the workers dropped the previous iteration
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
+
+    def _start_method(self) -> str:
+        import multiprocessing
+
+        ctx = self.multiprocessing_context  # None: the platform's default context
+        return (ctx or multiprocessing.get_context()).get_start_method()
 
     def _count(self, items, sizes: list[int], where: tuple):
         ds, pos, j = self.source, self.source.position, 0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from torch.utils.data import IterableDataset
+import os
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardkit.loader import signals
 
 
 class BatchStream(IterableDataset):
@@ -16,6 +20,7 @@ class BatchStream(IterableDataset):
     def __init__(self, dataset, batch_size: int, drop_last: bool, transport=None):
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.transport = transport
+        self.main_pid = os.getpid()  # the training process: whose stop signals the workers defer to
 
     def set_epoch(self, epoch: int) -> None:
         """The dataset's set_epoch (for code that calls loader.dataset.set_epoch)."""
@@ -27,6 +32,8 @@ class BatchStream(IterableDataset):
         # them, so counting here tells the worker which iteration it serves. The first next()
         # comes later, possibly after the main process has stopped this iteration and begun the
         # next one.
+        if get_worker_info() is not None:  # a worker process: right after torch's set-up and worker_init_fn
+            signals.take_in_worker(self.main_pid)
         if self.transport is None:
             return self.dataset.batches(self.batch_size, self.drop_last)
         self.transport.start_iteration()

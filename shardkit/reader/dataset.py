@@ -36,6 +36,9 @@ class StreamingDataset(EpochDataset):
         self.config = stream_config(config, options, "StreamingDataset")
         self.src, self.transform, self.batch_transform = str(src), transform, batch_transform
         self.manifest = load_manifest(self.src, self.config.remote_policy())
+        if not self.manifest.formats:  # a ShardWriter closed before any write, a build with --allow-empty
+            raise ConfigError(f"dataset {self.src!r} holds no samples (its manifest lists no shards): write "
+                              "samples into it, or rebuild it from a folder that has some")
         token_options, requested = resolve_tokens(self.manifest.fields, self.config, self.config.fields)
         self.fields = resolve_fields(self.manifest.fields, requested, self.config.fields)
         self.shards = self.manifest.shards_of(read_format(self.manifest, self.config.format))

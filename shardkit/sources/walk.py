@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 
 from shardkit.errors import Rejection
@@ -142,6 +143,9 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
     files = []
     for entry in entries:
         rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        if (reason := _unusable(entry)) is not None:
+            rejections.append(Rejection(_printable(rel), "source", reason))
+            continue
         if entry.is_dir():  # follows symlinks, as os.walk lists them
             if entry.name.startswith("."):
                 rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
@@ -163,10 +167,43 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
                 rejections.append(Rejection(rel, "source", "symlink leaves the source folder: not followed"))
                 continue
         try:
-            files.append((rel, entry.stat()))
+            st = entry.stat()
         except OSError as e:
             rejections.append(Rejection(rel, "source", f"unreadable: {e.strerror or e}"))
+            continue
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever; a device or socket is no file
+            rejections.append(Rejection(rel, "source", f"not a regular file ({_file_type(st.st_mode)}): not read"))
+            continue
+        files.append((rel, st))
     return files
+
+
+def _printable(rel: str) -> str:
+    """A path for errors.jsonl and the screen: bytes that are not UTF-8 (kept by os.fsdecode as lone
+    surrogates) shown as \\xNN escapes."""
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")
+
+
+def _unusable(entry) -> str | None:
+    """Why a folder entry cannot be read at all, or None: a name that is not UTF-8 (keys, shards and
+    reports are UTF-8 text), or a symlink that loops (is_dir() raises ELOOP)."""
+    try:
+        entry.name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not valid UTF-8: not read (rename it, e.g. with `convmv -f latin1 -t utf8`)"
+    try:
+        entry.is_dir()
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    return None
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "another kind of entry"
 
 
 def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:

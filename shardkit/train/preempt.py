@@ -36,9 +36,10 @@ class PreemptionGuard:
                     guard.exit(f"checkpoint at step {step}")   # message + exit status 128 + signal
 
     A second signal while stopping changes nothing (the platform's SIGKILL ends the grace period
-    anyway). DataLoader workers forked after the guard is entered inherit it, so a signal
-    sent to the whole process group (a VM shutting down) does not kill them mid-batch. Enter it in
-    the main thread: only that thread receives signals in Python.
+    anyway). A signal sent to the whole process group (a VM shutting down) does not kill
+    make_loader's workers mid-batch: they leave a signal this process handles to it
+    (shardkit.loader.signals), whether the guard was entered before or after they started. Enter it
+    in the main thread: only that thread receives signals in Python.
     """
 
     def __init__(self, signals=DEFAULT_SIGNALS):

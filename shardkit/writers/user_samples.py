@@ -17,6 +17,7 @@ from shardkit.sample import Sample, check_key
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 ENCODINGS = ("jpeg", "png", "webp", "raw")  # how a PIL image is stored (stages.image.encode)
 FORMATS = ("tar", "parquet", "both")
+ARRAY_DTYPE_KINDS = "biufc"  # numpy dtype kinds an array field may have: what a torch tensor can hold
 
 
 class BadSample(ShardkitError, ValueError):
@@ -104,9 +105,12 @@ def infer_spec(name: str, value, cfg: WriterConfig) -> dict:
 
 def infer_fields(sample: dict, cfg: WriterConfig) -> dict:
     """Field specs from a first sample (every field but `__key__`; None values are left out)."""
-    _check_dict(sample)
-    return {name: infer_spec(name, value, cfg) for name, value in sorted(sample.items())
-            if name != "__key__" and value is not None}
+    key = _check_dict(sample)
+    try:
+        return {name: infer_spec(name, value, cfg) for name, value in sorted(sample.items())
+                if name != "__key__" and value is not None}
+    except BadSample as e:
+        raise BadSample(f"sample {key!r}, {e}") from None
 
 
 def _check_dict(sample) -> str:
@@ -130,9 +134,10 @@ def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool 
     before the caller gets control back (ShardCutter copies it into its shard buffer)."""
     kind, want = _kind(value), spec["kind"]
 
-    def bad(detail: str) -> BadSample:
-        return BadSample(f"sample {key!r}, field {name!r}: {detail} (the fields are declared with fields=, or "
-                         "taken from the first sample: every sample's value of a field has one kind)")
+    def bad(detail: str, mismatch: bool = True) -> BadSample:
+        why = (" (the fields are declared with fields=, or taken from the first sample: every sample's value of a "
+               "field has one kind)") if mismatch else ""
+        return BadSample(f"sample {key!r}, field {name!r}: {detail}{why}")
 
     if want == "image":
         if spec["encoding"] == "keep":
@@ -153,16 +158,16 @@ def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool 
             raise bad(f"expected an int, got a {kind}")
         value = int(value)
         if not -2**63 <= value < 2**63:
-            raise bad(f"{value} does not fit in int64")
+            raise bad(f"{value} does not fit in int64", mismatch=False)
         return value
     if want == "text":
         if kind != "text":
             raise bad(f"expected a str, got a {kind}")
-        return value
+        return _utf8_checked(value, f"sample {key!r}, field {name!r}")
     if want == "json":
         if kind != "json":
             raise bad(f"expected a dict (json), got a {kind}")
-        return _json_checked(value, bad)
+        return _json_checked(value, bad, f"sample {key!r}, field {name!r}")
     raise bad(f"kind {want!r} cannot be written by ShardWriter")
 
 
@@ -182,6 +187,13 @@ def _array_value(value, spec: dict, bad, kind: str, copy: bool):
 
     if kind != "array":
         raise bad(f"expected a numpy array, got a {kind}")
+    if value.dtype.kind not in ARRAY_DTYPE_KINDS:  # objects, strings, records, dates: torch has no such tensor
+        raise bad(f"an array of dtype {value.dtype} cannot be stored: arrays hold bool, int, uint, float or complex "
+                  "numbers; convert it (.astype(np.float32)), or store the values as a dict (json) or str",
+                  mismatch=False)
+    if value.size == 0:
+        raise bad(f"an array of shape {list(value.shape)} has no values, and a stored array has at least one; "
+                  "leave the field out of this sample (None) instead", mismatch=False)
     if list(value.shape) != spec["shape"]:
         raise bad(f"array of shape {list(value.shape)}; the field's arrays have shape {spec['shape']} "
                   "(pad or crop to one shape)")
@@ -191,13 +203,27 @@ def _array_value(value, spec: dict, bad, kind: str, copy: bool):
     return arr.tobytes() if copy else arr
 
 
-def _json_checked(value: dict, bad) -> dict:
+def _utf8_checked(text: str, where: str, what: str = "the text") -> str:
+    """`text`, if UTF-8 can store it: a lone surrogate (half of a UTF-16 pair, or a byte that
+    os.fsdecode or errors='surrogateescape' kept) cannot be, and would fail the shard's write later."""
+    if not text.isascii():  # O(1) for ASCII text: only other text pays for the check
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            at = f" at character {e.start}" if what == "the text" else ""
+            raise BadSample(f"{where}: {what} holds {text[e.start]!r}{at}, a lone surrogate that UTF-8 cannot "
+                            "store; decode the source bytes with errors='replace', or store them as bytes") from None
+    return text
+
+
+def _json_checked(value: dict, bad, where: str) -> dict:
     import json
 
     try:
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)  # as the writers dump it
     except (TypeError, ValueError) as e:
-        raise bad(f"the dict is not JSON ({e})") from None
+        raise bad(f"the dict is not JSON ({e})", mismatch=False) from None
+    _utf8_checked(text, where, "a str in the dict")
     return value
 
 
