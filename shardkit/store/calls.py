@@ -1,0 +1,82 @@
+"""The calls to a store: one fsspec filesystem per process and protocol, its waits bounded by the
+job's RemotePolicy, every call retried by fs.with_retries, errors naming the URL."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from shardkit.fs import RemoteError, RemotePolicy, local_path, with_retries
+from shardkit.store.urls import is_url, missing_backend
+
+_STATE = {"policy": RemotePolicy(), "fix": "shardkit build --timeout/--retries"}
+_READER_FIX = "StreamingDataset(timeout=..., retries=...)"  # what fs.with_retries names as the fix
+_FS: dict = {}
+_FS_LOCK = threading.Lock()
+
+
+def use_policy(p: RemotePolicy | None, fix: str = "shardkit build --timeout/--retries") -> None:
+    """The waits and retries of this process's store calls (a job sets its own; its tasks set the
+    job's), and the options a user changes to allow a slower store (named in errors)."""
+    _STATE["policy"], _STATE["fix"] = p or RemotePolicy(), fix
+
+
+def policy() -> RemotePolicy:
+    return _STATE["policy"]
+
+
+def join(base: str, *parts: str) -> str:
+    """A path below a local folder or a URL."""
+    if is_url(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(local_path(base), *parts)
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path) with this process's policy: connect and read timeouts, and no retry
+    loop of the backend's own (s3fs retries 5 times by default), so `with_retries` is the only one."""
+    p = policy()
+    protocol = url.split("://", 1)[0]
+    key = (os.getpid(), protocol, p.timeout)
+    with _FS_LOCK:
+        fs = _FS.get(key)
+        if fs is None:
+            try:
+                import fsspec
+
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_options(protocol, p))
+            except ImportError as e:
+                raise missing_backend(protocol, e, "URL", url) from None
+            if hasattr(fs, "retries"):
+                fs.retries = 1
+            _FS[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def _options(protocol: str, p: RemotePolicy) -> dict:
+    if protocol in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
+                                  "retries": {"max_attempts": 1}}}
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout,
+                                                                   sock_read=p.timeout)}}
+    return {}
+
+
+def retry(url: str, attempt):
+    """attempt() with the policy's retries (fs.with_retries); the RemoteError when it cannot pass names
+    `url` and the job's own options for a slower store."""
+    try:
+        return with_retries(url, policy(), attempt)
+    except RemoteError as e:
+        if _READER_FIX not in e.detail:
+            raise
+        raise RemoteError(url, e.detail.replace(_READER_FIX, _STATE["fix"]), e.not_found) from e.__cause__
+
+
+def _call(url: str, attempt):
+    """attempt(fs, path) with retry(): the filesystem of `url` and its path there."""
+    fs, path = filesystem(url)
+    return retry(url, lambda: attempt(fs, path))
