@@ -6,10 +6,10 @@ their counts and labels, and the path of the sorted file-sample table saved unde
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardkit.fs import RemoteError
 from shardkit.sources import walk as W
 from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index, row_key
@@ -20,26 +20,30 @@ ATOMS_NAME = "samples-{}.arrow"
 
 @lru_cache(maxsize=2)
 def _atoms(path: str):
-    """The sorted file-sample table, memory-mapped once per worker process."""
+    """The sorted file-sample table, memory-mapped once per worker process (from a local copy when OUT
+    is on a store: its name changes with its content)."""
     import pyarrow as pa
 
-    return pa.ipc.open_file(pa.memory_map(path)).read_all()
+    from shardkit.store import local_copy
+
+    return pa.ipc.open_file(pa.memory_map(local_copy(path))).read_all()
 
 
 def save_atoms(table, labels, state_dir: str, digest: str) -> str | None:
     """Write the sorted file samples (key, files, row file, row, label) for tasks to read by position."""
     import pyarrow as pa
 
-    from shardkit.fs import atomic_writer
+    from shardkit.store import exists, join, makedirs, writer
 
     if not len(table):
         return None
-    path = os.path.join(state_dir, ATOMS_NAME.format(digest))
-    if os.path.exists(path):
+    path = join(state_dir, ATOMS_NAME.format(digest))
+    if exists(path):
         return path
+    makedirs(state_dir)
     out = table.select(["key", "files", "row_file", "row"]).append_column("label", pa.array(labels))
-    with atomic_writer(path) as f, pa.ipc.new_file(f, out.schema) as writer:
-        writer.write_table(out)
+    with writer(path) as f, pa.ipc.new_file(f, out.schema) as ipc:
+        ipc.write_table(out)
     return path
 
 
@@ -93,8 +97,11 @@ class SourceReader:
                 from shardkit.sources.parquet_files import parquet_rows
 
                 refs = list(parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys))
-        except (OSError, ValueError) as e:
-            reason = f"unreadable: {getattr(e, 'strerror', None) or e} (it changed while the build ran?)"
+        except (OSError, ValueError, RemoteError) as e:
+            if isinstance(e, RemoteError) and not e.not_found:
+                raise  # a store that did not answer fails the task (naming the URL), it rejects no row
+            why = getattr(e, "detail", None) or getattr(e, "strerror", None) or e
+            reason = f"unreadable: {why} (it changed while the build ran?)"
             refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in load_index(count)["number"][start:stop].tolist()]
         for i, ref in enumerate(refs):
             label = self.row_labels.get(rid, -1) if labels is None else labels[i]
