@@ -153,8 +153,9 @@ def build_with_map(cfg) -> MapResult:
     from shardkit.jobs.build import build
 
     spec = cfg.map
-    load_function(spec)  # a bad spec fails before any work
-    out = store.location(cfg.out, "OUT", write=True)
+    out = store.location(cfg.out, "OUT", write=True)  # a bad OUT or spec fails before any work
+    store.location(cfg.src, "SRC")
+    load_function(spec)
     stage = store.join(out, STAGE)
     staged = build(replace(cfg, out=stage, format="parquet", allow_empty=True, map=None))
     rows = _staged_rows(stage, staged.manifest)

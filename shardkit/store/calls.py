@@ -65,6 +65,12 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
     return {}
 
 
+def forget_filesystems() -> None:
+    """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
+    with _FS_LOCK:
+        _FS.clear()
+
+
 def retry(url: str, attempt):
     """attempt() with the policy's retries (fs.with_retries); the RemoteError when it cannot pass names
     `url` and the job's own options for a slower store."""
