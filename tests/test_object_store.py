@@ -153,3 +153,46 @@ def test_build_with_map_from_and_to_s3(raw, tmp_path, s3):
         sys.path.remove(os.path.dirname(__file__))
     got = s3.download("out", str(tmp_path / "got"))
     assert same_files(str(tmp_path / "local"), got) == []
+
+
+@pytest.fixture
+def stall(monkeypatch):
+    """The store stops answering requests matching `stall.when(method, path)` until the test ends."""
+    import threading
+
+    from moto.server import DomainDispatcherApplication
+
+    answer, release = DomainDispatcherApplication.__call__, threading.Event()
+
+    class Stall:
+        def when(self, method, path):
+            return False
+
+    stall = Stall()
+
+    def stalled(self, environ, start_response):
+        if stall.when(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")):
+            release.wait(60)
+        return answer(self, environ, start_response)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", stalled)
+    yield stall
+    release.set()
+
+
+def test_a_stalled_store_fails_naming_the_url_and_nothing_partial_is_named(raw, tmp_path, s3, stall):
+    src = s3.upload(raw, "raw")
+    stall.when = lambda method, path: method == "PUT" and "/out/shards/data-00001" in path
+    result = run("build", src, s3.url("out"), "--workers", "0", "--no-progress", "--image-size", "48",
+                 "--max-samples-per-shard", "6", "--timeout", "1", "--retries", "1")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"cannot write {s3.url('out/shards/data-00001.tar')}: " in result.stderr
+    assert "tried 2 time(s)" in result.stderr and "timeout 1 s" in result.stderr
+    assert "--timeout/--retries allow a slower store" in result.stderr
+    keys = s3.keys("out")
+    assert "manifest.json" not in keys and "lease" not in s3.keys("out/.shardkit")
+    for marker in (k for k in keys if k.startswith(".shardkit/done/")):  # every marker names whole objects
+        for info in json.loads(s3.fs.cat(f"{BUCKET}/out/{marker}"))["result"]["shards"]:
+            assert s3.fs.size(f"{BUCKET}/out/{info['path']}") == info["bytes"]
+            assert "data-00001" not in info["path"]

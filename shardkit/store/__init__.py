@@ -19,7 +19,7 @@ import os
 import tempfile
 
 from shardkit.fs import RemoteError, atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import _call, filesystem, join, policy, retry, use_policy
+from shardkit.store.calls import _call, bound, filesystem, join, policy, retry, use_policy
 from shardkit.store.urls import BadURL, check_location, is_url
 
 __all__ = ["BadURL", "check_location", "is_url", "join", "location", "use_policy", "policy", "retry", "read",
@@ -86,7 +86,7 @@ def write(url: str, data: bytes | str) -> None:
     if not is_url(url):
         atomic_write(local_path(url), data)
         return
-    _call(url, lambda fs, path: fs.pipe_file(path, data))
+    _call(url, lambda fs, path: fs.pipe_file(path, data, **bound(fs, len(data))), write=True)
 
 
 def size(url: str) -> int | None:
@@ -98,7 +98,7 @@ def size(url: str) -> int | None:
             return None
         return st.st_size if os.path.isfile(local_path(url)) else None
     try:
-        info = _call(url, lambda fs, path: fs.info(path))
+        info = _call(url, lambda fs, path: fs.info(path, **bound(fs)))
     except (RemoteError, FileNotFoundError) as e:
         if _missing(e):
             return None
@@ -129,7 +129,7 @@ def remove(url: str) -> None:
             os.remove(local_path(url))
         return
     try:
-        _call(url, lambda fs, path: fs.rm_file(path))
+        _call(url, lambda fs, path: fs.rm_file(path, **bound(fs)), write=True)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
@@ -143,7 +143,7 @@ def remove_tree(url: str) -> None:
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
     try:
-        _call(url, lambda fs, path: fs.rm(path, recursive=True))
+        _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
@@ -165,7 +165,7 @@ def writer(url: str, *, durable: bool = True):
     try:
         with open(tmp, "wb") as f:
             yield f
-        _call(url, lambda fs, path: _upload(fs, tmp, path))
+        _call(url, lambda fs, path: _upload(fs, tmp, path), write=True)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -202,15 +202,16 @@ def publish(out: str, rel: str, *, durable: bool = True) -> None:
             fsync_path(os.path.join(local_path(out), rel))
         return
     source, url = os.path.join(staged(out), rel), join(out, rel)
-    _call(url, lambda fs, path: _upload(fs, source, path))
+    _call(url, lambda fs, path: _upload(fs, source, path), write=True)
     os.remove(source)
 
 
 def _upload(fs, source: str, path: str) -> None:
     if hasattr(fs, "max_concurrency"):  # s3fs: bounded part size and concurrency
-        fs.put_file(source, path, chunksize=UPLOAD_PART, max_concurrency=UPLOAD_CONCURRENCY)
+        fs.put_file(source, path, chunksize=UPLOAD_PART, max_concurrency=UPLOAD_CONCURRENCY,
+                    **bound(fs, os.path.getsize(source)))
     else:
-        fs.put_file(source, path)
+        fs.put_file(source, path, **bound(fs, os.path.getsize(source)))
 
 
 def _cached(url: str, version: str) -> str:
@@ -269,7 +270,7 @@ def stat_source(url: str) -> tuple[int, int] | None:
             return None
         return st.st_size, st.st_mtime_ns
     try:
-        info = _call(url, lambda fs, path: fs.info(path))
+        info = _call(url, lambda fs, path: fs.info(path, **bound(fs)))
     except RemoteError as e:
         if e.not_found:
             return None

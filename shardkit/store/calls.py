@@ -56,7 +56,7 @@ def filesystem(url: str):
 def _options(protocol: str, p: RemotePolicy) -> dict:
     if protocol in ("s3", "s3a"):
         return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
-                                  "retries": {"max_attempts": 1}}}
+                                  "retries": {"total_max_attempts": 1}}}
     if protocol in ("http", "https"):
         import aiohttp
 
@@ -65,24 +65,46 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
     return {}
 
 
+class WriteError(RemoteError):
+    """A file could not be written to a store: `detail` says why and what was tried."""
+
+    def __init__(self, url: str, detail: str, not_found: bool = False):
+        super().__init__(url, detail, not_found)
+        self.args = (f"cannot write {url}: {detail}",)
+
+
+MIN_RATE = 1 << 20  # bytes/s: an upload slower than this on average is taken for a stalled store
+
+
+def bound(fs, nbytes: int = 0) -> dict:
+    """A hard limit on one call's duration, as a keyword of fsspec's async filesystems: twice the timeout,
+    plus the time to move `nbytes` at MIN_RATE. The connection's own read timeout should fire first,
+    but aiohttp does not always start it on a request with a body (a PUT to a store that stopped
+    answering was seen to wait for the store, not for the timeout); this limit always holds."""
+    if not getattr(fs, "async_impl", False):
+        return {}
+    return {"timeout": 2 * policy().timeout + nbytes / MIN_RATE}
+
+
 def forget_filesystems() -> None:
     """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
     with _FS_LOCK:
         _FS.clear()
 
 
-def retry(url: str, attempt):
+def retry(url: str, attempt, *, write: bool = False):
     """attempt() with the policy's retries (fs.with_retries); the RemoteError when it cannot pass names
-    `url` and the job's own options for a slower store."""
+    `url`, whether it was read or written, and the job's own options for a slower store."""
     try:
         return with_retries(url, policy(), attempt)
     except RemoteError as e:
-        if _READER_FIX not in e.detail:
+        if not write and _READER_FIX not in e.detail:
             raise
-        raise RemoteError(url, e.detail.replace(_READER_FIX, _STATE["fix"]), e.not_found) from e.__cause__
+        error = WriteError if write else RemoteError
+        raise error(url, e.detail.replace(_READER_FIX, _STATE["fix"]), e.not_found) from e.__cause__
 
 
-def _call(url: str, attempt):
+def _call(url: str, attempt, *, write: bool = False):
     """attempt(fs, path) with retry(): the filesystem of `url` and its path there."""
     fs, path = filesystem(url)
-    return retry(url, lambda: attempt(fs, path))
+    return retry(url, lambda: attempt(fs, path), write=write)

@@ -25,7 +25,7 @@ import uuid
 
 from shardkit.errors import FolderLocked
 from shardkit.fs import RemoteError, folder_lock
-from shardkit.store import filesystem, is_url, join, read, remove, retry
+from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
 
 log = logging.getLogger("shardkit.store")
 LEASE = ".shardkit/lease"
@@ -98,13 +98,13 @@ class Lease:
 
         def attempt():
             try:
-                return fs.pipe_file(path, data, **condition)
+                return fs.pipe_file(path, data, **condition, **bound(fs, len(data)))
             except Exception as e:
                 if _conflict(e):
                     return False  # not an error to retry: the answer is "someone else holds it"
                 raise
 
-        out = retry(self.url, attempt)
+        out = retry(self.url, attempt, write=True)
         if out is False:
             return None
         return (out or {}).get("ETag", "") if isinstance(out, dict) else ""
@@ -113,7 +113,7 @@ class Lease:
         """(the lease's record, its ETag); (None, '') when there is none, {} when it is unreadable."""
         fs, path = filesystem(self.url)
         try:
-            info = retry(self.url, lambda: fs.info(path, refresh=True) if _s3(fs) else fs.info(path))
+            info = retry(self.url, lambda: fs.info(path, **bound(fs), **({"refresh": True} if _s3(fs) else {})))
             data = read(self.url)
         except (FileNotFoundError, RemoteError) as e:
             if isinstance(e, FileNotFoundError) or e.not_found:

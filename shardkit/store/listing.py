@@ -12,7 +12,7 @@ import heapq
 from typing import Iterator, NamedTuple
 
 from shardkit.fs import RemoteError
-from shardkit.store.calls import filesystem, retry
+from shardkit.store.calls import bound, filesystem, retry
 
 PAGE = 1000  # objects per listing request (S3's maximum)
 
@@ -48,7 +48,7 @@ def _s3_folder(fs, url: str, path: str) -> Iterator[Entry]:
     prefix = key.strip("/") + "/" if key.strip("/") else ""
     args = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
     while True:
-        page = retry(url, lambda: sync(fs.loop, fs._call_s3, "list_objects_v2", **args))
+        page = retry(url, lambda: sync(fs.loop, fs._call_s3, "list_objects_v2", **args, **bound(fs)))
         dirs = [Entry(p["Prefix"][len(prefix):-1], True, 0, "") for p in page.get("CommonPrefixes", [])]
         files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
                  for c in page.get("Contents", []) if len(c["Key"]) > len(prefix)]
@@ -89,7 +89,7 @@ def has_any(url: str) -> bool:
 
         bucket, _, key = path.partition("/")
         page = retry(url, lambda: sync(fs.loop, fs._call_s3, "list_objects_v2", Bucket=bucket, Prefix=key,
-                                       MaxKeys=1))
+                                       MaxKeys=1, **bound(fs)))
         return bool(page.get("KeyCount") or page.get("Contents"))
     return bool(retry(url, lambda: fs.exists(path)))
 
