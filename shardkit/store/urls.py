@@ -106,9 +106,23 @@ def check_location(value, what: str, *, write: bool = False) -> str:
         raise BadURL(f"{what} {value!r}: {protocol}:// is read-only; write to a local folder or an object store "
                      "(s3://, gs://, az://)")
     try:
-        from fsspec.registry import get_filesystem_class
-
-        get_filesystem_class(protocol)
+        _import_backend(protocol)
     except ImportError as e:
         raise missing_backend(protocol, e, what, value) from None
     return f"{protocol}://{rest.rstrip('/')}"
+
+
+# The package each common backend needs (fsspec's registry keeps a class once imported, so asking it
+# again would not notice a package that went missing).
+PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "http": "aiohttp", "https": "aiohttp", "gs": "gcsfs", "gcs": "gcsfs",
+            "az": "adlfs", "abfs": "adlfs", "adl": "adlfs", "hf": "huggingface_hub"}
+
+
+def _import_backend(protocol: str) -> None:
+    import importlib
+
+    from fsspec.registry import get_filesystem_class
+
+    if protocol in PACKAGES:
+        importlib.import_module(PACKAGES[protocol])
+    get_filesystem_class(protocol)
