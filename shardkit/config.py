@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass
 
 from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ON_ERROR_CHOICES, ConfigError
-from shardkit.store.urls import remote_policy
 
 FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
@@ -129,7 +128,7 @@ class BuildConfig:
             raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
-        remote_policy(self)
+        remote_policy(self)  # --timeout, --retries
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 
@@ -143,8 +142,7 @@ class BuildConfig:
 
     @property
     def output_image_field(self) -> str:
-        """The stored image field of an encoding build: the encoding's extension (WebDataset convention);
-        a `keep` build names each image by its own extension."""
+        """The stored image field: the encoding's extension (WebDataset); `keep` names each by its own."""
         return IMAGE_FIELD.get(self.encode, "image")
 
     @property
@@ -321,11 +319,10 @@ class DedupConfig:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
         if not self.image_field:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
-        remote_policy(self)
+        remote_policy(self)  # --timeout, --retries
 
     def lsh_params(self) -> tuple[int, int]:
-        """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
-        weighted toward recall (shardkit.duplicates.lsh.optimal_params)."""
+        """(bands, rows) in effect: the ones given, else the optimal pair weighted toward recall."""
         return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
 
     def min_shingles(self) -> int:
@@ -333,21 +330,24 @@ class DedupConfig:
         return min_shingles(self.threshold)
 
     def recorded(self) -> dict:
-        """The result-affecting part of the config, as written into summary.json: the values in
-        effect (bands and rows chosen for the threshold included), never a null placeholder."""
+        """The result-affecting config for summary.json: values in effect (bands, rows), never a null."""
         d = asdict(self)
         d["bands"], d["rows"] = self.lsh_params()
         d["min_shingles"] = self.min_shingles()
         return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
 
     def build_config(self) -> BuildConfig:
-        """The build `shardkit dedup RAW OUT` runs: the input's bytes kept as they are (no resize,
-        no re-encode), this config's shard format, text field and execution settings."""
+        """The build `shardkit dedup RAW OUT` runs: input bytes kept (encode keep), this config's settings."""
         return BuildConfig(self.src, self.out, format=self.format, encode="keep", text_field=self.text_field,
                            image_field=self.image_field, workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
                            dedup_verify=self.verify, image_distance=self.image_distance, timeout=self.timeout,
                            retries=self.retries)
+
+
+def remote_policy(cfg):
+    from shardkit.store.urls import remote_policy as policy  # the store's module, imported when a job starts
+    return policy(cfg)
 
 
 TAIL_CHOICES = ("pad", "drop")

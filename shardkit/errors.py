@@ -42,6 +42,11 @@ class ManifestError(ShardkitError):
     """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
 
 
+class BadDatasetURL(BadURL, ManifestError):
+    """A dataset's location is no folder and no usable URL (a BadURL that readers, who catch
+    ManifestError, see as one)."""
+
+
 class FolderLocked(ShardkitError):
     """Another build or dedup is writing the same output folder right now."""
 

@@ -25,12 +25,13 @@ from shardkit.jobs.tasks import progress_bar, run_tasks
 DATASET_BYTES_PER_SECOND = 40e6
 
 
-def _filter_shard(task: tuple, root: str, manifest, out: str, policy):
+def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None):
     """The Dask task of the output stage: one input shard minus the dropped rows, same format, made
     durable in OUT (fsync'd, or uploaded). A shard that loses nothing and keeps its id is copied byte
     for byte."""
     shard, new_id, drop = task
-    store.use_policy(policy)
+    if policy is not None:  # the job's waits, in a worker process
+        store.use_policy(policy)
     if not len(drop) and new_id == shard.id:
         for rel, _ in durable.files_of([shard]):  # streamed: from a store, to a store, or both
             with store.open_source(store.join(root, rel)) as f, store.writer(store.join(out, rel)) as g:

@@ -198,9 +198,13 @@ def load_manifest(root: str, policy=None) -> Manifest:
     """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
     timeouts and retries: a shardkit.fs.RemotePolicy). A ROOT that is not a usable location (a
     malformed URL, an unknown protocol, a backend not installed) is a BadURL naming the fix."""
+    from shardkit.errors import BadDatasetURL, BadURL
     from shardkit.store.urls import check_location
 
-    root = check_location(root, "dataset")
+    try:
+        root = check_location(root, "dataset")
+    except BadURL as e:
+        raise BadDatasetURL(str(e)) from None
     url = manifest_url(root)
     try:
         raw = read_bytes(url, policy)
