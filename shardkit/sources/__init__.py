@@ -165,8 +165,10 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
         i = j
 
 
-def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image") -> Sample:
-    """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls."""
+def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image",
+                data: dict | None = None) -> Sample:
+    """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls.
+    `data`: the files' bytes (or the errors reading them) fetched already, by relative path."""
     try:
         if rec.line is not None:
             sample = _read_row(root, rec, text_field, image_field)
@@ -174,17 +176,20 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text", image_fie
             sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:
                 ext = os.path.splitext(rel)[1].lower()
-                data = read_source(join(root, rel))
+                got = data.pop(rel, None) if data is not None else None
+                if isinstance(got, BaseException):
+                    raise got
+                content = got if got is not None else read_source(join(root, rel))
                 if ext in IMAGE_EXTS:
-                    sample.fields["image"] = data
+                    sample.fields["image"] = content
                     sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
                 elif ext in TEXT_EXTS:
-                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
+                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(content)
                 elif ext in ARRAY_EXTS:
-                    sample.fields["array"] = data  # .npy bytes; the array stage parses them
+                    sample.fields["array"] = content  # .npy bytes; the array stage parses them
                 else:
                     try:
-                        sample.fields["json"] = json.loads(data)
+                        sample.fields["json"] = json.loads(content)
                     except ValueError as e:
                         raise RejectedInput(f"invalid JSON sidecar {rel!r}: {e}") from None
     except (OSError, RemoteError) as e:

@@ -29,7 +29,7 @@ KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | ROW_EXTS | ARRAY_EXTS
 # Bits of the `kinds` column: which fields a file sample brings.
 IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
 KIND_NAMES = {IMAGE: "image", TXT: "txt", JSON: "json", ARRAY: "array"}
-FLUSH_ROWS = 65536  # file samples per Arrow batch: bounds the Python objects alive while listing
+FLUSH_ROWS = 8192  # file samples per Arrow batch: bounds the Python objects alive while listing (~4 MB)
 
 
 @dataclass

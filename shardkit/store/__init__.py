@@ -24,7 +24,8 @@ from shardkit.store.urls import BadURL, check_location, is_url
 
 __all__ = ["BadURL", "check_location", "is_url", "join", "location", "use_policy", "policy", "retry", "read",
            "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree", "staged",
-           "publish", "local_copy", "drop_copy", "open_source", "read_source", "stat_source"]
+           "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources", "fetch_sources",
+           "stat_source"]
 
 UPLOAD_PART = 16 << 20  # bytes per multipart part: an upload holds UPLOAD_CONCURRENCY parts at most
 UPLOAD_CONCURRENCY = 4
@@ -258,6 +259,22 @@ def open_source(url: str):
     from shardkit.store.source import ResumingFile
 
     return ResumingFile(url)
+
+
+def read_sources(urls: list[str]) -> list:
+    """Many whole source files at once, in order: each one's bytes, or the exception reading it raised.
+    On a store the requests run concurrently (a task reading its images one GET at a time waits one
+    round trip per image); a file that failed is then read alone, with the policy's retries."""
+    return fetch_sources(urls).result()
+
+
+def fetch_sources(urls: list[str]):
+    """read_sources started in the background: its `.result()` is read_sources' list. On a store the
+    requests go out now, on the filesystem's event loop, while the caller goes on (it works on the
+    previous batch meanwhile); locally the files are read when the result is asked for."""
+    from shardkit.store.source import Fetch
+
+    return Fetch(urls)
 
 
 def stat_source(url: str) -> tuple[int, int] | None:

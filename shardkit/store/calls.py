@@ -56,7 +56,7 @@ def filesystem(url: str):
 def _options(protocol: str, p: RemotePolicy) -> dict:
     if protocol in ("s3", "s3a"):
         return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
-                                  "retries": {"total_max_attempts": 1}}}
+                                  "retries": {"total_max_attempts": 1}}, "session": _s3_session()}
     if protocol in ("http", "https"):
         import aiohttp
 
@@ -90,6 +90,34 @@ def forget_filesystems() -> None:
     """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
     with _FS_LOCK:
         _FS.clear()
+
+
+def _s3_session():
+    """An aiobotocore session whose responses parse timestamps with the standard library: botocore's
+    default (dateutil) spent 0.5 ms on each object's LastModified (80% of the client's time listing a
+    folder, and ~1 ms of every GET's Last-Modified header); the values are the same datetimes."""
+    from aiobotocore.session import AioSession
+
+    session = AioSession()
+    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
+    return session
+
+
+def _timestamp(value):
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value)  # ListObjectsV2's 2024-01-01T00:00:00.000Z
+    except (TypeError, ValueError):
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return parsedate_to_datetime(value)  # a Last-Modified header: Wed, 21 Oct 2015 07:28:00 GMT
+    except (TypeError, ValueError):
+        from botocore.utils import parse_timestamp
+
+        return parse_timestamp(value)  # anything else botocore reads (epoch numbers)
 
 
 def retry(url: str, attempt, *, write: bool = False):
