@@ -196,3 +196,23 @@ def test_a_stalled_store_fails_naming_the_url_and_nothing_partial_is_named(raw, 
         for info in json.loads(s3.fs.cat(f"{BUCKET}/out/{marker}"))["result"]["shards"]:
             assert s3.fs.size(f"{BUCKET}/out/{info['path']}") == info["bytes"]
             assert "data-00001" not in info["path"]
+
+
+def test_any_fsspec_store_memory(raw, tmp_path):
+    """A store other than S3 (fsspec's memory://): listed one folder at a time, its lease taken with
+    pipe_file(mode='create'); the same bytes as local -> local."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.put(raw, "/i31-raw", recursive=True)
+    try:
+        local = build(BuildConfig(raw, str(tmp_path / "local"), **OPTIONS))
+        remote = build(BuildConfig("memory://i31-raw", "memory://i31-out", **OPTIONS))
+        assert remote.samples == local.samples and len(remote.rejections) == len(local.rejections)
+        fs.get("/i31-out", str(tmp_path / "got"), recursive=True)
+        assert same_files(str(tmp_path / "local"), str(tmp_path / "got")) == []
+        assert not fs.exists("/i31-out/.shardkit/lease")
+    finally:
+        fs.rm("/i31-raw", recursive=True)
+        if fs.exists("/i31-out"):
+            fs.rm("/i31-out", recursive=True)

@@ -17,12 +17,12 @@ import numpy as np
 import shardkit.store as store
 from shardkit.jobs import durable
 from shardkit.jobs.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
-                                       flush_durable, make_durable, marker, reusable, shard_task, unit_task,
+                                       flush_durable, make_durable, marker, reused_shards, shard_task, unit_task,
                                        units_dir)
 from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
-                             ShardkitError, count_by_reason)
+                             count_by_reason)
 from shardkit.fs import RemoteError
 from shardkit.manifest import Manifest, write_manifest
 from shardkit.sources import walk as W
@@ -293,11 +293,7 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
     store a shard step returns only once its files are uploaded and its marker written, so every
     marker is there: checked from one listing."""
     if store.is_url(cfg.out):
-        present = store.listdir(store.join(cfg.out, STATE_DIR, "done"))
-        missing = [t.id for t in tasks if marker(t.id).rsplit("/", 1)[1] not in present]
-        if missing:
-            raise ShardkitError(f"{len(missing)} shards of {cfg.out} have no completion marker (shard {missing[0]} "
-                                "first) though their tasks ended: rerun the same command to build them")
+        durable.check_markers(cfg.out, [marker(t.id) for t in tasks])
         return
     flush_durable()
     if not pending.local:
@@ -360,24 +356,9 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
-    reused = _reused(cfg, plans, inv, config_hash)
+    reused = reused_shards(cfg, [(p.id, p.fingerprint(inv, config_hash)) for p in plans])
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
     return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
-
-
-def _reused(cfg: BuildConfig, plans: list[ShardPlan], inv: Inventory, config_hash: str) -> dict[int, ShardResult]:
-    """The shards a previous build finished with the same inputs and config: their markers read at once
-    (concurrently on a store) and checked against one listing of OUT/shards when OUT is on a store."""
-    if not durable.any_marker(cfg.out, f"{STATE_DIR}/done"):
-        return {}
-    data = durable.read_markers(cfg.out, [marker(p.id) for p in plans])
-    sizes = durable.shard_sizes(cfg.out) if store.is_url(cfg.out) else None
-    reused = {}
-    for p in plans:
-        result = data[marker(p.id)] and reusable(cfg, p.id, p.fingerprint(inv, config_hash), sizes, data[marker(p.id)])
-        if result:
-            reused[p.id] = result
-    return reused
 
 
 def _build_todo(b: _Plan, pending) -> list[ShardResult]:
@@ -408,18 +389,12 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
         raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
-    if same_location(cfg.src, cfg.out):
+    if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
     with out_lock(cfg.out, "shardkit build"):
         return _build(cfg, dedup)
 
-
-def same_location(a: str, b: str) -> bool:
-    """Whether two checked locations (store.location) are one folder."""
-    if store.is_url(a) or store.is_url(b):
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:

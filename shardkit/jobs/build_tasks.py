@@ -135,6 +135,17 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | No
     return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
 
 
+def reused_shards(cfg: BuildConfig, plans: list[tuple[int, str]]) -> dict[int, ShardResult]:
+    """The shards (id, fingerprint) a previous build finished with the same inputs and config: their
+    markers read at once (concurrently on a store), checked against one listing of OUT/shards on a store."""
+    if not durable.any_marker(cfg.out, f"{STATE_DIR}/done"):
+        return {}
+    data = durable.read_markers(cfg.out, [marker(i) for i, _ in plans])
+    sizes = durable.shard_sizes(cfg.out) if store.is_url(cfg.out) else None
+    found = {i: data[marker(i)] and reusable(cfg, i, fingerprint, sizes, data[marker(i)]) for i, fingerprint in plans}
+    return {i: result for i, result in found.items() if result}
+
+
 def _unchanged(root: str, rel: str, size: int, mtime_ns: int) -> bool:
     """Whether a file a row named (an image by path) has the stats it had when the shard was built."""
     stat = store.stat_source(store.join(root, rel))

@@ -114,6 +114,24 @@ def read_markers(out: str, markers: list[str]) -> dict[str, bytes | None]:
     return {m: got[u] for m, u in zip(markers, urls)}
 
 
+def check_markers(out: str, markers: list[str]) -> None:
+    """Every one of these markers is in OUT (one listing per folder): pieces whose steps ended on a
+    store wrote theirs before they returned, so a missing one is a fault, said before any manifest."""
+    from shardkit.errors import ShardkitError
+
+    present: dict[str, dict] = {}
+    missing = []
+    for m in markers:
+        folder, name = m.rsplit("/", 1)
+        if folder not in present:
+            present[folder] = store.listdir(store.join(out, folder))
+        if name not in present[folder]:
+            missing.append(m)
+    if missing:
+        raise ShardkitError(f"{len(missing)} pieces of {out} have no completion marker ({missing[0]} first) though "
+                            "their tasks ended: rerun the same command to build them")
+
+
 def remove_markers(out: str, folder: str, prefix: str, keep: int) -> None:
     """Markers `{prefix}NNNNN.json` in OUT/`folder` numbered `keep` or more (a previous, larger run's)."""
     for name in store.listdir(store.join(out, folder)):

@@ -37,6 +37,13 @@ def location(value: str, what: str, *, write: bool = False) -> str:
     return checked if is_url(checked) else os.path.abspath(checked)
 
 
+def same_location(a: str, b: str) -> bool:
+    """Whether two checked locations (see location) are one folder."""
+    if is_url(a) or is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _missing(error: BaseException) -> bool:
     return isinstance(error, FileNotFoundError) or (isinstance(error, RemoteError) and error.not_found)
 

@@ -81,10 +81,10 @@ class Fetch:
 
     def __init__(self, urls: list[str]):
         self.urls, self.future = urls, None
-        if urls and is_url(urls[0]):
+        fs = filesystem(urls[0])[0] if urls and is_url(urls[0]) else None
+        if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
             import asyncio
 
-            fs, _ = filesystem(urls[0])
             self.paths = [fs._strip_protocol(url) for url in urls]
             self.future = asyncio.run_coroutine_threadsafe(fs._cat(self.paths, on_error="return"), fs.loop)
 
