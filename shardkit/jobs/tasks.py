@@ -251,9 +251,12 @@ class _Run:
 
         helper, self.in_process = None, isinstance(client, PendingClient) and client.in_process
         try:
-            if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
+            # An embedded cluster's start-up is worth a head start (begun before importing Dask here: that
+            # waits on the cluster's import); a --scheduler's workers are up, and its client reads no input.
+            if isinstance(client, PendingClient) and client.embedded:
                 helper = threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
                 helper.start()
+            if isinstance(client, PendingClient):
                 client = client.get()
             from distributed import as_completed
 
