@@ -216,3 +216,33 @@ def test_any_fsspec_store_memory(raw, tmp_path):
         fs.rm("/i31-raw", recursive=True)
         if fs.exists("/i31-out"):
             fs.rm("/i31-out", recursive=True)
+
+
+def test_parquet_rows_path_only_images_and_a_tokenizer_from_s3(raw, tmp_path, s3):
+    """Row files on a store: Parquet read by row group through store.open_source, an image a row names
+    by path only (read beside the file), row indexes under OUT/.shardkit/scan on the store; and a
+    tokenized build whose tokenizer.json the tasks read from the store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_build_scale import hf_image_parquet
+
+    hf_image_parquet(os.path.join(raw, "cat", "extra.parquet"), n=10, row_group_size=3, text_column="text")
+    with open(os.path.join(raw, "cat", "000001.jpg"), "rb") as f:
+        photo = f.read()
+    with open(os.path.join(raw, "dog", "linked.jpg"), "wb") as f:
+        f.write(photo)
+    image = pa.array([{"bytes": None, "path": "linked.jpg"}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    pq.write_table(pa.table({"image": image, "text": ["linked"]}), os.path.join(raw, "dog", "rows.parquet"))
+    src = s3.upload(raw, "raw")
+    options = dict(OPTIONS, format="both")
+    local = build(BuildConfig(raw, str(tmp_path / "local"), **options))
+    remote = build(BuildConfig(src, s3.url("out"), **options))
+    assert remote.samples == local.samples and len(remote.rejections) == len(local.rejections)
+    assert any(k.startswith(".shardkit/scan/") and k.endswith(".npy") for k in s3.keys("out"))
+    assert same_files(str(tmp_path / "local"), s3.download("out", str(tmp_path / "got"))) == []
+    # a rerun reuses every shard: the linked image (by its ETag) and the Parquet files did not change
+    assert build(BuildConfig(src, s3.url("out"), **options)).reused_shards == len({s.id for s in remote.shards})
+    texts = dict(workers=0, progress=False, tokenizer="bpe:300", max_samples_per_shard=50)
+    build(BuildConfig(raw, str(tmp_path / "tok"), **texts))
+    build(BuildConfig(src, s3.url("tok"), **texts))
+    assert same_files(str(tmp_path / "tok"), s3.download("tok", str(tmp_path / "got-tok"))) == []
