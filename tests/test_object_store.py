@@ -246,3 +246,24 @@ def test_parquet_rows_path_only_images_and_a_tokenizer_from_s3(raw, tmp_path, s3
     build(BuildConfig(raw, str(tmp_path / "tok"), **texts))
     build(BuildConfig(src, s3.url("tok"), **texts))
     assert same_files(str(tmp_path / "tok"), s3.download("tok", str(tmp_path / "got-tok"))) == []
+
+
+def _pid(_item):
+    return os.getpid()
+
+
+def test_with_a_scheduler_the_client_runs_no_task_itself():
+    """SRC may be reachable from the cluster's workers only: with --scheduler no head start runs steps
+    in the client while it connects (an embedded cluster still gets one)."""
+    from distributed import LocalCluster
+
+    from shardkit.jobs.cluster import PendingClient
+    from shardkit.jobs.tasks import run_tasks
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        pending = PendingClient(cluster.scheduler_address, None, start=False)
+        try:
+            pids = run_tasks(_pid, list(range(6)), client=pending)
+        finally:
+            pending.close()
+    assert len(pids) == 6 and os.getpid() not in pids
