@@ -15,7 +15,6 @@ import contextlib
 import shardkit.store as store
 from shardkit.contract import key_hash
 from shardkit.jobs import durable
-from shardkit.jobs.durable import retire_manifest  # noqa: F401 — re-exported: its earlier home
 from shardkit.manifest import Manifest
 from shardkit.sample import Sample
 from shardkit.store.lease import out_lock
@@ -171,7 +170,7 @@ class ShardWriter:
         self._lock = contextlib.ExitStack()
         store.makedirs(store.join(self.out, "shards"))
         self._lock.enter_context(out_lock(self.out, "ShardWriter"))
-        retire_manifest(self.out)
+        durable.retire_manifest(self.out)
         self._cutter: ShardCutter | None = None
         self.manifest: Manifest | None = None
         self.closed = False

@@ -229,16 +229,6 @@ def shard_files(shards) -> set[str]:
     return {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
 
 
-def remove_unlisted_shards(root: str, shards) -> None:
-    """Delete ROOT/shards/data-* files that `shards` do not name (left by an earlier, larger run)."""
-    import os
-
-    keep, folder = shard_files(shards), os.path.join(root, "shards")
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith("data-") and f"shards/{name}" not in keep:
-            os.remove(os.path.join(folder, name))
-
-
 def write_manifest(root: str, manifest: Manifest) -> None:
     """Write ROOT/manifest.json atomically (a local folder, or a store: one PUT), after the shard table
     it checksums; call it only after every shard it names is in place."""
