@@ -42,9 +42,7 @@ def choice(name: str, value, valid, flag: str) -> None:
 
 
 def positive(name: str, value, flag: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if (value is not None or not allow_none) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise ConfigError(f"{name}={value!r}: expected a positive integer ({flag})")
 
 
@@ -88,11 +86,13 @@ class BuildConfig:
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
+    timeout: float = 15.0  # SRC/OUT on a store: seconds to connect, and at most between two reads with data
+    retries: int = 2  # SRC/OUT on a store: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2 s …)
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
     RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty",
-                    "map")  # map: its output's fingerprint and manifest are build_map's (jobs/mapped_build.py)
+                    "map", "timeout", "retries")  # map: its output's fingerprint and manifest are build_map's
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
@@ -115,22 +115,20 @@ class BuildConfig:
                               "drop --image-size/--augment, or choose --encode jpeg|png|webp|raw")
         check_crop(self)
         if self.encode == "raw" and self.stored_size is None:
-            raise ConfigError(
-                "--encode raw stores uint8 HxWx3 arrays of one fixed shape: give --image-size N with "
-                "--resize-mode center-crop or pad, or --crop-size C"
-            )
+            raise ConfigError("--encode raw stores uint8 HxWx3 arrays of one fixed shape: give --image-size N with "
+                              "--resize-mode center-crop or pad, or --crop-size C")
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key or column name (--text-field)")
         if not self.image_field:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
-        if self.label_field is not None and (not self.label_field or self.label_field in (self.text_field,
-                                                                                          self.image_field)):
+        if self.label_field is not None and self.label_field in ("", self.text_field, self.image_field):
             raise ConfigError(f"label_field={self.label_field!r}: expected a column other than the text and image "
                               "columns (--label-field)")
         if self.labels not in (None, True, False):
             raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
+        remote_policy(self)  # --timeout, --retries
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 
@@ -139,12 +137,12 @@ class BuildConfig:
         return DedupConfig(src=self.src, out=self.out, threshold=self.dedup_threshold, verify=self.dedup_verify,
                            image_distance=self.image_distance, text_field=self.text_field,
                            image_field=self.image_field, workers=self.workers,
-                           scheduler=self.scheduler, on_error=self.on_error, progress=self.progress)
+                           scheduler=self.scheduler, on_error=self.on_error, progress=self.progress,
+                           timeout=self.timeout, retries=self.retries)
 
     @property
     def output_image_field(self) -> str:
-        """The stored image field of an encoding build: the encoding's extension (WebDataset convention);
-        a `keep` build names each image by its own extension."""
+        """The stored image field: the encoding's extension (WebDataset); `keep` names each by its own."""
         return IMAGE_FIELD.get(self.encode, "image")
 
     @property
@@ -238,11 +236,10 @@ class StreamConfig:
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")
-# Weights (false positive, false negative) handed to datasketch's LSH parameter search. Candidates
-# are checked against the threshold afterwards (signature estimate, or exact Jaccard with --verify),
-# so an LSH false positive costs one cheap comparison while a false negative is a duplicate lost
-# for good: weight misses 9:1. At t=0.8, 128 perms this gives 14 x 9 (found: 87% at J=0.8,
-# 97.5% at 0.85) where the symmetric (0.5, 0.5) gives 9 x 13 (40% at 0.8, 69% at 0.85).
+# Weights (false positive, false negative) for datasketch's LSH parameter search. Candidates are checked
+# against the threshold afterwards, so a false positive costs one cheap comparison while a false negative
+# is a duplicate lost for good: misses weigh 9:1. At t=0.8, 128 perms: 14 x 9 (found: 87% at J=0.8,
+# 97.5% at 0.85) where (0.5, 0.5) gives 9 x 13 (40% at 0.8, 69% at 0.85).
 LSH_WEIGHTS = (0.1, 0.9)
 
 
@@ -258,13 +255,10 @@ MAX_MIN_SHINGLES = 32  # the most distinct shingles ever required (thresholds ab
 
 
 def min_shingles(threshold: float, cap: int = MAX_MIN_SHINGLES) -> int:
-    """Fewest distinct shingles a document needs to be compared by similarity.
-
-    Two different sets of s shingles reach Jaccard t only if s >= t / (1 - t) (one set inside
-    the other, one shingle apart). Below that only identical sets match, and identical sets of
-    different texts come from repetition alone ('ha ha ha …', ASCII art folded to a few words):
-    such documents are compared for exact equality instead.
-    """
+    """Fewest distinct shingles a document needs to be compared by similarity. Two different sets of s
+    shingles reach Jaccard t only if s >= t / (1 - t) (one inside the other, one shingle apart); below
+    that only identical sets match, which for different texts comes from repetition alone ('ha ha ha
+    …', ASCII art folded to a few words): such documents are compared for exact equality instead."""
     return cap if threshold >= 1.0 else min(cap, max(1, math.ceil(threshold / (1.0 - threshold) - 1e-9)))
 IMAGE_HASHES = ("dhash", "phash")
 
@@ -293,8 +287,10 @@ class DedupConfig:
     scheduler: str | None = None
     on_error: str = "skip"
     progress: bool = True
+    timeout: float = 15.0  # SRC/OUT on a store, as BuildConfig's
+    retries: int = 2
 
-    RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress")
+    RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress", "timeout", "retries")
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold <= 1.0:
@@ -322,10 +318,10 @@ class DedupConfig:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
         if not self.image_field:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
+        remote_policy(self)  # --timeout, --retries
 
     def lsh_params(self) -> tuple[int, int]:
-        """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
-        weighted toward recall (shardkit.duplicates.lsh.optimal_params)."""
+        """(bands, rows) in effect: the ones given, else the optimal pair weighted toward recall."""
         return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
 
     def min_shingles(self) -> int:
@@ -333,20 +329,24 @@ class DedupConfig:
         return min_shingles(self.threshold)
 
     def recorded(self) -> dict:
-        """The result-affecting part of the config, as written into summary.json: the values in
-        effect (bands and rows chosen for the threshold included), never a null placeholder."""
+        """The result-affecting config for summary.json: values in effect (bands, rows), never a null."""
         d = asdict(self)
         d["bands"], d["rows"] = self.lsh_params()
         d["min_shingles"] = self.min_shingles()
         return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
 
     def build_config(self) -> BuildConfig:
-        """The build `shardkit dedup RAW OUT` runs: the input's bytes kept as they are (no resize,
-        no re-encode), this config's shard format, text field and execution settings."""
+        """The build `shardkit dedup RAW OUT` runs: input bytes kept (encode keep), this config's settings."""
         return BuildConfig(self.src, self.out, format=self.format, encode="keep", text_field=self.text_field,
                            image_field=self.image_field, workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
-                           dedup_verify=self.verify, image_distance=self.image_distance)
+                           dedup_verify=self.verify, image_distance=self.image_distance, timeout=self.timeout,
+                           retries=self.retries)
+
+
+def remote_policy(cfg):
+    from shardkit.store.urls import remote_policy as policy  # the store's module, imported when a job starts
+    return policy(cfg)
 
 
 TAIL_CHOICES = ("pad", "drop")

@@ -32,8 +32,19 @@ class ConfigError(ShardkitError, ValueError):
     """A configuration value is invalid (names the value, what was expected, and the flag)."""
 
 
+class BadURL(ConfigError):
+    """A location (SRC, OUT, a dataset) that is neither a local path nor a URL shardkit can use: a
+    malformed URL, an unknown protocol, or a backend whose package is not installed. Bad usage (exit
+    status 2), found before anything is written."""
+
+
 class ManifestError(ShardkitError):
     """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
+
+
+class BadDatasetURL(BadURL, ManifestError):
+    """A dataset's location is no folder and no usable URL (a BadURL that readers, who catch
+    ManifestError, see as one)."""
 
 
 class FolderLocked(ShardkitError):

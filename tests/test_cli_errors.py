@@ -60,8 +60,8 @@ def test_empty_folder(tmp_path):
 
 def test_http_without_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiohttp", None)
-    result = run("inspect", "http://127.0.0.1:9/data")
-    assert result.exit_code == 1 and "pip install 'shardkit[http]'" in one_line(result)
+    result = run("inspect", "http://127.0.0.1:9/data")  # a missing extra is bad usage, as a malformed URL is
+    assert result.exit_code == 2 and "pip install 'shardkit[http]'" in one_line(result)
 
 
 def test_a_bug_is_one_line_and_debug_shows_the_traceback(raw_folder, tmp_path, monkeypatch):

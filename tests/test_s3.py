@@ -140,7 +140,7 @@ def test_a_missing_s3_backend_names_the_extra(tmp_path):
             "from shardkit.reader.dataset import StreamingDataset\n"
             f"StreamingDataset('s3://{BUCKET}/sets/demo', cache_dir={str(tmp_path)!r})")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "ManifestError" in proc.stderr
+    assert proc.returncode != 0 and "BadDatasetURL" in proc.stderr  # a ManifestError and a BadURL (exit 2)
     assert "pip install 'shardkit[s3]'" in proc.stderr, proc.stderr[-2000:]
 
 

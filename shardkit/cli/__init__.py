@@ -13,7 +13,8 @@ import click
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
-                                  on_error_option, progress_option, scheduler_option, text_field_option)
+                                  on_error_option, progress_option, retries_option, scheduler_option,
+                                  text_field_option, timeout_option)
 from shardkit.errors import ShardkitError, Terminated
 
 
@@ -81,10 +82,12 @@ def describe(error: BaseException) -> tuple[int, str]:
     """(exit status, one line) for a failure: what went wrong and how to fix it."""
     import errno
 
-    from shardkit.errors import FolderLocked
+    from shardkit.errors import BadURL, FolderLocked
 
     if isinstance(error, FolderLocked):
         return EXIT_LOCKED, str(error)
+    if isinstance(error, BadURL):  # a location that is no folder and no usable URL: bad usage, nothing written
+        return EXIT_USAGE, str(error)
     if isinstance(error, ShardkitError):
         return EXIT_FAILED, str(error)
     if isinstance(error, OSError) and error.errno is not None:
@@ -207,8 +210,8 @@ def _parse_size(ctx, param, value):
 
 
 @main.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("src")
+@click.argument("out")
 @click.option("--format", "format", type=click.Choice(FORMATS), default="tar", show_default=True,
               help="Shard format: WebDataset tar, Parquet, or both (same samples in each).")
 @click.option("--shard-size", default="256MB", show_default=True, callback=_parse_size,
@@ -241,6 +244,8 @@ def _parse_size(ctx, param, value):
                    "where a ~0.25 s probe finds their GIL cap above what the cores do, else processes "
                    "(`shardkit --debug build ...` says which and why).")
 @scheduler_option
+@timeout_option
+@retries_option
 @click.option("--unit-samples", type=int, default=None, metavar="N",
               help="Samples per work unit [default: chosen from the worker count so every worker stays busy]; "
                    "never changes the output.")
@@ -281,7 +286,7 @@ def _parse_size(ctx, param, value):
                    "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
                    "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
 def build(src, out, **options):
-    """Turn a raw folder SRC into shards + manifest in OUT.
+    """Turn a raw folder SRC into shards + manifest in OUT (each a local folder or a URL: s3://, gs://, ...).
 
     \b
     SRC conventions: files sharing a stem are one sample (cats/001.jpg + cats/001.json);
@@ -294,6 +299,7 @@ def build(src, out, **options):
       shardkit build raw/ out/ --image-size 256 --crop-size 224 --resample bilinear --encode raw
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --encode raw --format both
       shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
+      shardkit build s3://bucket/raw s3://bucket/shards --scheduler tcp://scheduler:8786
       shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet
       shardkit build hf_export/ out/ --image-field image --label-field label --image-size 224
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
@@ -411,65 +417,23 @@ def inspect(dataset, as_json):
 @click.argument("dataset")
 def verify(dataset):
     """Re-hash every shard (and index) against the manifest and count each shard's samples; exit 1
-    naming each bad or missing file.
+    naming each bad or missing file. DATASET: a local folder or a URL (s3://, gs://, https://, ...).
 
     \b
-    Example:
+    Examples:
       shardkit verify out/ && echo ok
+      shardkit verify s3://bucket/shards
     """
-    from shardkit.manifest import load_manifest
+    from shardkit.jobs.verify import verify_dataset
 
-    m = load_manifest(dataset)  # also checks that the shard counts add up to the dataset's samples
-    problems, checked, bad = _verify_files(dataset, m)
-    problems += _verify_counts(dataset, m, bad)
-    for p in problems:
+    report = verify_dataset(dataset)  # the manifest's own checks first: counts add up, paths stay inside
+    for p in report.problems:
         click.echo(p)
-    if problems:
-        click.secho(f"{len(problems)} problems in {checked} files; rebuild with `shardkit build`", fg="red", err=True)
+    if not report.ok:
+        click.secho(f"{len(report.problems)} problems in {report.checked} files; rebuild with `shardkit build`",
+                    fg="red", err=True)
         sys.exit(1)
-    click.echo(f"ok: {checked} files match the manifest ({m.samples} samples)")
-
-
-def _verify_files(dataset: str, m) -> tuple[list[str], int, set]:
-    """(problems, files checked, shard paths with a bad file): sizes and sha256 against the manifest."""
-    from shardkit.fs import sha256_file
-    from shardkit.manifest import safe_relpath
-
-    problems, checked, bad = [], 0, set()
-    for shard in m.shards:
-        entries = [(shard.path, shard.bytes, shard.sha256)]
-        if shard.index:
-            entries.append((shard.index["path"], shard.index["bytes"], shard.index["sha256"]))
-        for rel, size, digest in entries:
-            path = os.path.join(dataset, safe_relpath(rel))
-            checked += 1
-            if not os.path.isfile(path):
-                problems.append(f"missing   {rel}")
-            elif os.path.getsize(path) != size:
-                problems.append(f"size      {rel}: {os.path.getsize(path)} bytes, manifest says {size}")
-            elif sha256_file(path) != digest:
-                problems.append(f"checksum  {rel}: sha256 differs from the manifest")
-            else:
-                continue
-            bad.add(shard.path)
-    return problems, checked, bad
-
-
-def _verify_counts(dataset: str, m, bad: set) -> list[str]:
-    """Each intact shard opened as a reader would: its sample count against the manifest's."""
-    from shardkit.errors import ShardError
-    from shardkit.reader.shards import open_shard
-
-    problems = []
-    for shard in m.shards:
-        if shard.path in bad:
-            continue
-        index = os.path.join(dataset, shard.index["path"]) if shard.index else None
-        try:
-            open_shard(os.path.join(dataset, shard.path), shard, m.fields, shard.path, index_path=index)
-        except ShardError as e:
-            problems.append(f"count     {shard.path}: {e}")
-    return problems
+    click.echo(f"ok: {report.checked} files match the manifest ({report.samples} samples)")
 
 
 @main.command()

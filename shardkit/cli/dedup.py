@@ -6,12 +6,13 @@ import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
-                                  on_error_option, progress_option, scheduler_option, text_field_option)
+                                  on_error_option, progress_option, retries_option, scheduler_option,
+                                  text_field_option, timeout_option)
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("src")
+@click.argument("out")
 @click.option("--threshold", type=float, default=0.8, show_default=True, help=THRESHOLD_HELP)
 @click.option("--ngram", type=int, default=5, show_default=True,
               help="Words per shingle (documents shorter than this are one shingle).")
@@ -42,10 +43,12 @@ from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_op
               help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
                    "estimated work cannot pay for starting a cluster, else one worker per core].")
 @scheduler_option
+@timeout_option
+@retries_option
 @on_error_option
 @progress_option
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
-          partition_size, fmt, text_field, image_field, workers, scheduler, on_error, progress):
+          partition_size, fmt, text_field, image_field, workers, scheduler, timeout, retries, on_error, progress):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.
 
     \b
@@ -67,6 +70,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
       shardkit dedup data/ out/ --threshold 0.7 --verify      # looser, with exact Jaccard checks
       shardkit dedup data/ out/ --modality image --image-distance 6
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786
+      shardkit dedup s3://bucket/raw s3://bucket/dedup --scheduler tcp://scheduler:8786
     """
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup as run_dedup
@@ -75,8 +79,8 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     cfg = DedupConfig(src=src, out=out, threshold=threshold, num_perm=num_perm, ngram=ngram, bands=bands,
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,
                       image_distance=image_distance, partition_size=partition_size, format=fmt,
-                      text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler, on_error=on_error,
-                      progress=progress)
+                      text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler,
+                      on_error=on_error, progress=progress, timeout=timeout, retries=retries)
     result = run_dedup(cfg)
     click.echo(summary_text(result))
     click.echo(f"  wrote {out}: {result.summary['output']['samples']} samples in "

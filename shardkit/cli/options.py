@@ -14,8 +14,14 @@ image_field_option = click.option(
     help="The image column of .parquet files: binary, or a struct {bytes, path} (Hugging Face datasets).")
 scheduler_option = click.option(
     "--scheduler", default=None, metavar="ADDRESS",
-    help="Use an existing Dask cluster, e.g. tcp://scheduler:8786 (SRC and OUT must be on storage the workers "
-         "share, under the same paths).")
+    help="Use an existing Dask cluster, e.g. tcp://scheduler:8786: SRC and OUT as URLs of a store the workers "
+         "reach (s3://, gs://, ...), or local paths of a disk they share under the same paths.")
+timeout_option = click.option(
+    "--timeout", type=float, default=15.0, show_default=True, metavar="SECONDS",
+    help="SRC/OUT on a store: seconds to connect, and at most between two reads that return data.")
+retries_option = click.option(
+    "--retries", type=int, default=2, show_default=True,
+    help="SRC/OUT on a store: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1 s, 2 s, ...).")
 on_error_option = click.option(
     "--on-error", type=click.Choice(ON_ERROR_CHOICES), default="skip", show_default=True,
     help="skip: record bad inputs in OUT/errors.jsonl, count them and go on; fail: stop at the first one.")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shardkit.errors import Rejection
-from shardkit.fs import atomic_write, atomic_writer
 from shardkit.duplicates.phash import hamming
 from shardkit.duplicates.partitions import PartitionSet
 from shardkit.duplicates.signatures import MODALITY_NAMES
@@ -120,10 +118,12 @@ def write_report(folder: str, result: DedupResult) -> None:
     """FOLDER/clusters.parquet and FOLDER/summary.json, each written atomically, once per run."""
     import pyarrow.parquet as pq
 
-    os.makedirs(folder, exist_ok=True)
-    with atomic_writer(os.path.join(folder, CLUSTERS_NAME)) as f:
+    import shardkit.store as store
+
+    store.makedirs(folder)
+    with store.writer(store.join(folder, CLUSTERS_NAME)) as f:  # a local folder or a store
         pq.write_table(result.clusters, f, compression="zstd")
-    atomic_write(os.path.join(folder, SUMMARY_NAME), json.dumps(result.summary, indent=1, sort_keys=True) + "\n")
+    store.write(store.join(folder, SUMMARY_NAME), json.dumps(result.summary, indent=1, sort_keys=True) + "\n")
 
 
 def summary_text(result: DedupResult) -> str:

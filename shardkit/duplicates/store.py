@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from shardkit.fs import atomic_writer
+import shardkit.store as store
 
 ALIGN = 64
 STRING_SPAN = 1 << 20  # strings this close together are read with one read of the span between them
@@ -42,7 +42,7 @@ def save_arrays(path: str, arrays: dict[str, np.ndarray], meta: dict | None = No
         offset += -(-a.nbytes // ALIGN) * ALIGN
     blob = json.dumps(header, sort_keys=True).encode()
     start = -(-(len(MAGIC) + 8 + len(blob)) // ALIGN) * ALIGN
-    with atomic_writer(path) as f:
+    with store.writer(path) as f:  # a local disk, or a store (one upload)
         f.write(MAGIC + len(blob).to_bytes(8, "little") + blob + b"\0" * (start - len(MAGIC) - 8 - len(blob)))
         for a in arrays.values():
             f.write(a.tobytes())
@@ -55,6 +55,7 @@ class ArrayFile:
     a mapped file's read-around would make a task resident in megabytes it never asked for."""
 
     def __init__(self, path: str):
+        path = store.local_copy(path)  # a file on a store is read from a copy on this machine (named by content)
         with open(path, "rb") as f:
             head = f.read(len(MAGIC) + 8)
             if head[:len(MAGIC)] != MAGIC:

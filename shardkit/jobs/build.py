@@ -14,15 +14,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+import shardkit.store as store
+from shardkit.jobs import durable
 from shardkit.jobs.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
-                                  flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
-                                  units_dir)
-from shardkit.config import BuildConfig, DedupConfig
+                                       flush_durable, make_durable, marker, reused_shards, shard_task, unit_task,
+                                       units_dir)
+from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
                              count_by_reason)
-from shardkit.fs import atomic_write, folder_lock
-from shardkit.manifest import MANIFEST_NAME, Manifest, remove_unlisted_shards, write_manifest
+from shardkit.fs import RemoteError
+from shardkit.manifest import Manifest, write_manifest
 from shardkit.sources import walk as W
 from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
 from shardkit.sources.key_order import ATOMS
@@ -37,6 +39,7 @@ from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo
 from shardkit.jobs.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
                               import_in_background, plan_execution)
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
+from shardkit.store.lease import out_lock
 
 log = logging.getLogger("shardkit.build")
 _Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
@@ -142,7 +145,7 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     """List SRC here, then (`start`) start the cluster in the background, of threads for image work
     (cluster.choose_pool), count row files on the cluster, order everything. Source rejections
     go through the policy; OUT's manifest is retired before any write."""
-    if not os.path.isdir(cfg.src):
+    if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src, cfg.out)
     choice = _pool(cfg, listing)
@@ -165,10 +168,8 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
                          "add images, text, .jsonl or .parquet files, or pass --allow-empty to write an empty dataset")
     for note in inv.notes:
         log.info("%s", note)
-    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
-    # Until this build ends, no manifest may name shards it is about to replace.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+    store.makedirs(store.join(cfg.out, "shards"))
+    durable.retire_manifest(cfg.out)  # until this build ends, no manifest may name shards it is about to replace
     return inv
 
 
@@ -195,9 +196,8 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
     datas = []
     for i in np.flatnonzero(kinds & W.IMAGE)[:PROBE_IMAGES].tolist():
         rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
-        with contextlib.suppress(OSError):  # unreadable: the build's to reject, not the probe's
-            with open(os.path.join(cfg.src, rel), "rb") as f:
-                datas.append(f.read())
+        with contextlib.suppress(OSError, RemoteError):  # unreadable: the build's to reject, not the probe's
+            datas.append(store.read_source(store.join(cfg.src, rel)))
     if not datas:
         return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
     turn = iter(range(1 << 62))
@@ -214,8 +214,10 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
 
 def _image_work(listing, cfg: BuildConfig) -> bool:
     """Whether the build's work is images (from files), which threads share well: no .jsonl/.parquet
-    rows to parse and no tokenizer (both hold the GIL)."""
-    return listing.images > 0 and not listing.row_files and not cfg.tokenizer
+    rows to parse and no tokenizer (both hold the GIL), and files on a local disk (the HTTP client
+    of a store spends ~8 ms of GIL-held time on each object: a process per worker, each with its
+    own client, reads them in parallel)."""
+    return listing.images > 0 and not listing.row_files and not cfg.tokenizer and not store.is_url(cfg.src)
 
 
 def _reader(inv: Inventory) -> SourceReader:
@@ -228,7 +230,7 @@ def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
     them, DedupResult). Partitions of the inventory's pieces are read and signed on the workers; this
     process holds compact columns, as for the build."""
-    removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, os.path.join(cfg.out, STATE_DIR, "dedup"))
+    removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, store.join(cfg.out, STATE_DIR, "dedup"))
     return without(inv, removed), result
 
 
@@ -240,7 +242,7 @@ def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -
         f", crop {cfg.crop_size}" if cfg.crop_size else "")
     result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
                                 "images": encode, "rejected_by_build": rejected}
-    write_report(os.path.join(cfg.out, "dedup"), result)
+    write_report(store.join(cfg.out, "dedup"), result)
 
 
 def _execution(cfg: BuildConfig, pending, planned: Execution) -> Execution:
@@ -288,25 +290,25 @@ def _run(tasks: list[ShardTask], ctx: BuildContext, client, bar) -> list[ShardRe
 
 def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], pending) -> None:
     """Every new shard on disk with its marker before the manifest may name it: wait for the fsync
-    threads (workers, and this process for the head start), then finish any a lost worker left."""
+    threads (workers, and this process for the head start), then finish any a lost worker left. On a
+    store a shard step returns only once its files are uploaded and its marker written, so every
+    marker is there: checked from one listing."""
+    if store.is_url(cfg.out):
+        durable.check_markers(cfg.out, [marker(t.id) for t in tasks])
+        return
     flush_durable()
     if not pending.local:
         pending.get().run(flush_durable)
     for task, result in zip(tasks, done):
-        if not os.path.exists(marker_path(cfg, task.id)):
+        if not os.path.exists(os.path.join(cfg.out, marker(task.id))):
             make_durable(cfg, task, result)
 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind, and unit files."""
-    import shutil
-
-    remove_unlisted_shards(cfg.out, shards)
-    done_dir = os.path.join(cfg.out, STATE_DIR, "done")
-    for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
-        if name.startswith("shard-") and int(name[6:11]) >= n_plans:
-            os.remove(os.path.join(done_dir, name))
-    shutil.rmtree(units_dir(cfg), ignore_errors=True)
+    durable.remove_unlisted(cfg.out, shards)
+    durable.remove_markers(cfg.out, f"{STATE_DIR}/done", "shard-", n_plans)
+    store.remove_tree(units_dir(cfg))
 
 
 def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
@@ -316,8 +318,7 @@ def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
     if cfg.tokenizer:
         tok = prepare_tokenizer(cfg, lambda: _Corpus(inv, reader), _corpus_key(inv))
     else:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
+        store.remove(store.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
     shard_fields = cache_fields(fields, inv, cfg, tok)
     if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
         token_spec = json.dumps(shard_fields.get(TOKENS_FIELD), sort_keys=True)
@@ -356,7 +357,7 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
-    reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
+    reused = reused_shards(cfg, [(p.id, p.fingerprint(inv, config_hash)) for p in plans])
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
     return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
 
@@ -381,18 +382,21 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
 
     `dedup` (what `shardkit dedup RAW OUT` passes) removes duplicates with all of its options;
     otherwise `cfg.dedup` does, with the options BuildConfig carries. One build (or dedup) at a
-    time per OUT: a second one fails with FolderLocked naming the first.
+    time per OUT: a second one fails with FolderLocked naming the first. SRC and OUT may be local
+    folders or URLs (s3://, gs://, ...: see shardkit.store).
     """
-    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
+    cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
+    store.use_policy(remote_policy(cfg))
     if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
         raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
-    if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
+    if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
-    with folder_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
+    with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
         return _build(cfg, dedup)
+
 
 
 def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
@@ -402,7 +406,7 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     # its workers are threads); a rerun (markers from an earlier build) only when some shard or row
     # file turns out to need it, and a dedup build once its dedup step knows whether the work can pay
     # for one (cluster.plan_execution).
-    rerun = os.path.isdir(os.path.join(cfg.out, STATE_DIR, "done"))
+    rerun = durable.any_marker(cfg.out, f"{STATE_DIR}/done")
     if not rerun and cfg.workers != 0:
         import_in_background()
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
@@ -420,12 +424,12 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                         key=lambda r: (r.path, r.stage, r.reason))
     _remove_stale(cfg, shards, len(b.plans))
     _remove_stale_scan(b)
-    atomic_write(os.path.join(cfg.out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
+    durable.write_errors(cfg.out, rejections)
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
         raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
-                         f"{count_by_reason(rejections)}, see {os.path.join(cfg.out, 'errors.jsonl')}; fix them, "
+                         f"{count_by_reason(rejections)}, see {store.join(cfg.out, 'errors.jsonl')}; fix them, "
                          "or pass --allow-empty to write an empty dataset")
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
     if b.dedup is not None:
@@ -448,12 +452,11 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
 
 def _remove_stale_scan(b: _Plan) -> None:
     """Row indexes of files that changed or left SRC, and file-sample tables of earlier builds."""
-    keep = {os.path.basename(b.reader.atoms_path or "")}
+    keep = {(b.reader.atoms_path or "").rsplit("/", 1)[-1]}
     for count in b.scanned.counts.values():
-        base = os.path.basename(count.index)
+        base = count.index.rsplit("/", 1)[-1]
         keep |= {base, base[:-len(".npy")] + ".json"}
     folder = b.inv.opts.state_dir
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+    for name in store.listdir(folder):
         if name not in keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(folder, name))
+            store.remove(store.join(folder, name))

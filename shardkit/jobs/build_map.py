@@ -20,15 +20,17 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+import shardkit.store as store
+from shardkit.jobs import durable
 from shardkit.jobs.cluster import background_client
 from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
-from shardkit.fs import folder_lock
 from shardkit.identity import check_embedded_workers
 from shardkit.jobs.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
-                                reusable, run_group, run_unit, samples_of)
-from shardkit.jobs.shard_writer import finish, retire_manifest
+                                     markers, run_group, run_unit, samples_of)
+from shardkit.jobs.shard_writer import finish
+from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, WriterConfig, infer_fields
 from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
@@ -178,11 +180,11 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
     from collections.abc import Sequence
 
     inputs = inputs if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else list(inputs)
-    out = os.path.abspath(out)
-    os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    out = store.location(out, "build_map(out)", write=True)
+    store.makedirs(store.join(out, "shards"))
     run = _Run(o["workers"], o["scheduler"], o["worker_pool"], o["fields"], o["inputs_per_shard"], o["on_error"],
                o["progress"], tuple(prior))
-    with folder_lock(out, "build_map"):
+    with out_lock(out, "build_map"):
         return _build_map(fn, inputs, out, cfg, run)
 
 
@@ -200,12 +202,12 @@ class _Run:
 
 def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
     start = time.perf_counter()
-    retire_manifest(out)
+    durable.retire_manifest(out)
     fields = run.fields if run.fields is not None else first_fields(fn, inputs, cfg)
     base = hashlib.sha256(json.dumps([function_fingerprint(fn), repr(cfg), fields, run.inputs_per_shard,
                                       run.on_error], sort_keys=True).encode()).hexdigest()
     groups = _groups(inputs, run.inputs_per_shard, base)
-    reused = {g.index: r for g in groups if (r := reusable(out, g)) is not None}
+    reused = markers(out, groups)
     todo = [g for g in groups if g.index not in reused]
     done = _run_groups(fn, inputs, out, cfg, run, fields, todo, (len(groups), len(reused), base)) if todo else []
     results = sorted(list(reused.values()) + done, key=lambda r: r.index)
@@ -260,6 +262,8 @@ def _run_groups(fn, inputs, out, cfg, run: _Run, fields, todo: list[Group], coun
                              then=Then(run_group, todo, members))
         # Every group's files on disk with its marker before the manifest names them: the fsync
         # threads of this process (head start) and of the workers, then any a lost worker left.
+        if store.is_url(out):  # each group's step uploaded its files and wrote its marker before it returned
+            return done
         flush_durable()
         if not pending.local and pending.started:
             pending.get().run(flush_durable)
@@ -301,12 +305,14 @@ def _check_keys_across(out: str, results: list[GroupResult]) -> None:
     overlapping = {p for a, b in zip(ranges, ranges[1:]) if b[0] <= a[1] for p in (a[3], b[3])}
     if not overlapping:
         return
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     seen = {}
     for path in sorted(overlapping):
-        keys_file = path + ".idx.parquet" if path.endswith(".tar") else path
-        for key in pq.read_table(os.path.join(out, keys_file), columns=["__key__"]).column(0).to_pylist():
+        keys_file = store.join(out, path + ".idx.parquet" if path.endswith(".tar") else path)
+        source = keys_file if not store.is_url(out) else pa.BufferReader(store.read(keys_file))
+        for key in pq.read_table(source, columns=["__key__"]).column(0).to_pylist():
             if key in seen and seen[key] != path:
                 raise BadSample(f"key {key!r} is made by the inputs of two shards ({seen[key]}, {path}): keys are "
                                 "unique within a dataset; build them from the input (e.g. its path or row number)")
@@ -315,10 +321,5 @@ def _check_keys_across(out: str, results: list[GroupResult]) -> None:
 
 def _remove_stale(out: str, n_groups: int) -> None:
     """Markers of groups past the last (a previous run had more inputs) and leftover unit files."""
-    import shutil
-
-    folder = os.path.join(out, STATE, "done")
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith("group-") and int(name[6:11]) >= n_groups:
-            os.remove(os.path.join(folder, name))
-    shutil.rmtree(os.path.join(out, STATE, "units"), ignore_errors=True)
+    durable.remove_markers(out, f"{STATE}/done", "group-", n_groups)
+    store.remove_tree(store.join(out, STATE, "units"))

@@ -9,17 +9,16 @@ runs the per-shard stage (packing tokens into rows). A shard of one unit is done
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
-from shardkit.config import BuildConfig
+import shardkit.store as store
+from shardkit.config import BuildConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
-from shardkit.fs import atomic_write, atomic_writer, fsync_path
+from shardkit.jobs import durable
+from shardkit.jobs.durable import STATE_DIR
 from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
@@ -30,7 +29,6 @@ from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
 from shardkit.writers import get_table_writer, get_writer
 from shardkit.writers.parquet import samples_table, table_samples
 
-STATE_DIR = ".shardkit"
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
 
 
@@ -114,40 +112,44 @@ def add_stats(total: dict, more: dict) -> dict:
     return total
 
 
-def marker_path(cfg: BuildConfig, shard_id: int) -> str:
-    return os.path.join(cfg.out, STATE_DIR, "done", f"shard-{shard_id:05d}.json")
+def marker(shard_id: int) -> str:
+    """A shard's completion marker, relative to OUT."""
+    return f"{STATE_DIR}/done/shard-{shard_id:05d}.json"
 
 
 def units_dir(cfg: BuildConfig) -> str:
-    return os.path.join(cfg.out, STATE_DIR, "units")
+    return store.join(cfg.out, STATE_DIR, "units")
 
 
-def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str) -> ShardResult | None:
-    """A previous build's result for this shard, if its inputs, config and files are unchanged."""
-    try:
-        with open(marker_path(cfg, shard_id), encoding="utf-8") as f:
-            marker = json.load(f)
-        if marker["fingerprint"] != fingerprint:
-            return None
-        result = ShardResult.from_json(marker["result"])
-    except (OSError, ValueError, KeyError, TypeError):
+def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | None = None,
+             data: bytes | None = None) -> ShardResult | None:
+    """A previous build's result for this shard, if its inputs, config and files are unchanged
+    (`sizes`, `data`: see durable.reusable)."""
+    result = durable.reusable(cfg.out, marker(shard_id), fingerprint, sizes, data)
+    if result is None:
         return None
-    for info in result.shards:
-        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
-        for rel, size in files:
-            full = os.path.join(cfg.out, rel)
-            if not os.path.isfile(full) or os.path.getsize(full) != size:
-                return None
+    try:
+        result = ShardResult.from_json(result)
+    except (KeyError, TypeError, ValueError):
+        return None
     return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
+
+
+def reused_shards(cfg: BuildConfig, plans: list[tuple[int, str]]) -> dict[int, ShardResult]:
+    """The shards (id, fingerprint) a previous build finished with the same inputs and config: their
+    markers read at once (concurrently on a store), checked against one listing of OUT/shards on a store."""
+    if not durable.any_marker(cfg.out, f"{STATE_DIR}/done"):
+        return {}
+    data = durable.read_markers(cfg.out, [marker(i) for i, _ in plans])
+    sizes = durable.shard_sizes(cfg.out) if store.is_url(cfg.out) else None
+    found = {i: data[marker(i)] and reusable(cfg, i, fingerprint, sizes, data[marker(i)]) for i, fingerprint in plans}
+    return {i: result for i, result in found.items() if result}
 
 
 def _unchanged(root: str, rel: str, size: int, mtime_ns: int) -> bool:
     """Whether a file a row named (an image by path) has the stats it had when the shard was built."""
-    try:
-        st = os.stat(os.path.join(root, rel))
-    except OSError:
-        return size == -1
-    return (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+    stat = store.stat_source(store.join(root, rel))
+    return size == -1 if stat is None else stat == (size, mtime_ns)
 
 
 def _process(pieces, ctx: BuildContext, shard_id: int):
@@ -200,32 +202,20 @@ def _table(samples, fields: dict):
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
     """A work unit: its samples through the per-sample stages, as a table for the shard step: a file,
     unless every task runs in this process (threads share the table itself, no copy)."""
-    import pyarrow as pa
-
+    store.use_policy(remote_policy(ctx.cfg))
     result, table = _process(unit.pieces, ctx, unit.shard)
     if table is not None and ctx.in_memory:
         result.table = table
     elif table is not None:
-        result.path = os.path.join(units_dir(ctx.cfg), f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow")
-        # Temp name, then rename, but no fsync: a unit file lives for seconds and is never reused by
-        # a later build, so it need not reach the disk (fsync here cost as much as writing the shard).
-        with atomic_writer(result.path, durable=False) as f, pa.ipc.new_file(f, table.schema) as writer:
-            writer.write_table(table)
+        name = f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow"
+        result.path = durable.save_unit(table, store.join(units_dir(ctx.cfg), name))
     return result
 
 
 def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_paths=()) -> None:
-    """fsync the shard's files, then write its marker, then drop its unit files: a marker always names
-    shards on disk, and a retried shard step finds either the marker or its units."""
-    for info in result.shards:
-        fsync_path(os.path.join(cfg.out, info.path))
-        if info.index:
-            fsync_path(os.path.join(cfg.out, info.index["path"]))
-    marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
-    atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
-    for path in unit_paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+    """The shard's files durable (fsync'd, or uploaded to OUT's store), then its marker, then its unit
+    files dropped (durable.mark_done)."""
+    durable.mark_done(cfg.out, marker(shard.id), shard.fingerprint, result.to_json(), result.shards, unit_paths)
 
 
 _SYNC: dict = {}  # this process's fsync thread and the shards handed to it
@@ -263,15 +253,20 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
                                     root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log))
         except FailFast as e:
             return ShardResult(shard.id, [], [r for p in parts for r in p.rejections] + log.items, failed=e.rejection)
-        infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
+        infos = [get_writer(fmt)(samples, store.staged(cfg.out), shard.id, ctx.fields) for fmt in formats] \
+            if samples else []
     else:
-        infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
-            if len(table) else []
+        infos = [get_table_writer(fmt)(table, store.staged(cfg.out), shard.id, ctx.fields, durable=False)
+                 for fmt in formats] if len(table) else []
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats,
                          linked=sorted({tuple(link) for p in parts for link in p.linked}))
-    _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])
+    units = [p.path for p in parts if p.path]
+    if store.is_url(cfg.out):  # uploaded before the step returns: a lost worker never takes a shard's files along
+        make_durable(cfg, shard, result, units)
+    else:
+        _in_background(make_durable, cfg, shard, result, units)
     return result
 
 
@@ -280,6 +275,7 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     The shard's fsync, marker and unit-file cleanup run behind the next tasks (see flush_durable)."""
     import pyarrow as pa
 
+    store.use_policy(remote_policy(ctx.cfg))
     start = time.perf_counter()
     if not parts:
         part, table = _process(shard.units[0], ctx, shard.id)
@@ -292,5 +288,5 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     done = reusable(ctx.cfg, shard.id, shard.fingerprint)
     if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
         return done
-    tables = [p.table if p.table is not None else pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    tables = [p.table if p.table is not None else durable.load_unit(p.path) for p in parts]
     return _write(shard, pa.concat_tables(tables), parts, ctx, start)

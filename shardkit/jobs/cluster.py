@@ -359,6 +359,11 @@ class PendingClient:
             self._ready.set()
 
     @property
+    def embedded(self) -> bool:
+        """Whether the cluster is this process's own (not --scheduler's, whose workers are up already)."""
+        return self._embedded
+
+    @property
     def local(self) -> bool:
         """True when the work runs in this process (workers=0): there is no cluster to wait for."""
         return self._local

@@ -3,18 +3,20 @@ a raw folder is built once with a dedup step (its images' bytes kept as they are
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from dataclasses import replace
 
 import numpy as np
 
-from shardkit.config import DedupConfig
+import shardkit.store as store
+from shardkit.config import DedupConfig, remote_policy
+from shardkit.jobs import durable
 from shardkit.jobs.dedup_tasks import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, ShardError, count_by_reason
-from shardkit.fs import folder_lock, is_remote
+from shardkit.fs import is_remote
 from shardkit.duplicates.review import DedupResult, dedup_record, write_report
+from shardkit.store.lease import out_lock
 from shardkit.jobs.cluster import lazy_client, plan_execution
 from shardkit.jobs.tasks import progress_bar, run_tasks
 
@@ -23,22 +25,34 @@ from shardkit.jobs.tasks import progress_bar, run_tasks
 DATASET_BYTES_PER_SECOND = 40e6
 
 
-def _filter_shard(task: tuple, root: str, manifest, out: str):
-    """The Dask task of the output stage: one input shard minus the dropped rows, same format.
-    A shard that loses nothing and keeps its id is copied byte for byte."""
+def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None):
+    """The Dask task of the output stage: one input shard minus the dropped rows, same format, made
+    durable in OUT (fsync'd, or uploaded). A shard that loses nothing and keeps its id is copied byte
+    for byte."""
+    shard, new_id, drop = task
+    if policy is not None:  # the job's waits, in a worker process
+        store.use_policy(policy)
+    if not len(drop) and new_id == shard.id:
+        for rel, _ in durable.files_of([shard]):  # streamed: from a store, to a store, or both
+            with store.open_source(store.join(root, rel)) as f, store.writer(store.join(out, rel)) as g:
+                shutil.copyfileobj(f, g, 4 << 20)
+        return shard
+    info = _filtered(shard, new_id, drop, root, manifest, store.staged(out))
+    for rel, _ in durable.files_of([info]):
+        store.publish(out, rel)
+    return info
+
+
+def _filtered(shard, new_id: int, drop, root: str, manifest, staged: str):
+    """One shard minus the dropped rows, written under `staged` (OUT, or its staging folder)."""
     from shardkit.reader.shards import read_shard_samples
     from shardkit.writers import get_writer
     from shardkit.writers.parquet import write_parquet_table
 
-    shard, new_id, drop = task
-    if not len(drop) and new_id == shard.id:
-        for rel in [shard.path] + ([shard.index["path"]] if shard.index else []):
-            shutil.copyfile(os.path.join(root, rel), os.path.join(out, rel))
-        return shard
     if shard.format == "parquet" and not is_remote(root):
         kept = _filter_parquet(os.path.join(root, shard.path), shard, drop, manifest.fields)
         if kept is not None:
-            return write_parquet_table(kept, out, new_id, manifest.fields)
+            return write_parquet_table(kept, staged, new_id, manifest.fields, durable=False)
     samples = read_shard_samples(root, manifest, shard)
     recorded = shard_sources(root, shard)
     if recorded is not None:  # carry each sample's source over to the new shard
@@ -46,7 +60,7 @@ def _filter_shard(task: tuple, root: str, manifest, out: str):
             s.meta.update(source_path=path, source_row=row)
     dropped = set(np.asarray(drop).tolist())
     kept = [s for i, s in enumerate(samples) if i not in dropped]
-    return get_writer(shard.format)(kept, out, new_id, manifest.fields)
+    return get_writer(shard.format)(kept, staged, new_id, manifest.fields)
 
 
 def _filter_parquet(path: str, shard, drop, fields: dict):
@@ -103,41 +117,38 @@ def _shard_tasks(manifest, drop_ids: np.ndarray) -> list[tuple]:
 def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None, progress: bool = True):
     """OUT as a dataset: the same shard formats, fields and classes, without the removed and the
     unreadable samples. errors.jsonl = SRC's + this run's."""
-    from shardkit.fs import atomic_write, join, read_bytes
-    from shardkit.manifest import Manifest, remove_unlisted_shards, write_manifest
+    from shardkit.manifest import Manifest
 
     tasks = _shard_tasks(manifest, np.concatenate([result.removed_ids, result.rejected_ids]))
     with progress_bar(len(tasks), desc="dedup write", unit="shard", enabled=progress) as bar:
-        infos = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write", shared=(src, manifest, out))
+        infos = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write",
+                          shared=(src, manifest, out, store.policy()))
     try:
-        old_errors = read_bytes(join(src, "errors.jsonl")).decode("utf-8")
+        old_errors = store.read(store.join(src, "errors.jsonl")).decode("utf-8")
     except FileNotFoundError:
         old_errors = ""
-    atomic_write(os.path.join(out, "errors.jsonl"), old_errors + "".join(r.to_json() + "\n" for r in result.rejections))
+    durable.write_errors(out, result.rejections, old_errors)
     fmt = "parquet" if "parquet" in manifest.formats else "tar"
     samples = sum(i.samples for i in infos if i.format == fmt)
     build = dict(manifest.build, dedup=dedup_record(result.summary, samples))
     out_manifest = Manifest(samples=samples, fields=manifest.fields, shards=infos, classes=manifest.classes,
                             build=build, errors=_merge_errors(manifest.errors, result.rejections),
                             extra=dict(manifest.extra))
-    write_manifest(out, out_manifest)
-    remove_unlisted_shards(out, out_manifest.shards)
-    return out_manifest
+    return durable.finish(out, out_manifest)
 
 
 def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     """A built dataset in, a dataset out: signatures of each shard's stored samples, then each shard
     filtered into OUT (unchanged shards copied), the report written once at the end."""
-    from shardkit.manifest import MANIFEST_NAME, load_manifest
+    from shardkit.manifest import load_manifest
 
     manifest = load_manifest(cfg.src)
     if manifest.fields.get("tokens", {}).get("layout") == "packed":
         raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
                           "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
                           "--seq-len ... --dedup")
-    os.makedirs(os.path.join(cfg.out, "shards"), exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):  # until this run ends, no manifest may name shards it replaces
-        os.remove(os.path.join(cfg.out, MANIFEST_NAME))
+    store.makedirs(store.join(cfg.out, "shards"))
+    durable.retire_manifest(cfg.out)  # until this run ends, no manifest may name shards it replaces
     execution = plan_execution(cfg.scheduler, cfg.workers,
                                sum(s.bytes for s in manifest.shards_of()) / DATASET_BYTES_PER_SECOND)
     shards = manifest.shards_of()
@@ -145,14 +156,14 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     # partitions when a corpus has many small shards: every bucket task reads from each one).
     per_partition = max(1, cfg.partition_size * len(shards) // max(1, manifest.samples))
     with lazy_client(cfg.scheduler, execution.workers) as client:
-        result = find_duplicates(shards, cfg, client, os.path.join(cfg.out, ".shardkit", "dedup"),
+        result = find_duplicates(shards, cfg, client, store.join(cfg.out, ".shardkit", "dedup"),
                                  reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
                                  per_partition=per_partition)
         out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress)
     result.summary["execution"].update(execution.record())
     result.summary["output"] = {"samples": out.samples, "shards": len(out.shards_of()),
                                 "images": "stored bytes kept"}
-    write_report(os.path.join(cfg.out, "dedup"), result)
+    write_report(store.join(cfg.out, "dedup"), result)
     return result
 
 
@@ -162,12 +173,13 @@ def dedup(cfg: DedupConfig) -> DedupResult:
     from shardkit.jobs.build import build
     from shardkit.manifest import MANIFEST_NAME
 
-    cfg = replace(cfg, src=os.path.abspath(cfg.src), out=os.path.abspath(cfg.out))
-    if cfg.src == cfg.out:
+    cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
+    store.use_policy(remote_policy(cfg))
+    if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
-    if not os.path.isdir(cfg.src):
+    if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
-    with folder_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
-        if os.path.isfile(os.path.join(cfg.src, MANIFEST_NAME)):
+    with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
+        if store.exists(store.join(cfg.src, MANIFEST_NAME)):
             return dedup_dataset(cfg)
         return build(cfg.build_config(), dedup=cfg).dedup

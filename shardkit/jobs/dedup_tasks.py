@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+import shardkit.store as store
 from shardkit.config import DedupConfig
 from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN
 from shardkit.errors import FailFast, RejectedInput, Rejection
@@ -178,14 +179,14 @@ def signature_task(part: Partition, reader, params: sigmod.SignatureParams, spec
     """Stage 1 task: the partition's signature file (kept when an earlier run wrote it) and its
     entries for the bucket stage, `band` = ((bands, rows, image distance, min shingles), bucket
     tasks); returns the partition's meta."""
-    if not os.path.exists(part.path):
+    if not store.exists(part.path):
         arrays, meta = sigmod.compute(_read(part.items, reader), params, specs)
         if on_error == "fail" and meta["rejections"]:
             raise FailFast(Rejection(*meta["rejections"][0]))
         sigmod.save(part.path, arrays, meta)
     sig = ArrayFile(part.path)
     band_path = _band_path(part.path, band)
-    if not os.path.exists(band_path):
+    if not store.exists(band_path):
         save_arrays(band_path, *sigmod.band_entries(sig, *band))
     meta = dict(sig.meta, path=part.path, bands_path=band_path)
     meta["stats"] = dict(meta["stats"], **ArrayFile(band_path).meta)
@@ -193,9 +194,9 @@ def signature_task(part: Partition, reader, params: sigmod.SignatureParams, spec
 
 
 def _remove_stale(folder: str, wanted: set[str]) -> None:
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+    for name in store.listdir(folder):
         if name.startswith("part-") and name not in wanted:
-            os.remove(os.path.join(folder, name))
+            store.remove(store.join(folder, name))
 
 
 def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=None,
@@ -204,13 +205,13 @@ def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=Non
     bucket tasks; stale files are removed."""
     band = ((*cfg.lsh_params(), cfg.image_distance, cfg.min_shingles()), tasks)
     if parts:
-        sig_dir = os.path.dirname(parts[0].path)
-        os.makedirs(sig_dir, exist_ok=True)
-        os.makedirs(os.path.dirname(_band_path(parts[0].path, band)), exist_ok=True)
+        sig_dir = os.path.dirname(parts[0].path)  # posix path operations: also right for a URL
+        store.makedirs(sig_dir)
+        store.makedirs(os.path.dirname(_band_path(parts[0].path, band)))
         _remove_stale(sig_dir, {os.path.basename(p.path) for p in parts})
         _remove_stale(os.path.dirname(_band_path(parts[0].path, band)),
                       {os.path.basename(_band_path(p.path, band)) for p in parts})
-    reused = sum(os.path.exists(p.path) for p in parts)
+    reused = sum(store.exists(p.path) for p in parts)
     log.info("dedup signatures: %d partitions, %d reused from an earlier run", len(parts), reused)
     with progress_bar(len(parts), desc="dedup signatures", unit="part", enabled=cfg.progress) as bar:
         metas = run_tasks(signature_task, parts, client=client, bar=bar, name="dedup-sig",

@@ -6,19 +6,18 @@ The client side (groups, fingerprints, the run, the manifest) is shardkit/jobs/b
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from dataclasses import dataclass, replace
 
+import shardkit.store as store
+from shardkit.jobs import durable
 from shardkit.jobs.build_tasks import _in_background, flush_durable  # noqa: F401 — the build's fsync thread
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
-from shardkit.fs import atomic_write, fsync_path, tmp_name
 from shardkit.writers.user_samples import BadSample, WriterConfig, to_sample
 from shardkit.writers import get_table_writer
 
-STATE = os.path.join(".shardkit", "map")
+STATE = ".shardkit/map"
 MAX_PARTS = 100_000  # shards one group may be cut into (its part number is below this)
 REPR_CHARS = 300  # of an input's repr in errors.jsonl
 
@@ -112,24 +111,14 @@ def run_unit(unit: Unit, ctx: MapContext) -> UnitOutput:
     if ctx.in_memory:
         result.table = table
     else:
-        result.path = _save(table, os.path.join(ctx.out, STATE, "units", f"{unit.group:05d}-{unit.index:04d}.arrow"))
+        name = f"{unit.group:05d}-{unit.index:04d}.arrow"
+        result.path = durable.save_unit(table, store.join(ctx.out, STATE, "units", name))
     return result
 
 
-def _save(table, path: str) -> str:
-    """A unit's table as an Arrow file (temp name, then rename; no fsync: it lives for seconds)."""
-    import pyarrow as pa
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = tmp_name(path)
-    with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-        w.write_table(table)
-    os.replace(tmp, path)
-    return path
-
-
-def _marker(out: str, g: int) -> str:
-    return os.path.join(out, STATE, "done", f"group-{g:05d}.json")
+def _marker(g: int) -> str:
+    """A group's completion marker, relative to OUT."""
+    return f"{STATE}/done/group-{g:05d}.json"
 
 
 def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupResult:
@@ -137,7 +126,7 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
     sorted by key, cut by size and count, written; then its marker."""
     import pyarrow as pa
 
-    tables = [p.table if p.table is not None else pa.ipc.open_file(pa.memory_map(p.path)).read_all() for p in parts]
+    tables = [p.table if p.table is not None else durable.load_unit(p.path) for p in parts]
     rejections = [r for p in parts for r in p.rejections]
     table, dups = _sorted_unique(pa.concat_tables(tables))
     for key in dups:
@@ -146,26 +135,22 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
     result = GroupResult(group.index, shards, rejections)
     # The fsyncs, then the marker, then the unit files' removal, on this process's fsync thread (the
     # build's): the next tasks run meanwhile, and the client waits for them all before the manifest.
-    _in_background(make_durable, ctx.out, group, result, [p.path for p in parts if p.path])
+    # On a store, before the step returns (as the build's shard step): a lost worker takes no upload along.
+    units = [p.path for p in parts if p.path]
+    if store.is_url(ctx.out):
+        make_durable(ctx.out, group, result, units)
+    else:
+        _in_background(make_durable, ctx.out, group, result, units)
     return result
 
 
 def make_durable(out: str, group: Group, result: GroupResult, unit_paths=()) -> None:
-    """fsync a group's shard files, then write its marker, then drop its unit files: a marker always
-    names shards on disk."""
-    for info in result.shards:
-        fsync_path(os.path.join(out, info.path))
-        if info.index:
-            fsync_path(os.path.join(out, info.index["path"]))
-    atomic_write(_marker(out, group.index), json.dumps({"fingerprint": group.fingerprint,
-                                                         "result": result.to_json()}, sort_keys=True))
-    for path in unit_paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+    """A group's shard files durable, then its marker, then its unit files dropped (durable.mark_done)."""
+    durable.mark_done(out, _marker(group.index), group.fingerprint, result.to_json(), result.shards, unit_paths)
 
 
 def has_marker(out: str, g: int) -> bool:
-    return os.path.exists(_marker(out, g))
+    return store.exists(store.join(out, _marker(g)))
 
 
 def _sorted_unique(table):
@@ -227,8 +212,9 @@ def _write_parts(table, g: int, ctx: MapContext) -> list[ShardInfo]:
     infos = []
     for p, (a, b) in enumerate(cuts):
         for fmt in ctx.writer.formats:
-            info = get_table_writer(fmt)(table.slice(a, b - a), ctx.out, g * MAX_PARTS + p, ctx.fields, durable=False)
-            infos.append(_rename(info, f"shards/data-{g:05d}-{p:03d}", ctx.out))
+            root = store.staged(ctx.out)
+            info = get_table_writer(fmt)(table.slice(a, b - a), root, g * MAX_PARTS + p, ctx.fields, durable=False)
+            infos.append(_rename(info, f"shards/data-{g:05d}-{p:03d}", root))
     return infos
 
 
@@ -242,23 +228,27 @@ def _rename(info: ShardInfo, stem: str, out: str) -> ShardInfo:
     return replace(info, path=path, index=index)
 
 
-def reusable(out: str, group: Group) -> GroupResult | None:
-    """A previous run's result for this group, if its fingerprint matches and its files are there."""
-    try:
-        with open(_marker(out, group.index), encoding="utf-8") as f:
-            marker = json.load(f)
-        if marker["fingerprint"] != group.fingerprint:
-            return None
-        d = marker["result"]
-        result = GroupResult(group.index, [ShardInfo.from_dict(s) for s in d["shards"]],
-                             [Rejection(*r) for r in d["rejections"]], reused=True)
-    except (OSError, ValueError, KeyError, TypeError):
+def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | None = None) -> GroupResult | None:
+    """A previous run's result for this group, if its fingerprint matches and its files are there
+    (`sizes`, `data`: see durable.reusable)."""
+    d = durable.reusable(out, _marker(group.index), group.fingerprint, sizes, data)
+    if d is None:
         return None
-    for info in result.shards:
-        files = [(info.path, info.bytes)] + ([(info.index["path"], info.index["bytes"])] if info.index else [])
-        if not all(os.path.isfile(os.path.join(out, rel)) and os.path.getsize(os.path.join(out, rel)) == size
-                   for rel, size in files):
-            return None
-    return result
+    try:
+        return GroupResult(group.index, [ShardInfo.from_dict(s) for s in d["shards"]],
+                           [Rejection(*r) for r in d["rejections"]], reused=True)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def markers(out: str, groups) -> dict[int, GroupResult]:
+    """The groups a previous run finished with the same inputs: markers read at once (concurrently on a
+    store), checked against one listing of OUT/shards on a store."""
+    if not durable.any_marker(out, f"{STATE}/done"):
+        return {}
+    data = durable.read_markers(out, [_marker(g.index) for g in groups])
+    sizes = durable.shard_sizes(out) if store.is_url(out) else None
+    found = {g.index: data[_marker(g.index)] and reusable(out, g, sizes, data[_marker(g.index)]) for g in groups}
+    return {g: r for g, r in found.items() if r}
 
 

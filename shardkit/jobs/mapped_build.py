@@ -11,15 +11,17 @@ iterable of them, or None to drop the sample.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from dataclasses import dataclass, replace
 
+import shardkit.store as store
 from shardkit.jobs.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
 from shardkit.writers.user_samples import WriterConfig
 
-STAGE = os.path.join(STATE, "stage")
+STAGE = f"{STATE}/stage"
 
 
 def load_function(spec: str):
@@ -94,7 +96,8 @@ class StagedFn:
 
         from shardkit.writers.parquet import table_samples
 
-        path = os.path.join(self.stage, item.path)
+        # A staged shard on a store is read from a local copy, one per machine (named by its sha256).
+        path = store.local_copy(store.join(self.stage, item.path), item.shardkit_stamp.split(":", 1)[0])
         meta = _CACHE.get(("meta", path))
         if meta is None:
             meta = _CACHE[("meta", path)] = _row_groups(path)
@@ -135,7 +138,9 @@ def _staged_rows(stage: str, manifest) -> list[StagedRow]:
 
     rows = []
     for shard in manifest.shards_of("parquet") if manifest.samples else []:
-        t = pq.read_table(os.path.join(stage, shard.path), columns=["__key__", SOURCE_COLUMN, SOURCE_ROW_COLUMN])
+        url = store.join(stage, shard.path)
+        with (store.open_source(url) if store.is_url(url) else contextlib.nullcontext(url)) as source:
+            t = pq.read_table(source, columns=["__key__", SOURCE_COLUMN, SOURCE_ROW_COLUMN])
         for r, (key, src, line) in enumerate(zip(*(c.to_pylist() for c in t.columns))):
             where = key if src is None else (src if line is None else f"{src}:{line}")
             rows.append(StagedRow(shard.path, r, where, f"{shard.sha256}:{r}"))
@@ -148,9 +153,10 @@ def build_with_map(cfg) -> MapResult:
     from shardkit.jobs.build import build
 
     spec = cfg.map
-    load_function(spec)  # a bad spec fails before any work
-    out = os.path.abspath(cfg.out)
-    stage = os.path.join(out, STAGE)
+    out = store.location(cfg.out, "OUT", write=True)  # a bad OUT or spec fails before any work
+    store.location(cfg.src, "SRC")
+    load_function(spec)
+    stage = store.join(out, STAGE)
     staged = build(replace(cfg, out=stage, format="parquet", allow_empty=True, map=None))
     rows = _staged_rows(stage, staged.manifest)
     if "tokens" in staged.manifest.fields:

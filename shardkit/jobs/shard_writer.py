@@ -11,12 +11,13 @@ refused with an error naming its key and the field, before anything of it is buf
 from __future__ import annotations
 
 import contextlib
-import os
 
+import shardkit.store as store
 from shardkit.contract import key_hash
-from shardkit.fs import atomic_write, folder_lock
-from shardkit.manifest import MANIFEST_NAME, TABLE_NAME, Manifest, remove_unlisted_shards, write_manifest
+from shardkit.jobs import durable
+from shardkit.manifest import Manifest
 from shardkit.sample import Sample
+from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import (BadSample, WriterConfig, infer_fields,  # noqa: F401 — BadSample: public here
                                    to_sample)
 from shardkit.writers import get_table_writer
@@ -91,14 +92,11 @@ class ShardCutter:
             self.infos += pending.result()  # a failure to write is raised here, in the caller
 
     def _write(self, samples: list[Sample], buffers: dict, shard_id: int) -> list:
-        from shardkit.fs import fsync_path
-
         table = self._table(samples, buffers)
-        infos = [get_table_writer(fmt)(table, self.root, shard_id, self.fields, durable=False)
+        infos = [get_table_writer(fmt)(table, store.staged(self.root), shard_id, self.fields, durable=False)
                  for fmt in self.cfg.formats]
-        for info in infos:
-            for rel in [info.path] + ([info.index["path"]] if info.index else []):
-                fsync_path(os.path.join(self.root, rel))
+        for rel, _ in durable.files_of(infos):  # fsync'd, or uploaded to a store from the staging folder
+            store.publish(self.root, rel)
         return infos
 
     def _table(self, samples: list[Sample], buffers: dict):
@@ -134,27 +132,15 @@ class ShardCutter:
         return self.infos
 
 
-def retire_manifest(out: str) -> None:
-    """Delete OUT's manifest before any shard is written: until the new one is written last, nothing
-    may name shards that are about to be replaced (a writer that crashes leaves no manifest)."""
-    for name in (MANIFEST_NAME, TABLE_NAME):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, name))
-
-
 def finish(out: str, fields: dict, infos: list, build: dict, rejections: list) -> Manifest:
-    """errors.jsonl, stale shard files removed, then the manifest, last (every shard is on disk:
-    the writers fsync each file)."""
-    from shardkit.errors import count_by_reason
-
+    """errors.jsonl, stale shard files removed, then the manifest, last (every shard is durable: the
+    writers fsync or upload each file)."""
     infos = sorted(infos, key=lambda i: (i.id, i.format))
-    atomic_write(os.path.join(out, "errors.jsonl"), "".join(r.to_json() + "\n" for r in rejections))
-    remove_unlisted_shards(out, infos)
+    durable.write_errors(out, rejections)
     first = "parquet" if infos and all(i.format == "parquet" for i in infos) else "tar"
     manifest = Manifest(samples=sum(i.samples for i in infos if i.format == first), fields=fields, shards=infos,
-                        build=build, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)})
-    write_manifest(out, manifest)
-    return manifest
+                        build=build, errors=durable.errors_record(rejections))
+    return durable.finish(out, manifest)
 
 
 class ShardWriter:
@@ -174,7 +160,7 @@ class ShardWriter:
                  max_samples_per_shard: int | None = None, encode: str = "png", quality: int = 90,
                  fields: dict | None = None):
         self.cfg = WriterConfig(format, shard_size, max_samples_per_shard, encode, quality)
-        self.out = os.path.abspath(out)
+        self.out = store.location(out, "ShardWriter(out)", write=True)
         if fields is not None:
             from shardkit.manifest import check_fields
 
@@ -182,9 +168,9 @@ class ShardWriter:
         self.fields = dict(fields) if fields is not None else None
         self._keys: set[int] = set()  # 8-byte key hashes (~70 bytes each in a set): a repeated key is refused
         self._lock = contextlib.ExitStack()
-        os.makedirs(os.path.join(self.out, "shards"), exist_ok=True)
-        self._lock.enter_context(folder_lock(self.out, "ShardWriter"))
-        retire_manifest(self.out)
+        store.makedirs(store.join(self.out, "shards"))
+        self._lock.enter_context(out_lock(self.out, "ShardWriter"))
+        durable.retire_manifest(self.out)
         self._cutter: ShardCutter | None = None
         self.manifest: Manifest | None = None
         self.closed = False

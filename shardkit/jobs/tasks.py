@@ -274,11 +274,14 @@ class _Run:
 
         helpers, self.in_process = [], isinstance(client, PendingClient) and client.in_process
         try:
-            if isinstance(client, PendingClient):  # before importing Dask here: that waits on the cluster's import
+            # An embedded cluster's start-up is worth a head start (begun before importing Dask here: that
+            # waits on the cluster's import); a --scheduler's workers are up, and its client reads no input.
+            if isinstance(client, PendingClient) and client.embedded:
                 helpers = [threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
                            for _ in range(head_threads)]
                 for helper in helpers:
                     helper.start()
+            if isinstance(client, PendingClient):
                 client = client.get()
             from distributed import as_completed
 

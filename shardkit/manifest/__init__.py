@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from shardkit._version import __version__
 from shardkit.contract import FIELD_KINDS, ShardInfo
 from shardkit.errors import ConfigError, ManifestError
-from shardkit.fs import RemoteError, atomic_write, join, read_bytes, sha256_bytes
+from shardkit.fs import RemoteError, join, read_bytes, sha256_bytes
 from shardkit.manifest.table import ShardTable, safe_relpath
 
 FORMAT = "shardkit"
@@ -196,7 +196,15 @@ def manifest_url(root: str) -> str:
 
 def load_manifest(root: str, policy=None) -> Manifest:
     """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
-    timeouts and retries: a shardkit.fs.RemotePolicy)."""
+    timeouts and retries: a shardkit.fs.RemotePolicy). A ROOT that is not a usable location (a
+    malformed URL, an unknown protocol, a backend not installed) is a BadURL naming the fix."""
+    from shardkit.errors import BadDatasetURL, BadURL
+    from shardkit.store.urls import check_location
+
+    try:
+        root = check_location(root, "dataset")
+    except BadURL as e:
+        raise BadDatasetURL(str(e)) from None
     url = manifest_url(root)
     try:
         raw = read_bytes(url, policy)
@@ -221,18 +229,10 @@ def shard_files(shards) -> set[str]:
     return {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
 
 
-def remove_unlisted_shards(root: str, shards) -> None:
-    """Delete ROOT/shards/data-* files that `shards` do not name (left by an earlier, larger run)."""
-    import os
-
-    keep, folder = shard_files(shards), os.path.join(root, "shards")
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith("data-") and f"shards/{name}" not in keep:
-            os.remove(os.path.join(folder, name))
-
-
 def write_manifest(root: str, manifest: Manifest) -> None:
-    """Write ROOT/manifest.json atomically, after the shard table it checksums; call it only after
-    every shard it names is in place."""
-    atomic_write(join(root, TABLE_NAME), manifest.shards.to_parquet())
-    atomic_write(manifest_url(root), manifest.to_json())
+    """Write ROOT/manifest.json atomically (a local folder, or a store: one PUT), after the shard table
+    it checksums; call it only after every shard it names is in place."""
+    from shardkit.store import write
+
+    write(join(root, TABLE_NAME), manifest.shards.to_parquet())
+    write(manifest_url(root), manifest.to_json())

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput
+from shardkit.fs import RemoteError
 from shardkit.sample import Sample
+from shardkit.store import join, read_source
 from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS, PARQUET_EXTS,
                                    ROW_EXTS, TEXT_EXTS)
 
@@ -113,14 +115,13 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
     number, offset, length = rec.line
     rel = rec.files[0]
     if os.path.splitext(rel)[1].lower() in JSONL_EXTS:
-        with open(os.path.join(root, rel), "rb") as f:
-            f.seek(offset)
-            return parse_jsonl_line(f.read(length), rec.key, rec.source, text_field, number)
+        data = read_source(join(root, rel), offset, offset + length)
+        return parse_jsonl_line(data, rec.key, rec.source, text_field, number)
     from shardkit.sources.parquet_files import RowConverter, row_group_of
     from shardkit.sources.index import ScanOptions
 
     opts = ScanOptions(root, "", text_field, image_field)
-    info, table, first = row_group_of(os.path.join(root, rel), number, opts)
+    info, table, first = row_group_of(join(root, rel), number, opts)
     row = table.slice(number - first, 1).to_pylist()[0]
     return RowConverter(opts, info, None, rel)(row, rec.key, rec.source)
 
@@ -147,11 +148,9 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
         run = records[i:j]
         lo, hi = run[0].line[1], max(r.line[1] + r.line[2] for r in run)
         try:
-            with open(os.path.join(root, rec.files[0]), "rb") as f:
-                f.seek(lo)
-                span = f.read(hi - lo)
-        except OSError as e:
-            span, error = None, RejectedInput(f"unreadable: {e.strerror or e}")
+            span = read_source(join(root, rec.files[0]), lo, hi)
+        except (OSError, RemoteError) as e:
+            span, error = None, RejectedInput(f"unreadable: {_why(e)}")
         for r in run:
             try:
                 if span is None:
@@ -166,8 +165,10 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
         i = j
 
 
-def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image") -> Sample:
-    """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls."""
+def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image",
+                data: dict | None = None) -> Sample:
+    """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls.
+    `data`: the files' bytes (or the errors reading them) fetched already, by relative path."""
     try:
         if rec.line is not None:
             sample = _read_row(root, rec, text_field, image_field)
@@ -175,22 +176,32 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text", image_fie
             sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:
                 ext = os.path.splitext(rel)[1].lower()
-                with open(os.path.join(root, rel), "rb") as f:
-                    data = f.read()
+                got = data.pop(rel, None) if data is not None else None
+                if isinstance(got, BaseException):
+                    raise got
+                content = got if got is not None else read_source(join(root, rel))
                 if ext in IMAGE_EXTS:
-                    sample.fields["image"] = data
+                    sample.fields["image"] = content
                     sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field
                 elif ext in TEXT_EXTS:
-                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
+                    sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(content)
                 elif ext in ARRAY_EXTS:
-                    sample.fields["array"] = data  # .npy bytes; the array stage parses them
+                    sample.fields["array"] = content  # .npy bytes; the array stage parses them
                 else:
                     try:
-                        sample.fields["json"] = json.loads(data)
+                        sample.fields["json"] = json.loads(content)
                     except ValueError as e:
                         raise RejectedInput(f"invalid JSON sidecar {rel!r}: {e}") from None
-    except OSError as e:
-        raise RejectedInput(f"unreadable: {e.strerror or e}") from None
+    except (OSError, RemoteError) as e:
+        raise RejectedInput(f"unreadable: {_why(e)}") from None
     if rec.label is not None:
         sample.fields["cls"] = rec.label
     return sample
+
+
+def _why(error: BaseException) -> str:
+    """Why a source file could not be read, in a rejection's words. A store that failed to answer is
+    no reason to reject an input: that RemoteError goes on and fails the task, naming the URL."""
+    if isinstance(error, RemoteError) and not error.not_found:
+        raise error
+    return getattr(error, "detail", None) or getattr(error, "strerror", None) or str(error)

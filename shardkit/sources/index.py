@@ -50,8 +50,11 @@ def row_key(stem_key: str, number: int, width: int) -> str:
 
 
 def load_index(count: RowCount) -> np.ndarray:
-    """The row index, memory-mapped: callers touch only the pages of the rows they use."""
-    return np.load(count.index, mmap_mode="r")
+    """The row index, memory-mapped: callers touch only the pages of the rows they use (an index on a
+    store is downloaded once per machine: its name changes with its content)."""
+    from shardkit.store import local_copy
+
+    return np.load(local_copy(count.index), mmap_mode="r")
 
 
 class RowRef:

@@ -6,16 +6,19 @@ value, wrong type, undecodable image) is rejected alone, named `file.parquet:ROW
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import decimal
 import functools
 import json
 import os
+import posixpath
 
 import numpy as np
 
 from shardkit.errors import ConfigError, RejectedInput
 from shardkit.sample import Sample
+from shardkit.store.urls import is_url
 
 MAX_STRING_CLASSES = 100_000  # a string label column with more distinct values is not a label
 
@@ -142,12 +145,10 @@ def describe(pf, opts) -> dict:
 def parquet_index(path: str, opts) -> tuple[np.ndarray, int, dict]:
     """(row index, last row number, description) from the file's metadata: no data is read, except a
     label column. Size estimates are per row group: its uncompressed bytes spread over its rows."""
-    import pyarrow.parquet as pq
-
     from shardkit.sources.index import INDEX_DTYPE
 
-    pf = pq.ParquetFile(path)
-    info = describe(pf, opts)
+    with _opened(path) as pf:
+        info = describe(pf, opts)
     md = pf.metadata
     names = pf.schema_arrow.names
     estimates = []
@@ -229,6 +230,8 @@ class RowConverter:
         """An HF image stored by path only: read relative to the Parquet file, inside SRC only. The file
         is an input of its shard beside the Parquet file: its stats go into the shard's rerun check
         (a missing one too, as size -1, so that it appearing later rebuilds the shard)."""
+        if is_url(self.opts.root):
+            return self._remote_image_file(path)
         root = os.path.realpath(self.opts.root)
         full = os.path.realpath(os.path.join(root, os.path.dirname(self.rel), path))
         if os.path.commonpath([root, full]) != root:
@@ -241,6 +244,29 @@ class RowConverter:
                 return f.read(), link
         except OSError as e:
             error = RejectedInput(f"unreadable image path {path!r}: {e.strerror or e}")
+            error.linked = link
+            raise error from None
+
+    def _remote_image_file(self, path: str) -> tuple[bytes, list]:
+        """_image_file for SRC on a store: the path is resolved by name (a store has no links)."""
+        from shardkit.fs import RemoteError
+        from shardkit.store import join, read_source, stat_source
+
+        rel = posixpath.normpath(posixpath.join(posixpath.dirname(self.rel), path))
+        if rel.startswith("../") or rel == ".." or posixpath.isabs(rel):
+            raise RejectedInput(f"image path outside the source folder: {path!r} (the row has no image bytes)")
+        link, url = [rel, -1, -1], join(self.opts.root, rel)
+        try:
+            stat = stat_source(url)
+            if stat is None:
+                raise RejectedInput(f"unreadable image path {path!r}: no such file")
+            link[1:] = list(stat)
+            return read_source(url), link
+        except (RejectedInput, RemoteError) as e:
+            if isinstance(e, RemoteError) and not e.not_found:
+                raise
+            error = RejectedInput(str(e) if isinstance(e, RejectedInput) else
+                                  f"unreadable image path {path!r}: {e.detail}")
             error.linked = link
             raise error from None
 
@@ -291,24 +317,37 @@ class RowConverter:
         return Sample(key, fields, meta)
 
 
-@functools.lru_cache(maxsize=4)
-def _row_group(path: str, mtime_ns: int, group: int, opts):
+@contextlib.contextmanager
+def _opened(path: str):
+    """A ParquetFile of a local path (read by pyarrow itself) or of a URL (store.open_source)."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    return describe(pf, opts), pf.read_row_group(group)
+    from shardkit.store import open_source
+
+    if not is_url(path):
+        yield pq.ParquetFile(path)
+        return
+    with open_source(path) as f:
+        yield pq.ParquetFile(f)
+
+
+@functools.lru_cache(maxsize=4)
+def _row_group(path: str, version: int, group: int, opts):
+    with _opened(path) as pf:
+        return describe(pf, opts), pf.read_row_group(group)
 
 
 def row_group_of(path: str, row: int, opts):
     """(description, row group table, its first row) holding `row`: rows read one by one in order
     cost one row group read per group (the last few are cached)."""
-    import pyarrow.parquet as pq
+    from shardkit.store import stat_source
 
-    md, first = pq.ParquetFile(path).metadata, 0
+    with _opened(path) as pf:
+        md, first = pf.metadata, 0
     for g in range(md.num_row_groups):
         n = md.row_group(g).num_rows
         if row < first + n:
-            info, table = _row_group(path, os.stat(path).st_mtime_ns, g, opts)
+            info, table = _row_group(path, (stat_source(path) or (0, 0))[1], g, opts)
             return info, table, first
         first += n
     raise RejectedInput(f"row {row} is past the end of the file ({md.num_rows} rows): it changed since it was listed")
@@ -316,17 +355,16 @@ def row_group_of(path: str, row: int, opts):
 
 def parquet_rows(opts, rf, count, start: int, stop: int, convert: RowConverter, keys=None):
     """RowRefs of rows [start, stop) of a Parquet file: the row groups that hold them are read once."""
-    import pyarrow.parquet as pq
-
     from shardkit.sources.index import RowRef, load_index, row_key
+    from shardkit.store import join
 
     rows = load_index(count)[start:stop]
     if not len(rows):
         return
-    pf = pq.ParquetFile(os.path.join(opts.root, rf.rel))
     groups = sorted(set(rows["offset"].tolist()))
-    first_row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
-    table = pf.read_row_groups(groups)
+    with _opened(join(opts.root, rf.rel)) as pf:
+        first_row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
+        table = pf.read_row_groups(groups)
     lo = int(rows["number"][0]) - first_row
     records = table.slice(lo, len(rows)).to_pylist()
     width = count.width

@@ -6,40 +6,45 @@ their counts and labels, and the path of the sorted file-sample table saved unde
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardkit.fs import RemoteError
 from shardkit.sources import walk as W
 from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index, row_key
 from shardkit.sources.rows import jsonl_rows
+from shardkit.store.urls import is_url
 
 ATOMS_NAME = "samples-{}.arrow"
 
 
 @lru_cache(maxsize=2)
 def _atoms(path: str):
-    """The sorted file-sample table, memory-mapped once per worker process."""
+    """The sorted file-sample table, memory-mapped once per worker process (from a local copy when OUT
+    is on a store: its name changes with its content)."""
     import pyarrow as pa
 
-    return pa.ipc.open_file(pa.memory_map(path)).read_all()
+    from shardkit.store import local_copy
+
+    return pa.ipc.open_file(pa.memory_map(local_copy(path))).read_all()
 
 
 def save_atoms(table, labels, state_dir: str, digest: str) -> str | None:
     """Write the sorted file samples (key, files, row file, row, label) for tasks to read by position."""
     import pyarrow as pa
 
-    from shardkit.fs import atomic_writer
+    from shardkit.store import exists, join, makedirs, writer
 
     if not len(table):
         return None
-    path = os.path.join(state_dir, ATOMS_NAME.format(digest))
-    if os.path.exists(path):
+    path = join(state_dir, ATOMS_NAME.format(digest))
+    if exists(path):
         return path
+    makedirs(state_dir)
     out = table.select(["key", "files", "row_file", "row"]).append_column("label", pa.array(labels))
-    with atomic_writer(path) as f, pa.ipc.new_file(f, out.schema) as writer:
-        writer.write_table(out)
+    with writer(path) as f, pa.ipc.new_file(f, out.schema) as ipc:
+        ipc.write_table(out)
     return path
 
 
@@ -93,8 +98,11 @@ class SourceReader:
                 from shardkit.sources.parquet_files import parquet_rows
 
                 refs = list(parquet_rows(self.opts, rf, count, start, stop, self._converter(rid), keys))
-        except (OSError, ValueError) as e:
-            reason = f"unreadable: {getattr(e, 'strerror', None) or e} (it changed while the build ran?)"
+        except (OSError, ValueError, RemoteError) as e:
+            if isinstance(e, RemoteError) and not e.not_found:
+                raise  # a store that did not answer fails the task (naming the URL), it rejects no row
+            why = getattr(e, "detail", None) or getattr(e, "strerror", None) or e
+            reason = f"unreadable: {why} (it changed while the build ran?)"
             refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in load_index(count)["number"][start:stop].tolist()]
         for i, ref in enumerate(refs):
             label = self.row_labels.get(rid, -1) if labels is None else labels[i]
@@ -104,13 +112,16 @@ class SourceReader:
         from shardkit.sources import InputRecord, read_record
 
         rows = _atoms(self.atoms_path).slice(start, stop - start).to_pylist()
-        i = 0
+        i, fetched, ahead = 0, None, _Ahead(self.opts.root, rows)
         while i < len(rows):
             row = rows[i]
             if row["row_file"] < 0:
+                if ahead.on and not (fetched and row["files"][0] in fetched):
+                    fetched = ahead.take(i)
                 label = row["label"] if row["label"] >= 0 else None
                 rec = InputRecord(row["key"], tuple(row["files"]), label, 0)
-                yield RowRef(rec.source, lambda rec=rec: read_record(self.opts.root, rec, self.opts.text_field))
+                yield RowRef(rec.source, lambda rec=rec, got=fetched: read_record(self.opts.root, rec,
+                                                                                   self.opts.text_field, data=got))
                 i += 1
                 continue
             j = i + 1  # consecutive rows of one exploded row file are read together
@@ -120,6 +131,31 @@ class SourceReader:
             yield from self._row_refs(row["row_file"], row["row"], rows[j - 1]["row"] + 1,
                                       [r["key"] for r in rows[i:j]], [r["label"] for r in rows[i:j]])
             i = j
+
+
+PREFETCH = 64  # file samples whose files a task fetches from a store at once (~64 requests in flight)
+
+
+class _Ahead:
+    """The files of a task's file samples on a store, fetched PREFETCH samples at a time, the next
+    batch in flight while the stages work on this one: a task waits for the store only when it
+    works faster than the store answers (one GET at a time, it waited a round trip per image)."""
+
+    def __init__(self, root: str, rows: list[dict]):
+        self.root, self.rows, self.on = root, rows, is_url(root)
+        self.next = self._start(0) if self.on else None
+
+    def _start(self, i: int):
+        from shardkit.store import fetch_sources, join
+
+        rels = [rel for row in self.rows[i:i + PREFETCH] if row["row_file"] < 0 for rel in row["files"]]
+        return i, rels, fetch_sources([join(self.root, rel) for rel in rels])
+
+    def take(self, i: int) -> dict:
+        """{relative path: bytes or the error reading it} of the samples from row i on."""
+        start, rels, fetch = self.next if self.next is not None and self.next[0] == i else self._start(i)
+        self.next = self._start(i + PREFETCH) if i + PREFETCH < len(self.rows) else None
+        return dict(zip(rels, fetch.result()))
 
 
 def _labelled(make, label: int):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict
 
@@ -35,9 +34,12 @@ def _index_name(rf, opts: ScanOptions) -> str:
 
 
 def jsonl_index(path: str) -> tuple[np.ndarray, int]:
-    """(index, lines in the file) of a jsonl file, vectorised over 4 MiB blocks; blank lines are no samples."""
+    """(index, lines in the file) of a jsonl file (a path or URL), vectorised over 4 MiB blocks; blank
+    lines are no samples."""
+    from shardkit.store import open_source
+
     parts, pending, line_no, line_start, pos = [], 0, 1, 0, 0
-    with open(path, "rb") as f:
+    with open_source(path) as f:
         while block := f.read(BLOCK):
             a = np.frombuffer(block, np.uint8)
             nonws = np.concatenate(([0], np.cumsum(~_WHITESPACE[a], dtype=np.int32)))
@@ -74,20 +76,24 @@ def jsonl_index(path: str) -> tuple[np.ndarray, int]:
 
 def counted(rf, opts: ScanOptions) -> RowCount | None:
     """The count of a row file from an earlier build, if the file did not change since."""
+    from shardkit.store import join, read
+
     try:
-        with open(os.path.join(opts.state_dir, _index_name(rf, opts)) + ".json", encoding="utf-8") as f:
-            return RowCount(**json.load(f))
+        return RowCount(**json.loads(read(join(opts.state_dir, _index_name(rf, opts)) + ".json")))
     except (OSError, ValueError, TypeError):
         return None
 
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
     """The counting task: write the row index of one row file (reused while the file is unchanged)."""
-    os.makedirs(opts.state_dir, exist_ok=True)
-    base = os.path.join(opts.state_dir, _index_name(rf, opts))
+    from shardkit.fs import RemoteError
+    from shardkit.store import join, makedirs, write, writer
+
+    makedirs(opts.state_dir)
+    base = join(opts.state_dir, _index_name(rf, opts))
     if (done := counted(rf, opts)) is not None:
         return done
-    path = os.path.join(opts.root, rf.rel)
+    path = join(opts.root, rf.rel)
     try:
         if rf.kind == "jsonl":
             index, top, info = *jsonl_index(path), {}
@@ -97,16 +103,17 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
             index, top, info = parquet_index(path, opts)
     except ConfigError:
         raise
-    except (OSError, ValueError) as e:  # pyarrow's errors for a broken file are ValueError / OSError
-        return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'strerror', None) or e}")
-    from shardkit.fs import atomic_writer, atomic_write
+    except (OSError, ValueError, RemoteError) as e:  # pyarrow's errors for a broken file: ValueError / OSError
+        if isinstance(e, RemoteError) and not e.not_found:
+            raise  # a store that did not answer fails the task, naming the URL
+        return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'detail', None) or getattr(e, 'strerror', None) or e}")
 
-    with atomic_writer(base + ".npy") as f:
+    with writer(base + ".npy") as f:
         np.save(f, index)
     count = RowCount(len(index), int(index["number"][0]) if len(index) else 0,
                      int(index["number"][-1]) if len(index) else 0, top,
                      int(index["cum"][-1]) if len(index) else 0, base + ".npy", info)
-    atomic_write(base + ".json", json.dumps(asdict(count), sort_keys=True))  # last: marks the index complete
+    write(base + ".json", json.dumps(asdict(count), sort_keys=True))  # last: marks the index complete
     return count
 
 
@@ -137,10 +144,10 @@ def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, ke
     rows = load_index(count)[start:stop]
     if not len(rows):
         return
+    from shardkit.store import join, read_source
+
     lo = int(rows["offset"][0])
-    with open(os.path.join(opts.root, rf.rel), "rb") as f:
-        f.seek(lo)
-        data = f.read(int(rows["offset"][-1] + rows["length"][-1]) - lo)
+    data = read_source(join(opts.root, rf.rel), lo, int(rows["offset"][-1] + rows["length"][-1]))
     if len(data) < int(rows["offset"][-1] + rows["length"][-1]) - lo:
         raise ValueError(f"{rf.rel} is shorter than when it was counted")
     width = count.width

@@ -12,9 +12,11 @@ import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shardkit.errors import Rejection
 from shardkit.sample import make_key
+from shardkit.store.urls import is_url
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 TEXT_EXTS = frozenset({".txt", ".md"})
@@ -28,7 +30,7 @@ KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | ROW_EXTS | ARRAY_EXTS
 # Bits of the `kinds` column: which fields a file sample brings.
 IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
 KIND_NAMES = {IMAGE: "image", TXT: "txt", JSON: "json", ARRAY: "array"}
-FLUSH_ROWS = 65536  # file samples per Arrow batch: bounds the Python objects alive while listing
+FLUSH_ROWS = 8192  # file samples per Arrow batch: bounds the Python objects alive while listing (~4 MB)
 
 
 @dataclass
@@ -229,16 +231,23 @@ def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
 
 
 def walk(root: str, out: str | None = None) -> Listing:
-    """List SRC: file samples (unsorted Arrow table), row files, rejections. OUT, when inside SRC, and
-    shardkit datasets below SRC are left out (counted rejections)."""
-    real_root = os.path.realpath(root)
+    """List SRC (a local folder or a URL): file samples (unsorted Arrow table), row files, rejections.
+    OUT, when inside SRC, and shardkit datasets below SRC are left out (counted rejections). A folder
+    is read entry by entry in name order and each stem's files become a sample as soon as the names
+    pass them, so a folder of a million objects on a store costs the client its columns only."""
+    remote = is_url(root)
+    real_root = None if remote else os.path.realpath(root)
     listing = Listing(None, [])
     cols, todo = _Columns(), [""]
     while todo:
         rel_dir = todo.pop()
         subdirs: list[str] = []
-        groups: dict[str, list] = {}
-        for rel, st in _entries(root, rel_dir, real_root, listing, subdirs, out):
+        if remote:
+            entries = _remote_entries(root, rel_dir, listing, subdirs, out)
+        else:
+            entries = _entries(root, rel_dir, real_root, listing, subdirs, out)
+        stems = _Stems(cols, listing)
+        for rel, st in entries:
             stem, ext = os.path.splitext(rel)
             ext = ext.lower()
             if ext not in KNOWN_EXTS:
@@ -254,9 +263,73 @@ def walk(root: str, out: str | None = None) -> Listing:
             if ext in IMAGE_EXTS:
                 listing.images += 1
                 listing.top_images += not rel_dir
-            groups.setdefault(stem, []).append((rel, ext, st))
-        for stem in sorted(groups):
-            _group(stem, groups[stem], cols, listing)
-        todo.extend(reversed(subdirs))
+            stems.add(stem, (rel, ext, st))
+        stems.close()
+        todo.extend(reversed(sorted(subdirs)))
     listing.files = cols.table()
     return listing
+
+
+class _Stems:
+    """Files of one folder, in name order, grouped by stem: a stem's files are all seen once a name
+    arrives that does not start with `stem.` (names sharing that prefix sort together), so only
+    the stems along one such prefix chain wait at any time."""
+
+    def __init__(self, cols: _Columns, listing: Listing):
+        self.cols, self.listing, self.open = cols, listing, []  # [(stem, files)], each a prefix of the next
+
+    def add(self, stem: str, file: tuple) -> None:
+        rel = file[0]
+        while self.open and not rel.startswith(self.open[-1][0] + "."):
+            _group(*self.open.pop(), self.cols, self.listing)
+        if self.open and self.open[-1][0] == stem:
+            self.open[-1][1].append(file)
+        else:
+            self.open.append((stem, [file]))
+
+    def close(self) -> None:
+        while self.open:
+            _group(*self.open.pop(), self.cols, self.listing)
+
+
+class _Stat(NamedTuple):
+    """What the walk reads of a file on a store: its size, and its version (ETag) as a number."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+def _remote_entries(root: str, rel_dir: str, listing: Listing, subdirs: list[str], out: str | None):
+    """(relpath, _Stat) of the files of one folder on a store, page by page, in name order; subfolders
+    to visit go to `subdirs`, the rest is counted as the local walk counts it."""
+    from shardkit.store import join
+    from shardkit.store.listing import list_folder, version_number
+
+    for entry in list_folder(join(root, rel_dir) if rel_dir else root):
+        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        if entry.is_dir:
+            if entry.name.startswith("."):
+                listing.rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
+            elif reason := _not_input_remote(join(root, rel), out):
+                listing.rejections.append(Rejection(rel + "/", "source", reason))
+            else:
+                if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
+                    listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
+                subdirs.append(rel)
+        elif entry.name.startswith("."):
+            listing.rejections.append(Rejection(rel, "source", "hidden file: not read"))
+        else:
+            yield rel, _Stat(entry.size, version_number(entry.version))
+
+
+def _not_input_remote(url: str, out: str | None) -> str | None:
+    """not_input for a folder on a store."""
+    from shardkit.store import join
+    from shardkit.store.listing import has_any
+
+    if out is not None and url.rstrip("/") == out.rstrip("/"):
+        return "the build's output folder (OUT): not read"
+    if has_any(join(url, ".shardkit") + "/") or (has_any(join(url, "manifest.json"))
+                                                 and has_any(join(url, "shards") + "/")):
+        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+    return None

@@ -9,7 +9,9 @@ from typing import Iterator
 import numpy as np
 
 from shardkit.errors import RejectedInput, RejectionLog
+from shardkit.fs import RemoteError
 from shardkit.stages import map_samples
+from shardkit.store import join
 
 ARRAY_FIELD = "array"
 ARRAY_EXT = ".npy"
@@ -26,7 +28,9 @@ def read_npy(data: bytes) -> np.ndarray:
 def _header(path: str) -> tuple[tuple, np.dtype]:
     from numpy.lib import format as npf
 
-    with open(path, "rb") as f:
+    from shardkit.store import open_source
+
+    with open_source(path) as f:
         version = npf.read_magic(f)
         shape, _, dtype = (npf.read_array_header_1_0(f) if version == (1, 0) else npf.read_array_header_2_0(f))
     return tuple(shape), np.dtype(dtype)
@@ -47,8 +51,8 @@ def array_spec(root: str, records, half: bool) -> dict | None:
         if rel is None:
             continue
         try:
-            shape, dtype = _header(os.path.join(root, rel))
-        except (OSError, ValueError, SyntaxError):  # a bad file is rejected later, by its task
+            shape, dtype = _header(join(root, rel))
+        except (OSError, ValueError, SyntaxError, RemoteError):  # a bad file is rejected later, by its task
             continue
         return {"kind": "array", "dtype": store_dtype(dtype, half).name, "shape": list(shape),
                 "source_dtype": dtype.name}

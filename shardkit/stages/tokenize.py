@@ -109,20 +109,19 @@ def find_eos(tok, eos_token: str | None) -> tuple[str, int]:
 def _trained(cfg: BuildConfig, texts, corpus_key: str) -> str:
     """The bpe:N tokenizer JSON: reused from the last build when the corpus and N are unchanged
     (training is the slow part of a rerun), else trained on `texts()`."""
-    from shardkit.fs import atomic_write
+    from shardkit.store import join, read, write
 
-    marker = os.path.join(cfg.out, ".shardkit", "tokenizer.json.key")
+    marker = join(cfg.out, ".shardkit", "tokenizer.json.key")
     key = hashlib.sha256(f"{cfg.tokenizer}|{corpus_key}".encode()).hexdigest()
     try:
-        with open(marker, encoding="utf-8") as f, open(os.path.join(cfg.out, TOKENIZER_NAME), encoding="utf-8") as g:
-            recorded, blob = f.read().split(), g.read()
+        recorded, blob = read(marker).decode().split(), read(join(cfg.out, TOKENIZER_NAME)).decode()
         if recorded == [key, hashlib.sha256(blob.encode("utf-8")).hexdigest()]:
             return blob
     except (OSError, ValueError):
         pass
     docs = texts()
     blob = train_bpe(docs, int(cfg.tokenizer[4:]), len(docs)).to_str(pretty=True)
-    atomic_write(marker, f"{key} {hashlib.sha256(blob.encode('utf-8')).hexdigest()}\n")
+    write(marker, f"{key} {hashlib.sha256(blob.encode('utf-8')).hexdigest()}\n")
     return blob
 
 
@@ -132,7 +131,7 @@ def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> Tokenize
     loads) and describe it."""
     from tokenizers import Tokenizer
 
-    from shardkit.fs import atomic_write
+    from shardkit.store import join, write
 
     if cfg.tokenizer.startswith("bpe:") and not os.path.isfile(cfg.tokenizer):
         blob = _trained(cfg, texts, corpus_key)
@@ -146,7 +145,7 @@ def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> Tokenize
         except Exception as e:  # the Rust side raises a plain Exception for any parse error
             raise ConfigError(f"--tokenizer {cfg.tokenizer!r} is not a tokenizer.json that tokenizers can load "
                               f"({e}); save one with Tokenizer.save('tokenizer.json')") from None
-    atomic_write(os.path.join(cfg.out, TOKENIZER_NAME), blob)
+    write(join(cfg.out, TOKENIZER_NAME), blob)
     tok = Tokenizer.from_str(blob)
     eos_token, eos_id = find_eos(tok, cfg.eos_token)
     return TokenizerInfo(TOKENIZER_NAME, hashlib.sha256(blob.encode("utf-8")).hexdigest(), source,
@@ -155,11 +154,13 @@ def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> Tokenize
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str, sha256: str):
-    """The tokenizer a task uses, read from OUT (files, not pickles, hand work to tasks); cached per process."""
+    """The tokenizer a task uses, read from OUT (files, not pickles, hand work to tasks; OUT may be on a
+    store); cached per process."""
     from tokenizers import Tokenizer
 
-    with open(path, encoding="utf-8") as f:
-        blob = f.read()
+    from shardkit.store import read
+
+    blob = read(path).decode("utf-8")
     if hashlib.sha256(blob.encode("utf-8")).hexdigest() != sha256:
         raise ConfigError(f"{path} changed while the build was running; rerun the build")
     _allow_threads()
@@ -248,7 +249,9 @@ def tokenize(samples: Iterable[Sample], *, spec: dict, root: str, tail: str, sha
     if not docs:
         yield from ([] if packed else samples)
         return
-    tok = load_tokenizer(os.path.join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
+    from shardkit.store import join
+
+    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
     flat, lengths = encode_ids(tok, [s.fields.pop("txt") for s in docs], spec["dtype"], spec["eos_id"])
     _add(stats, documents=len(docs), tokens=len(flat))
     le = flat.dtype.newbyteorder("<")  # stored little-endian whatever the machine

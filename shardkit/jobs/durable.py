@@ -1,0 +1,174 @@
+"""The durable step every writer of a dataset shares (build, build_map, ShardWriter), on a local disk
+or a store: unit tables handed between tasks, a completion marker written once a piece's files are
+durable, reuse of finished pieces on a rerun, and the manifest written last.
+
+Order is the guarantee: a piece's shard files are durable (fsync'd, or uploaded: one object each,
+never visible half-written) before its marker names them, and every marker's files are in place
+before the manifest names them; the manifest is retired before the first new file is written. So
+whatever stops a job (kill -9, a lost worker, a store that stops answering), nothing a marker or a
+manifest names is missing or partial, and a rerun redoes only the pieces without a valid marker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import shardkit.store as store
+from shardkit.contract import ShardInfo
+from shardkit.errors import count_by_reason
+from shardkit.manifest import MANIFEST_NAME, TABLE_NAME, Manifest, shard_files, write_manifest
+
+log = logging.getLogger("shardkit.jobs")
+STATE_DIR = ".shardkit"
+
+
+def files_of(infos) -> list[tuple[str, int]]:
+    """(relative path, bytes) of every file the shards consist of: shard files and index sidecars."""
+    out = []
+    for info in infos:
+        out.append((info.path, info.bytes))
+        if info.index:
+            out.append((info.index["path"], info.index["bytes"]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- units
+
+def save_unit(table, url: str) -> str:
+    """A work unit's table as an Arrow file for its shard step, which may run elsewhere. Temp name,
+    then rename, but no fsync: a unit file lives for seconds and no later run reads it (fsync here
+    cost as much as writing the shard). On a store: one upload."""
+    import pyarrow as pa
+
+    with store.writer(url, durable=False) as f, pa.ipc.new_file(f, table.schema) as ipc:
+        ipc.write_table(table)
+    return url
+
+
+def load_unit(url: str):
+    """A unit's table: memory-mapped from a local disk, read whole from a store (at most a shard's bytes,
+    what the shard step holds anyway)."""
+    import pyarrow as pa
+
+    if not store.is_url(url):
+        return pa.ipc.open_file(pa.memory_map(url)).read_all()
+    return pa.ipc.open_file(pa.py_buffer(store.read(url))).read_all()
+
+
+# ------------------------------------------------------------------------------------------- markers
+
+def mark_done(out: str, marker: str, fingerprint: str, result: dict, infos, units=()) -> None:
+    """A finished piece: its shard files durable where they belong (fsync'd locally; uploaded from the
+    staging folder to a store), then its marker OUT/`marker`, then its unit files dropped, so that a
+    marker always names whole files and a retried step finds either the marker or its units."""
+    for rel, _ in files_of(infos):
+        store.publish(out, rel)
+    store.write(store.join(out, marker), json.dumps({"fingerprint": fingerprint, "result": result},
+                                                     sort_keys=True))
+    for url in units:
+        store.remove(url)
+
+
+def shard_sizes(out: str) -> dict[str, int]:
+    """{relative path: bytes} of the files under OUT/shards, from one listing: what a client checks
+    markers against (a store is not asked once per file)."""
+    return {f"shards/{name}": size for name, size in store.listdir(store.join(out, "shards")).items()}
+
+
+def reusable(out: str, marker: str, fingerprint: str, sizes: dict | None = None,
+             data: bytes | None = None) -> dict | None:
+    """The result recorded by OUT/`marker` if its fingerprint is `fingerprint` and every file it names
+    is there with its size (from `sizes`, see shard_sizes, else asked file by file); else None.
+    `data`: the marker's bytes, already read (see read_markers)."""
+    try:
+        record = json.loads(data if data is not None else store.read(store.join(out, marker)))
+        if record["fingerprint"] != fingerprint:
+            return None
+        result = record["result"]
+        infos = [ShardInfo.from_dict(s) for s in result["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for rel, nbytes in files_of(infos):
+        size = sizes.get(rel) if sizes is not None else store.size(store.join(out, rel))
+        if size != nbytes:
+            return None
+    return result
+
+
+def any_marker(out: str, folder: str) -> bool:
+    """Whether OUT/`folder` holds any marker (a previous run got that far)."""
+    url = store.join(out, folder)
+    if not store.is_url(url):
+        return os.path.isdir(url) and any(True for _ in os.scandir(url))
+    from shardkit.store.listing import has_any
+
+    return has_any(url + "/")
+
+
+def read_markers(out: str, markers: list[str]) -> dict[str, bytes | None]:
+    """The bytes of many markers (None for a missing one): on a store, read concurrently."""
+    urls = [store.join(out, m) for m in markers]
+    got = store.read_many(urls)
+    return {m: got[u] for m, u in zip(markers, urls)}
+
+
+def check_markers(out: str, markers: list[str]) -> None:
+    """Every one of these markers is in OUT (one listing per folder): pieces whose steps ended on a
+    store wrote theirs before they returned, so a missing one is a fault, said before any manifest."""
+    from shardkit.errors import ShardkitError
+
+    present: dict[str, dict] = {}
+    missing = []
+    for m in markers:
+        folder, name = m.rsplit("/", 1)
+        if folder not in present:
+            present[folder] = store.listdir(store.join(out, folder))
+        if name not in present[folder]:
+            missing.append(m)
+    if missing:
+        raise ShardkitError(f"{len(missing)} pieces of {out} have no completion marker ({missing[0]} first) though "
+                            "their tasks ended: rerun the same command to build them")
+
+
+def remove_markers(out: str, folder: str, prefix: str, keep: int) -> None:
+    """Markers `{prefix}NNNNN.json` in OUT/`folder` numbered `keep` or more (a previous, larger run's)."""
+    for name in store.listdir(store.join(out, folder)):
+        if name.startswith(prefix) and name[len(prefix):len(prefix) + 5].isdigit() \
+                and int(name[len(prefix):len(prefix) + 5]) >= keep:
+            store.remove(store.join(out, folder, name))
+
+
+# ------------------------------------------------------------------------------------------- finish
+
+def retire_manifest(out: str) -> None:
+    """Delete OUT's manifest before any shard is written: until the new one is written last, nothing
+    may name shards that are about to be replaced (a writer that crashes leaves no manifest)."""
+    for name in (MANIFEST_NAME, TABLE_NAME):
+        store.remove(store.join(out, name))
+
+
+def remove_unlisted(out: str, infos) -> None:
+    """Delete OUT/shards/data-* files that `infos` do not name (left by an earlier, larger run)."""
+    keep = shard_files(infos)
+    for name in store.listdir(store.join(out, "shards")):
+        if name.startswith("data-") and f"shards/{name}" not in keep:
+            store.remove(store.join(out, "shards", name))
+
+
+def write_errors(out: str, rejections, prior: str = "") -> None:
+    """OUT/errors.jsonl: one line per rejected input (after `prior` lines, e.g. an input dataset's)."""
+    store.write(store.join(out, "errors.jsonl"), prior + "".join(r.to_json() + "\n" for r in rejections))
+
+
+def finish(out: str, manifest: Manifest) -> Manifest:
+    """Stale shard files removed, then the manifest, last: call it only once every shard it names is
+    durable (every marker written, or every writer flushed)."""
+    remove_unlisted(out, manifest.shards)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def errors_record(rejections) -> dict:
+    return {"count": len(rejections), "by_reason": count_by_reason(rejections)}

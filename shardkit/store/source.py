@@ -1,0 +1,120 @@
+"""A source file on a store read as a local one: seekable, its waits bounded, resumed after a failure."""
+
+from __future__ import annotations
+
+import io
+
+from shardkit.fs import RemoteError
+from shardkit.store.calls import _call, filesystem, policy, retry
+from shardkit.store.urls import is_url
+
+
+class ResumingFile(io.RawIOBase):
+    """A remote file opened for reading (store.open_source). Every read waits at most the policy's
+    timeout; a read that fails in a way that may pass reopens the file at the offset reached and tries
+    again (the policy's retries, backoff between tries), so a long stream (a tar of many members, a
+    Parquet file read by row group) survives a reset connection without starting over."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url, self.pos = url, 0
+        self._fs, self._path = filesystem(url)
+        self._f = retry(url, self._open)
+
+    def _open(self):
+        return self._fs.open(self._path, "rb")
+
+    @property
+    def size(self) -> int:
+        return self._f.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _read_once(self, n: int) -> bytes:
+        if self._f is None:  # the previous try broke the connection: reopen where we are
+            self._f = self._open()
+        try:
+            self._f.seek(self.pos)
+            return self._f.read(n)
+        except Exception:
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 — a broken file may fail to close too; it is dropped
+                pass
+            raise
+
+    def read(self, n: int = -1) -> bytes:
+        data = retry(self.url, lambda: self._read_once(n))
+        self.pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        super().close()
+
+
+class Fetch:
+    """Whole source files fetched concurrently in the background (store.fetch_sources)."""
+
+    def __init__(self, urls: list[str]):
+        self.urls, self.future = urls, None
+        fs = filesystem(urls[0])[0] if urls and is_url(urls[0]) else None
+        if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
+            import asyncio
+
+            self.paths = [fs._strip_protocol(url) for url in urls]
+            self.future = asyncio.run_coroutine_threadsafe(fs._cat(self.paths, on_error="return"), fs.loop)
+
+    def result(self) -> list:
+        """Each file's bytes, or the exception reading it raised, in order. What the concurrent fetch did
+        not bring (a failure, or no answer within the policy's bound) is read alone, with retries."""
+        got = {}
+        if self.future is not None:
+            p = policy()
+            try:
+                got = self.future.result(timeout=2 * p.timeout + 4 * len(self.urls) * p.timeout / 64)
+            except Exception:  # noqa: BLE001 — every file is then read alone, its errors named
+                self.future.cancel()
+        out = []
+        for i, url in enumerate(self.urls):
+            value = got.get(self.paths[i]) if got else None
+            if not isinstance(value, bytes):
+                try:
+                    value = _read(url)
+                except (OSError, RemoteError) as e:
+                    value = e
+            out.append(value)
+        return out
+
+
+def _read(url: str) -> bytes:
+    """A whole source file, local or remote (store.read_source)."""
+    if not is_url(url):
+        from shardkit.fs import local_path
+
+        with open(local_path(url), "rb") as f:
+            return f.read()
+    return _call(url, lambda fs, path: fs.cat_file(path))
