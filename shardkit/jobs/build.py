@@ -449,7 +449,7 @@ def _remove_stale_scan(b: _Plan) -> None:
     keep = {os.path.basename(b.reader.atoms_path or "")}
     for count in b.scanned.counts.values():
         base = os.path.basename(count.index)
-        keep |= {base, base[:-len(".npy")] + ".json"}
+        keep |= {base, base[:-len(".npy")] + ".json", os.path.basename(count.keys or "")}
     folder = b.inv.opts.state_dir
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         if name not in keep:

@@ -1,4 +1,4 @@
-"""Row files on the cluster: each .jsonl/.parquet file is counted by a task that writes its row index
+"""Row files on the cluster: each .jsonl/.parquet/.tar file is counted by a task that writes its row index
 (line numbers, byte offsets, cumulative size estimates) under OUT/.shardkit/scan and returns a few
 numbers; tasks later read their rows by that index. The client never holds a per-row array."""
 
@@ -87,6 +87,10 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     base = os.path.join(opts.state_dir, _index_name(rf, opts))
     if (done := counted(rf, opts)) is not None:
         return done
+    if rf.kind == "tar":
+        from shardkit.sources.tars import count_tar
+
+        return count_tar(rf, opts, base)
     path = os.path.join(opts.root, rf.rel)
     try:
         if rf.kind == "jsonl":

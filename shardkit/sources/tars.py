@@ -1,0 +1,351 @@
+"""WebDataset tar shards as a source: one listing entry per .tar, its samples counted on the cluster.
+
+A tar is read as the folder it would extract to, named by its stem (as `docs.jsonl` line 7 is
+`docs/000007`): members are grouped by key (WebDataset's rule: the name up to the first dot of its
+last part; a sample's members are consecutive) and their extensions become fields, as files beside
+each other do in a raw folder: an image (`jpg`, `png`, `webp`, ...), `txt`, `json` (metadata), and
+`cls` (the label). `shards/00012.tar` member `000120034.jpg` is sample `shards/00012/000120034`.
+
+A counting task streams the tar's headers (sources.tar_members: data is skipped, never held) and
+writes the row index of its samples in key order (byte span of each sample's members, size
+estimate) and a keys file; the client gets a few numbers. A work unit reads its samples' spans by
+offset. A damaged member, a damaged header or a truncated end rejects only the samples it touches,
+each with its reason; the rest of the tar is built.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import weakref
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from shardkit.contract import decode_text
+from shardkit.errors import RejectedInput
+from shardkit.fs import join, open_url
+from shardkit.sample import Sample, make_key
+from shardkit.sources import tar_members as T
+from shardkit.sources.index import INDEX_DTYPE, RowCount, RowRef, keys_table, keys_of, load_index
+from shardkit.sources.walk import IMAGE_EXTS, TEXT_EXTS
+
+IMAGES = frozenset(e[1:] for e in IMAGE_EXTS)
+TEXTS = frozenset(e[1:] for e in TEXT_EXTS)
+FIELDS = {**{e: "image" for e in IMAGES}, **{e: "txt" for e in TEXTS}, "json": "json", "cls": "cls"}
+CLS_MEMBERS = -2  # Inventory.row_labels of a tar whose labels are its `cls` members
+MAX_CLS_BYTES = 32  # a cls member is a class number; a longer one is not read as a label
+_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext: key, all extensions
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (`__index__.json`), never samples
+
+
+def open_source(root: str, rel: str):
+    """The one place a source tar is opened (a local path, or a URL: fs.open_url), seekable."""
+    return open_url(join(root, rel))
+
+
+def split_name(name: str) -> tuple[str | None, str | None]:
+    """(key, lowercase extension) of a member name, as WebDataset groups them; (None, None) for none."""
+    match = _NAME.match(name)
+    return (match.group(1), match.group(2).lower()) if match else (None, None)
+
+
+@dataclass
+class _Group:
+    """One sample of the tar while counting: its members' byte span and what they hold."""
+
+    key: str
+    number: int  # position among the tar's samples, in file order
+    start: int
+    end: int
+    sizes: dict = field(default_factory=dict)  # extension -> bytes (every member of the key)
+    problem: str | None = None
+    cls: int | None = None
+
+
+class _Count:
+    """Members → samples of one tar, with everything passed over (counted, never silent)."""
+
+    def __init__(self, rel: str, f):
+        self.rel, self.f = rel, f
+        self.groups: list[_Group] = []
+        self.passed: dict[str, list] = {}  # reason -> [members, first member name]
+        self.rejections: list[list[str]] = []  # [source, reason]
+        self.pending = None  # (key or None, reason) of a damaged header, until the next sample starts
+        self.seen = 0  # members that could belong to a sample
+        self.no_header = False  # the file does not start with a valid header
+
+    def pass_over(self, reason: str, name: str) -> None:
+        self.passed.setdefault(reason, [0, name])[0] += 1
+
+    def member(self, m: T.Member) -> None:
+        if not m.regular:
+            if not m.name.endswith("/"):
+                self.pass_over("not a regular file (a link or device)", m.name)
+            return
+        key, ext = split_name(m.name)
+        if key is None or _META.match(m.name):
+            self.pass_over("no extension" if key is None else "WebDataset metadata member", m.name)
+            return
+        self.seen += 1
+        g = self.groups[-1] if self.groups else None
+        if g is None or g.key != key:
+            g = self._new_group(key, m.start)
+        elif ext in g.sizes:
+            g.problem = g.problem or f"ambiguous sample: two members named {m.name!r}"
+        g.end, g.sizes[ext] = m.end, m.size
+        if ext not in FIELDS:
+            self.pass_over(f"unsupported extension: {'.' + ext!r}", m.name)
+        elif ext == "cls" and m.size <= MAX_CLS_BYTES:
+            g.cls = parse_cls(T._read_at(self.f, m.data, m.size))
+
+    def _new_group(self, key: str, start: int) -> _Group:
+        g = _Group(key, len(self.groups), start, start)
+        if self.pending is not None:
+            damaged, reason = self.pending
+            self.pending = None
+            if damaged is None or damaged == key:
+                g.problem = reason
+            else:
+                self.rejections.append([f"{self.rel}:{damaged}", reason])
+        self.groups.append(g)
+        return g
+
+    def damage(self, d: T.Damage) -> None:
+        self.no_header |= d.start == 0
+        key = split_name(d.name)[0] if d.name else None
+        where = f"bytes {d.start:,}-{d.stop:,} skipped to the next valid header"
+        reason = (f"damaged tar header: member {d.name!r} lost ({where})" if key else
+                  f"damaged tar header: {where}; this sample may lack a member")
+        g = self.groups[-1] if self.groups else None
+        if g is not None and (key is None or g.key == key):
+            g.problem = g.problem or reason
+        if key is None:
+            self.rejections.append([f"{self.rel}@{d.start}", f"damaged tar header: {where}"])
+        if g is None or key is None or g.key != key:
+            self.pending = (key, reason)
+
+    def truncated(self, t: T.Truncated) -> None:
+        g = self.groups[-1] if self.groups else None
+        key = split_name(t.name)[0] if t.name else None
+        if t.name is None:
+            reason = (f"truncated tar: the file ends at byte {t.at:,} without the end-of-archive blocks; "
+                      "this sample may lack members")
+        else:
+            reason = f"truncated tar: the file ends at byte {t.at:,}, inside member {t.name!r}"
+        if g is not None and (key is None or g.key == key):
+            g.problem = g.problem or reason
+        elif key is not None:
+            self.rejections.append([f"{self.rel}:{key}", reason])
+
+    def finish(self) -> list[_Group]:
+        """The samples to build; the others become rejections (duplicate keys, no content, ...)."""
+        if self.pending is not None and self.pending[0] is not None:
+            self.rejections.append([f"{self.rel}:{self.pending[0]}", self.pending[1]])
+        seen: dict[str, int] = {}
+        for g in self.groups:
+            seen[g.key] = seen.get(g.key, 0) + 1
+        good = []
+        for g in self.groups:
+            problem = g.problem or _problem(g, seen[g.key])
+            if problem:
+                self.rejections.append([f"{self.rel}:{g.key}", problem])
+            elif any(ext in FIELDS for ext in g.sizes):
+                good.append(g)
+        for reason, (n, example) in sorted(self.passed.items()):
+            self.rejections.append([self.rel, f"{reason}, {n:,} member(s) not read (e.g. {example!r})"])
+        return good
+
+
+def _problem(g: _Group, times: int) -> str | None:
+    """Why a sample cannot be built from its members, as the raw folder says it of files."""
+    if times > 1:
+        return (f"ambiguous sample: key {g.key!r} appears {times} times in the tar, apart (a WebDataset "
+                "sample's members are consecutive)")
+    kinds = [FIELDS[ext] for ext in g.sizes if ext in FIELDS]
+    for kind, what in (("image", "images"), ("txt", "text members")):
+        if kinds.count(kind) > 1:
+            return f"ambiguous sample: several {what} share the key {g.key!r}"
+    if kinds and set(kinds) == {"cls"}:
+        return "no content: only a cls member (a label without an image, text or json)"
+    return None
+
+
+def parse_cls(data: bytes) -> int | None:
+    """A cls member's class number (webdataset writes `str(int)`), or None if it holds none."""
+    try:
+        return int(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _estimate(g: _Group, image_estimate: int | None) -> int:
+    """Estimated stored bytes: a resized image by its pixels, the other members as they are."""
+    sizes = {ext: n for ext, n in g.sizes.items() if ext in FIELDS}
+    images = sum(n for ext, n in sizes.items() if ext in IMAGES)
+    if image_estimate is not None and images:
+        return image_estimate + sum(sizes.values()) - images
+    return sum(sizes.values())
+
+
+def _info(groups: list[_Group], rejections: list) -> dict:
+    exts = {ext for g in groups for ext in g.sizes if ext in FIELDS}
+    labelled = [g.cls for g in groups if g.cls is not None and g.cls >= 0 and "cls" in g.sizes]
+    return {"kinds": sorted({FIELDS[e] for e in exts} - {"cls"}), "image_exts": sorted(exts & IMAGES),
+            "cls": {"samples": len(labelled), "max": max(labelled, default=-1)}, "rejections": rejections}
+
+
+def count_tar(rf, opts, base: str) -> RowCount:
+    """The counting task of one tar: its row index (samples in key order), keys file and count,
+    written under `base` (.npy, .keys.arrow, then .json last: it marks the count complete)."""
+    import pyarrow as pa
+
+    from shardkit.fs import atomic_write, atomic_writer
+
+    try:
+        with open_source(opts.root, rf.rel) as f:
+            size = f.seek(0, os.SEEK_END)
+            count = _Count(rf.rel, f)
+            for event in T.members(f, size):
+                if isinstance(event, T.Member):
+                    count.member(event)
+                elif isinstance(event, T.Damage):
+                    count.damage(event)
+                else:
+                    count.truncated(event)
+            groups = count.finish()
+    except OSError as e:
+        return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {e.strerror or e}")
+    if not count.seen and (size == 0 or count.no_header):
+        return RowCount(0, 0, 0, 0, 0, "", error=_not_a_tar(size))
+    keys = [f"{rf.stem_key}/{make_key(g.key)}" for g in groups]
+    order = sorted(range(len(groups)), key=keys.__getitem__)
+    index = np.empty(len(groups), INDEX_DTYPE)
+    index["number"] = [groups[i].number for i in order]
+    index["offset"] = [groups[i].start for i in order]
+    index["length"] = [groups[i].end - groups[i].start for i in order]
+    index["cum"] = np.cumsum([_estimate(groups[i], opts.image_estimate) for i in order]) if order else []
+    with atomic_writer(base + ".npy") as f:
+        np.save(f, index)
+    table = pa.table({"key": pa.array([keys[i] for i in order], pa.string()),
+                      "member": pa.array([groups[i].key for i in order], pa.string())})
+    with atomic_writer(base + ".keys.arrow") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+    rows = len(index)
+    result = RowCount(rows, 0, max(rows - 1, 0), max(rows - 1, 0), int(index["cum"][-1]) if rows else 0,
+                      base + ".npy", keys=base + ".keys.arrow", tar=_info(groups, count.rejections))
+    atomic_write(base + ".json", json.dumps(asdict(result), sort_keys=True))
+    return result
+
+
+def _not_a_tar(size: int) -> str:
+    if size == 0:
+        return "empty file: a .tar of no bytes"
+    return ("not a tar file: no valid tar header where members were due (a compressed tar? shardkit reads "
+            "uncompressed .tar: decompress it first)")
+
+
+def tar_rejections(row_files, counts) -> list[tuple[str, str]]:
+    """(path, reason) of everything the counting tasks passed over inside tars."""
+    return [tuple(r) for rf in row_files if rf.kind == "tar" for r in counts[rf.id].tar.get("rejections", [])]
+
+
+class _Spans:
+    """Reads sample spans from one open tar; closes it after the last (or when dropped)."""
+
+    def __init__(self, f, reads: int):
+        self.f, self.left = f, reads
+        weakref.finalize(self, f.close)
+
+    def read(self, offset: int, length: int) -> bytes:
+        self.f.seek(offset)
+        data = self.f.read(length)
+        self.left -= 1
+        if self.left <= 0:
+            self.f.close()
+        return data
+
+
+def tar_rows(opts, rf, count: RowCount, start: int, stop: int, keys=None, cls: bool = False):
+    """RowRefs of rows [start, stop) of a tar, in key order; `keys` overrides the row keys, `cls`
+    reads the cls members as labels. The tar is opened here (a vanished file fails now, see
+    sources.read) and each sample's span is read when its RowRef makes it."""
+    rows = load_index(count)[start:stop]
+    if not len(rows):
+        return
+    keys = keys if keys is not None else keys_of(rf.stem_key, count, start, stop)
+    names = keys_table(count.keys).column("member").slice(start, stop - start).to_pylist()
+    spans = _Spans(open_source(opts.root, rf.rel), len(rows))
+    for i, (number, offset, length) in enumerate(zip(rows["number"].tolist(), rows["offset"].tolist(),
+                                                     rows["length"].tolist())):
+        source = f"{rf.rel}:{names[i]}"
+
+        def make(number=number, offset=offset, length=length, key=keys[i], member=names[i], source=source):
+            span = spans.read(offset, length)
+            return parse_span(span, length, key, member, source, number, cls)
+
+        yield RowRef(source, make)
+
+
+def parse_span(span: bytes, length: int, key: str, member: str | None, source: str, number: int,
+               cls: bool) -> Sample:
+    """One sample from the bytes of its members (headers included): image, txt, json, and cls when
+    `cls`. A member that does not parse rejects the sample, naming the member."""
+    if len(span) < length:
+        raise RejectedInput(f"unreadable: the tar is shorter than when it was counted (it changed while the "
+                            "build ran?)")
+    sample = Sample(key, {}, {"source": source, "source_path": source.rsplit(":", 1)[0], "source_row": number,
+                              "utf8_replaced": 0})
+    for m in T.members(io.BytesIO(span), len(span)):
+        if isinstance(m, T.Truncated):  # a span ends at its last member, without end-of-archive blocks
+            continue
+        if isinstance(m, T.Member) and (not m.regular or _META.match(m.name)):
+            continue  # passed over (and counted) when the tar was counted
+        name_key, ext = split_name(m.name) if isinstance(m, T.Member) else (None, None)
+        if name_key is None or (member is not None and name_key != member):
+            raise RejectedInput("unreadable: the tar changed since it was counted (its members moved); rerun "
+                                "the build")
+        _add_member(sample, m.name, ext, span[m.data:m.end], cls)
+    return sample
+
+
+def _add_member(sample: Sample, name: str, ext: str, data: bytes, cls: bool) -> None:
+    kind = FIELDS.get(ext)
+    if kind == "image":
+        sample.fields["image"] = data
+        sample.meta["image_ext"] = ext  # what `--encode keep` names the field
+    elif kind == "txt":
+        sample.fields["txt"], sample.meta["utf8_replaced"] = decode_text(data)
+    elif kind == "json":
+        try:
+            sample.fields["json"] = json.loads(data)
+        except ValueError as e:
+            raise RejectedInput(f"invalid JSON member {name!r}: {e}") from None
+    elif kind == "cls" and cls:
+        label = parse_cls(data) if len(data) <= MAX_CLS_BYTES else None
+        if label is None or label < 0:
+            shown = data[:MAX_CLS_BYTES].decode("utf-8", "replace")
+            raise RejectedInput(f"bad label: member {name!r} holds {shown!r}, expected a class number >= 0 "
+                                "(build without the tar labels: --no-labels)")
+        sample.fields["cls"] = label
+
+
+def tar_labels(row_files, counts, cfg) -> tuple[list[str] | None, dict | None, list[str]]:
+    """(classes, row labels, notes) when the tars' cls members are the labels, else (None, None, notes).
+
+    cls members label their samples when some tar has them and no other label source was asked
+    for (--labels, --no-labels, --label-field): classes are "0".."max", folder labels are not used
+    (two numberings cannot share one class list), and samples without a cls member have no label."""
+    tars = [rf for rf in row_files if rf.kind == "tar" and counts[rf.id].tar.get("cls", {}).get("samples")]
+    if not tars:
+        return None, None, []
+    if cfg.labels is not None or cfg.label_field:
+        flag = "--label-field" if cfg.label_field else "--labels" if cfg.labels else "--no-labels"
+        return None, None, [f"{len(tars)} tar(s) hold cls members: not used as labels ({flag})"]
+    top = max(counts[rf.id].tar["cls"]["max"] for rf in tars)
+    ids = {rf.id for rf in tars}
+    note = (f"labels: the cls members of {len(tars)} tar(s), classes 0..{top}; folder labels are not used "
+            "(--labels uses them instead)")
+    return [str(i) for i in range(top + 1)], {rf.id: CLS_MEMBERS if rf.id in ids else -1 for rf in row_files}, [note]
