@@ -73,7 +73,7 @@ class _Count:
         self.groups: list[_Group] = []
         self.passed: dict[str, list] = {}  # reason -> [members, first member name]
         self.rejections: list[list[str]] = []  # [source, reason]
-        self.pending = None  # (key or None, reason) of a damaged header, until the next sample starts
+        self.pending = None  # (key or None, reason, offset) of a damaged header, until the next sample starts
         self.seen = 0  # members that could belong to a sample
         self.no_header = False  # the file does not start with a valid header
 
@@ -93,8 +93,11 @@ class _Count:
         g = self.groups[-1] if self.groups else None
         if g is None or g.key != key:
             g = self._new_group(key, m.start)
-        elif ext in g.sizes:
-            g.problem = g.problem or f"ambiguous sample: two members named {m.name!r}"
+        else:
+            if ext in g.sizes:
+                g.problem = g.problem or f"ambiguous sample: two members named {m.name!r}"
+            if self.pending is not None and self.pending[0] is None:
+                self.pending = None  # the damaged header lay inside this sample, which carries it
         g.end, g.sizes[ext] = m.end, m.size
         if ext not in FIELDS:
             self.pass_over(f"unsupported extension: {'.' + ext!r}", m.name)
@@ -104,28 +107,41 @@ class _Count:
     def _new_group(self, key: str, start: int) -> _Group:
         g = _Group(key, len(self.groups), start, start)
         if self.pending is not None:
-            damaged, reason = self.pending
-            self.pending = None
+            damaged, reason, _ = self.pending
             if damaged is None or damaged == key:
                 g.problem = reason
-            else:
-                self.rejections.append([f"{self.rel}:{damaged}", reason])
+            if damaged != key:  # a sample between the two may be lost whole
+                self._lost()
+            self.pending = None
         self.groups.append(g)
         return g
 
+    def _lost(self) -> None:
+        damaged, reason, start = self.pending
+        if damaged is None:
+            self.rejections.append([f"{self.rel}@{start}", reason.split(";", 1)[0]])
+        else:
+            self.rejections.append([f"{self.rel}:{damaged}", reason])
+
     def damage(self, d: T.Damage) -> None:
+        """A damaged header: its sample is rejected when its name still reads, else the samples on both
+        sides (each may have lost the member), and the span itself when a whole sample may be lost."""
         self.no_header |= d.start == 0
         key = split_name(d.name)[0] if d.name else None
         where = f"bytes {d.start:,}-{d.stop:,} skipped to the next valid header"
-        reason = (f"damaged tar header: member {d.name!r} lost ({where})" if key else
-                  f"damaged tar header: {where}; this sample may lack a member")
         g = self.groups[-1] if self.groups else None
-        if g is not None and (key is None or g.key == key):
-            g.problem = g.problem or reason
         if key is None:
-            self.rejections.append([f"{self.rel}@{d.start}", f"damaged tar header: {where}"])
-        if g is None or key is None or g.key != key:
-            self.pending = (key, reason)
+            reason = f"damaged tar header: {where}; this sample may lack a member"
+            if g is not None:
+                g.problem = g.problem or reason
+        else:
+            reason = f"damaged tar header: member {d.name!r} lost ({where})"
+            if g is not None and g.key == key:
+                g.problem = g.problem or reason
+                return
+        if self.pending is not None:
+            self._lost()
+        self.pending = (key, reason, d.start)
 
     def truncated(self, t: T.Truncated) -> None:
         g = self.groups[-1] if self.groups else None
@@ -142,8 +158,8 @@ class _Count:
 
     def finish(self) -> list[_Group]:
         """The samples to build; the others become rejections (duplicate keys, no content, ...)."""
-        if self.pending is not None and self.pending[0] is not None:
-            self.rejections.append([f"{self.rel}:{self.pending[0]}", self.pending[1]])
+        if self.pending is not None:
+            self._lost()
         seen: dict[str, int] = {}
         for g in self.groups:
             seen[g.key] = seen.get(g.key, 0) + 1
