@@ -1,0 +1,112 @@
+"""Tar headers streamed one by one (sources.tar_members) and counting a tar (sources.tars): what tarfile
+reads from a clean tar, member data skipped and never held, a count that does not grow with samples."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from dataclasses import asdict
+
+import pytest
+
+from shardkit.sample import make_key
+from shardkit.sources import tar_members as T
+from shardkit.sources.index import ScanOptions, keys_of, load_index
+from shardkit.sources.tars import count_tar, tar_rows
+from shardkit.sources.walk import RowFile
+
+
+def _tar(path, members, fmt=tarfile.PAX_FORMAT):
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+class _Counting(io.FileIO):
+    """A file that records every read."""
+
+    reads: list
+
+    def read(self, n=-1):
+        data = super().read(n)
+        self.reads.append(len(data))
+        return data
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_members_are_what_tarfile_reads_from_a_clean_tar(tmp_path, fmt):
+    long = "d" * 60 + "/" + "k" * 90  # over 100 bytes: GNU long name, pax path, or ustar prefix
+    names = [f"{long}.jpg", f"{long}.txt", "é/caf\u00e9.json", "a.b.c.seg.png", "empty.txt"]
+    if fmt == tarfile.USTAR_FORMAT:
+        names[2] = "plain/cafe.json"
+    path = _tar(tmp_path / "t.tar", [(n, bytes([i]) * (i * 300)) for i, n in enumerate(names)], fmt)
+    with tarfile.open(path) as tf:
+        expected = [(m.name, m.offset_data, m.size) for m in tf.getmembers()]
+    with open(path, "rb") as f:
+        events = list(T.members(f, os.path.getsize(path)))
+    assert [(m.name, m.data, m.size) for m in events] == expected
+    assert all(isinstance(m, T.Member) and m.regular for m in events)
+
+
+def test_counting_skips_member_data_and_holds_no_tar(tmp_path):
+    big = os.urandom(200_000)
+    path = _tar(tmp_path / "t.tar", [(f"{i:04d}.{ext}", big if ext == "jpg" else b"3")
+                                      for i in range(40) for ext in ("cls", "jpg")])
+    f = _Counting(path)
+    f.reads = []
+    with f:
+        events = list(T.members(f, os.path.getsize(path)))
+    assert len(events) == 80 and max(f.reads) <= T.BLOCK
+    assert sum(f.reads) < os.path.getsize(path) / 50  # headers only: 40 x 200 KB of data never read
+
+
+def _count(tmp_path, n: int):
+    path = _tar(tmp_path / f"s{n}.tar", [(f"{i:06d}.{ext}", b"%d" % (i % 5)) for i in range(n) for ext in ("txt", "cls")])
+    rf = RowFile(0, os.path.basename(path), "tar", os.path.getsize(path), 0, make_key(f"s{n}"), None)
+    opts = ScanOptions(str(tmp_path), str(tmp_path / f"state{n}"))
+    os.makedirs(opts.state_dir)
+    return rf, opts, count_tar(rf, opts, os.path.join(opts.state_dir, "c"))
+
+
+def test_a_count_does_not_grow_with_the_samples_of_its_tar(tmp_path):
+    """What a counting task hands the client: a few numbers; the samples stay in files on the cluster."""
+    small, large = _count(tmp_path, 10)[2], _count(tmp_path, 3000)[2]
+    assert (small.rows, large.rows) == (10, 3000)
+    assert abs(len(json.dumps(asdict(large))) - len(json.dumps(asdict(small)))) < 32
+    assert large.tar["cls"] == {"samples": 3000, "max": 4}
+
+
+def test_rows_come_in_key_order_whatever_the_member_order(tmp_path):
+    path = _tar(tmp_path / "t.tar", [(f"{k}.txt", k.encode()) for k in ("b", "c", "a", "d/x")])
+    rf = RowFile(0, "t.tar", "tar", os.path.getsize(path), 0, "t", None)
+    opts = ScanOptions(str(tmp_path), str(tmp_path))
+    count = count_tar(rf, opts, str(tmp_path / "c"))
+    assert keys_of("t", count, 0, 4) == ["t/a", "t/b", "t/c", "t/d/x"]
+    assert load_index(count)["number"].tolist() == [2, 0, 1, 3]  # each sample's place in the tar
+    samples = [ref.make() for ref in tar_rows(opts, rf, count, 1, 4)]
+    assert [(s.key, s.fields["txt"], s.meta["source"]) for s in samples] == [
+        ("t/b", "b", "t.tar:b"), ("t/c", "c", "t.tar:c"), ("t/d/x", "d/x", "t.tar:d/x")]
+
+
+def test_ambiguous_samples_are_rejected_by_reason(tmp_path):
+    members = [("a.jpg", b"1"), ("b.txt", b"2"), ("a.txt", b"3"),  # a's members are apart
+               ("c.jpg", b"4"), ("c.png", b"5"),  # two images
+               ("d.cls", b"1"),  # a label alone
+               ("e.txt", b"6"), ("e.txt", b"7"),  # one name twice
+               ("f.txt", b"ok")]
+    path = _tar(tmp_path / "t.tar", members)
+    rf = RowFile(0, "t.tar", "tar", os.path.getsize(path), 0, "t", None)
+    count = count_tar(rf, ScanOptions(str(tmp_path), str(tmp_path)), str(tmp_path / "c"))
+    assert keys_of("t", count, 0, count.rows) == ["t/b", "t/f"]
+    reasons = dict(count.tar["rejections"])
+    assert sorted(reasons) == ["t.tar:a", "t.tar:c", "t.tar:d", "t.tar:e"]
+    for path, start in [("t.tar:a", "ambiguous sample: key 'a' appears 2 times in the tar, apart"),
+                        ("t.tar:c", "ambiguous sample: several images share the key 'c'"),
+                        ("t.tar:d", "no content: only a cls member"),
+                        ("t.tar:e", "ambiguous sample: two members named 'e.txt'")]:
+        assert reasons[path].startswith(start), reasons[path]
