@@ -29,6 +29,7 @@ from shardkit.sources.key_order import ATOMS
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
+from shardkit.sources.tars import first_images
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
@@ -197,6 +198,8 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
         with contextlib.suppress(OSError):  # unreadable: the build's to reject, not the probe's
             with open(os.path.join(cfg.src, rel), "rb") as f:
                 datas.append(f.read())
+    if not datas:  # SRC's images may all be inside WebDataset tars
+        datas = first_images(cfg.src, [rf.rel for rf in listing.row_files if rf.kind == "tar"], PROBE_IMAGES)
     if not datas:
         return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
     turn = iter(range(1 << 62))
@@ -212,9 +215,10 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
 
 
 def _image_work(listing, cfg: BuildConfig) -> bool:
-    """Whether the build's work is images (from files), which threads share well: no .jsonl/.parquet
-    rows to parse and no tokenizer (both hold the GIL)."""
-    return listing.images > 0 and not listing.row_files and not cfg.tokenizer
+    """Whether the build's work is images (from files or WebDataset tars: the probe finds out), which
+    threads share well: no .jsonl/.parquet rows to parse and no tokenizer (both hold the GIL)."""
+    tars = {rf.kind for rf in listing.row_files} == {"tar"}
+    return (listing.images > 0 or tars) and (tars or not listing.row_files) and not cfg.tokenizer
 
 
 def _reader(inv: Inventory) -> SourceReader:

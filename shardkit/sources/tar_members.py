@@ -62,7 +62,7 @@ def padded(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
-def _read_at(f, pos: int, n: int) -> bytes:
+def read_at(f, pos: int, n: int) -> bytes:
     f.seek(pos)
     return f.read(n)
 
@@ -96,7 +96,7 @@ def name_hint(block: bytes) -> str | None:
 def _resync(f, pos: int, size: int) -> int:
     """The offset of the first valid header at or after `pos` (a block boundary), or `size`."""
     while pos < size:
-        chunk = _read_at(f, pos, min(RESYNC_READ, size - pos))
+        chunk = read_at(f, pos, min(RESYNC_READ, size - pos))
         if not chunk:
             return size
         for at in range(0, len(chunk) - BLOCK + 1, BLOCK):
@@ -118,7 +118,7 @@ def members(f, size: int):
     `Truncated` event says it does not."""
     pos, start, extra, zeros = 0, None, {}, False
     while pos < size:
-        block = _read_at(f, pos, BLOCK)
+        block = read_at(f, pos, BLOCK)
         if len(block) < BLOCK:
             yield Truncated(size, None if block.count(0) == len(block) else name_hint(block))
             return
@@ -140,7 +140,7 @@ def members(f, size: int):
                 yield Damage(start, stop, name_hint(block))
                 pos, start, extra = stop, None, {}
                 continue
-            payload = _read_at(f, data, info.size)
+            payload = read_at(f, data, info.size)
             if info.type == tarfile.GNUTYPE_LONGNAME:
                 extra["path"] = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             elif info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):

@@ -102,7 +102,7 @@ class _Count:
         if ext not in FIELDS:
             self.pass_over(f"unsupported extension: {'.' + ext!r}", m.name)
         elif ext == "cls" and m.size <= MAX_CLS_BYTES:
-            g.cls = parse_cls(T._read_at(self.f, m.data, m.size))
+            g.cls = parse_cls(T.read_at(self.f, m.data, m.size))
 
     def _new_group(self, key: str, start: int) -> _Group:
         g = _Group(key, len(self.groups), start, start)
@@ -261,6 +261,23 @@ def _not_a_tar(size: int) -> str:
         return "empty file: a .tar of no bytes"
     return ("not a tar file: no valid tar header where members were due (a compressed tar? shardkit reads "
             "uncompressed .tar: decompress it first)")
+
+
+def first_images(root: str, rels: list[str], n: int) -> list[bytes]:
+    """The first n image members of these tars, in order (what the worker-pool probe measures on)."""
+    out = []
+    for rel in rels:
+        try:
+            with open_source(root, rel) as f:
+                size = f.seek(0, os.SEEK_END)
+                for m in T.members(f, size):
+                    if isinstance(m, T.Member) and m.regular and split_name(m.name)[1] in IMAGES:
+                        out.append(T.read_at(f, m.data, m.size))
+                        if len(out) == n:
+                            return out
+        except OSError:
+            continue  # unreadable: the build's to reject, not the probe's
+    return out
 
 
 def tar_rejections(row_files, counts) -> list[tuple[str, str]]:
