@@ -16,6 +16,7 @@ import webdataset as wds
 from PIL import Image
 
 from shardkit.config import BuildConfig
+from shardkit.errors import ConfigError
 from shardkit.datagen import _jpeg, photo_like
 from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
@@ -58,6 +59,16 @@ def _errors(out) -> list[dict]:
 def _members(path) -> dict[str, tarfile.TarInfo]:
     with tarfile.open(path) as tf:
         return {m.name: m for m in tf.getmembers()}
+
+
+def _plain_tar(path, members, *extra: tarfile.TarInfo) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tf.addfile(info)
 
 
 def _tarfile_reads(path) -> int:
@@ -189,14 +200,9 @@ def test_tars_beside_files_labels_and_what_is_passed_over(tmp_path):
     (src / "photos" / "a.jpg").write_bytes(_samples(1)[0]["jpg"])
     (src / "packed.tar.gz").write_bytes(b"\x1f\x8b compressed")
     (src / "notatar.tar").write_bytes(b"\x1f\x8b" + bytes(2000))
-    with tarfile.open(src / "odd.tar", "w") as tf:  # a member type and an extension shardkit does not read
-        for name, data in [("k1.jpg", _samples(1)[0]["jpg"]), ("k1.seg.png", b"x"), ("k2.seg.png", b"x")]:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("k3.jpg")
-        link.type, link.linkname = tarfile.SYMTYPE, "k1.jpg"
-        tf.addfile(link)
+    link = tarfile.TarInfo("k3.jpg")  # a member type and an extension shardkit does not read
+    link.type, link.linkname = tarfile.SYMTYPE, "k1.jpg"
+    _plain_tar(src / "odd.tar", [("k1.jpg", _samples(1)[0]["jpg"]), ("k1.seg.png", b"x"), ("k2.seg.png", b"x")], link)
     built = _build(src, tmp_path / "dataset")  # a shardkit dataset below SRC is never read
     shutil.copytree(tmp_path / "dataset", src / "old_build")
     result = _build(src, tmp_path / "out")
@@ -234,6 +240,30 @@ def test_cls_members_and_folder_labels(tmp_path):
     assert any("not used as labels (--labels)" in n for n in result.notes)
     _build(src, tmp_path / "none", labels=False)
     assert "cls" not in load_manifest(str(tmp_path / "none")).fields
+    _write_set(src / "c", [dict(_samples(1)[0], cls=5_000_000)], per_tar=1)
+    with pytest.raises(ConfigError, match="go up to 5,000,000: more than 1,000,000 classes.*--no-labels"):
+        _build(src, tmp_path / "many")
+
+
+def test_a_tar_among_files_of_its_own_name_is_read_in_key_order(tmp_path):
+    """Keys of `a.tar` and of files in `a/` interleave, one collides: the tar's samples join the file
+    samples one by one (as a .jsonl's rows do), the colliding keys both get a suffix."""
+    from shardkit.sources import read_records, scan
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    _plain_tar(src / "a.tar", [("1.txt", b"one"), ("3.txt", b"three (tar)"), ("3.json", b'{"x": 3}')])
+    (src / "a" / "2.txt").write_text("two")
+    (src / "a" / "3.txt").write_text("three (file)")
+    _build(src, tmp_path / "out", labels=False)
+    built = _built(tmp_path / "out")
+    assert list(built)[:2] == ["a/1", "a/2"] and len(built) == 4
+    threes = sorted(s.fields["txt"] for k, s in built.items() if k.startswith("a/3_"))
+    assert threes == ["three (file)", "three (tar)"]
+    assert next(s for s in built.values() if s.fields["txt"] == "three (tar)").fields["json"] == {"x": 3}
+    scanned = scan(BuildConfig(src=str(src), out=str(tmp_path / "o2"), labels=False))  # the per-sample view
+    read = {rec.key: sample.fields for rec, sample in read_records(str(src), scanned.records)}
+    assert read == {k: s.fields for k, s in built.items()}
 
 
 def test_reruns_reuse_shards_and_a_changed_tar_rebuilds_only_its_shards(tmp_path):
@@ -263,8 +293,9 @@ def test_same_bytes_at_0_and_2_workers(tmp_path):
     _write_set(tmp_path / "src", samples, per_tar=8)
     opts = dict(image_size=24, resize_mode="center-crop", max_samples_per_shard=9, format="both")
     _build(tmp_path / "src", tmp_path / "w0", workers=0, **opts)
-    _build(tmp_path / "src", tmp_path / "w2", workers=2, unit_samples=4, **opts)
-    assert tree_bytes(tmp_path / "w0") == tree_bytes(tmp_path / "w2")
+    _build(tmp_path / "src", tmp_path / "w2", workers=2, unit_samples=4, worker_pool="threads", **opts)
+    _build(tmp_path / "src", tmp_path / "p2", workers=2, unit_samples=4, worker_pool="processes", **opts)
+    assert tree_bytes(tmp_path / "w0") == tree_bytes(tmp_path / "w2") == tree_bytes(tmp_path / "p2")
     assert len(_errors(tmp_path / "w0")) == 1
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from shardkit.contract import decode_text
-from shardkit.errors import RejectedInput
+from shardkit.errors import ConfigError, RejectedInput
 from shardkit.fs import join, open_url
 from shardkit.sample import Sample, make_key
 from shardkit.sources import tar_members as T
@@ -37,6 +37,7 @@ TEXTS = frozenset(e[1:] for e in TEXT_EXTS)
 FIELDS = {**{e: "image" for e in IMAGES}, **{e: "txt" for e in TEXTS}, "json": "json", "cls": "cls"}
 CLS_MEMBERS = -2  # Inventory.row_labels of a tar whose labels are its `cls` members
 MAX_CLS_BYTES = 32  # a cls member is a class number; a longer one is not read as a label
+MAX_CLASSES = 1_000_000  # cls members label at most this many classes (the manifest lists them all)
 _NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext: key, all extensions
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (`__index__.json`), never samples
 
@@ -377,7 +378,11 @@ def tar_labels(row_files, counts, cfg) -> tuple[list[str] | None, dict | None, l
     if cfg.labels is not None or cfg.label_field:
         flag = "--label-field" if cfg.label_field else "--labels" if cfg.labels else "--no-labels"
         return None, None, [f"{len(tars)} tar(s) hold cls members: not used as labels ({flag})"]
-    top = max(counts[rf.id].tar["cls"]["max"] for rf in tars)
+    top, where = max((counts[rf.id].tar["cls"]["max"], rf.rel) for rf in tars)
+    if top >= MAX_CLASSES:  # the class list holds a name per class
+        raise ConfigError(f"the cls members of {where} go up to {top:,}: more than {MAX_CLASSES:,} classes, too many "
+                          "for the class list; build with --no-labels (cls members are then not read) or "
+                          "number the classes from 0")
     ids = {rf.id for rf in tars}
     note = (f"labels: the cls members of {len(tars)} tar(s), classes 0..{top}; folder labels are not used "
             "(--labels uses them instead)")
