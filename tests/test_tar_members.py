@@ -14,7 +14,8 @@ import pytest
 from shardkit.sample import make_key
 from shardkit.sources import tar_members as T
 from shardkit.sources.index import ScanOptions, keys_of, load_index
-from shardkit.sources.tars import count_tar, tar_rows
+from shardkit.sources.tar_rows import tar_rows
+from shardkit.sources.tars import count_tar
 from shardkit.sources.walk import RowFile
 
 

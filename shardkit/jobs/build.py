@@ -29,7 +29,7 @@ from shardkit.sources.key_order import ATOMS
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
-from shardkit.sources.tars import first_images
+from shardkit.sources.tar_rows import first_images
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds

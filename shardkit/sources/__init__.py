@@ -114,7 +114,8 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
     number, offset, length = rec.line
     rel = rec.files[0]
     if os.path.splitext(rel)[1].lower() in TAR_EXTS:  # its cls members are its labels unless it has one
-        from shardkit.sources.tars import open_source, parse_span
+        from shardkit.sources.tar_rows import parse_span
+        from shardkit.sources.tars import open_source
 
         with open_source(root, rel) as f:
             f.seek(offset)

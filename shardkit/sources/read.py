@@ -14,7 +14,8 @@ from shardkit.sources import walk as W
 from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import RowCount, RowRef, ScanOptions, keys_of, load_index
 from shardkit.sources.rows import jsonl_rows
-from shardkit.sources.tars import CLS_MEMBERS, tar_rows
+from shardkit.sources.tar_rows import tar_rows
+from shardkit.sources.tars import CLS_MEMBERS
 
 ATOMS_NAME = "samples-{}.arrow"
 
