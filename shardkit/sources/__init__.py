@@ -119,7 +119,7 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
 
         with open_source(root, rel) as f:
             f.seek(offset)
-            return parse_span(f.read(length), length, rec.key, None, f"{rel}:{rec.key}", number, rec.label is None)
+            return parse_span(f.read(length), length, rec.key, None, rel, number, rec.label is None)
     if os.path.splitext(rel)[1].lower() in JSONL_EXTS:
         with open(os.path.join(root, rel), "rb") as f:
             f.seek(offset)

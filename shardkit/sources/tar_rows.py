@@ -44,31 +44,30 @@ def tar_rows(opts, rf, count: RowCount, start: int, stop: int, keys=None, cls: b
     spans = _Spans(open_source(opts.root, rf.rel), len(rows))
     for i, (number, offset, length) in enumerate(zip(rows["number"].tolist(), rows["offset"].tolist(),
                                                      rows["length"].tolist())):
-        source = f"{rf.rel}:{names[i]}"
+        def make(number=number, offset=offset, length=length, key=keys[i], member=names[i]):
+            return parse_span(spans.read(offset, length), length, key, member, rf.rel, number, cls)
 
-        def make(number=number, offset=offset, length=length, key=keys[i], member=names[i], source=source):
-            span = spans.read(offset, length)
-            return parse_span(span, length, key, member, source, number, cls)
-
-        yield RowRef(source, make)
+        yield RowRef(f"{rf.rel}:{names[i]}", make)
 
 
-def parse_span(span: bytes, length: int, key: str, member: str | None, source: str, number: int,
+def parse_span(span: bytes, length: int, key: str, member: str | None, rel: str, number: int,
                cls: bool) -> Sample:
     """One sample from the bytes of its members (headers included): image, txt, json, and cls when
-    `cls`. A member that does not parse rejects the sample, naming the member."""
+    `cls`. A member that does not parse rejects the sample, naming the member. `member`: the key
+    its members must have (None: any one key)."""
     if len(span) < length:
-        raise RejectedInput(f"unreadable: the tar is shorter than when it was counted (it changed while the "
+        raise RejectedInput("unreadable: the tar is shorter than when it was counted (it changed while the "
                             "build ran?)")
-    sample = Sample(key, {}, {"source": source, "source_path": source.rsplit(":", 1)[0], "source_row": number,
-                              "utf8_replaced": 0})
+    source = f"{rel}:{key if member is None else member}"
+    sample = Sample(key, {}, {"source": source, "source_path": rel, "source_row": number, "utf8_replaced": 0})
     for m in T.members(io.BytesIO(span), len(span)):
         if isinstance(m, T.Truncated):  # a span ends at its last member, without end-of-archive blocks
             continue
         if isinstance(m, T.Member) and (not m.regular or META.match(m.name)):
             continue  # passed over (and counted) when the tar was counted
         name_key, ext = split_name(m.name) if isinstance(m, T.Member) else (None, None)
-        if name_key is None or (member is not None and name_key != member):
+        member = name_key if member is None else member
+        if name_key is None or name_key != member:
             raise RejectedInput("unreadable: the tar changed since it was counted (its members moved); rerun "
                                 "the build")
         _add_member(sample, m.name, ext, span[m.data:m.end], cls)
