@@ -111,3 +111,16 @@ def test_ambiguous_samples_are_rejected_by_reason(tmp_path):
                         ("t.tar:d", "no content: only a cls member"),
                         ("t.tar:e", "ambiguous sample: two members named 'e.txt'")]:
         assert reasons[path].startswith(start), reasons[path]
+
+
+def test_a_count_whose_files_are_gone_is_made_again(tmp_path):
+    from shardkit.sources.rows import count_rows, counted
+
+    path = _tar(tmp_path / "t.tar", [("a.txt", b"x"), ("b.txt", b"y")])
+    rf = RowFile(0, "t.tar", "tar", os.path.getsize(path), 0, "t", None)
+    opts = ScanOptions(str(tmp_path), str(tmp_path / "state"))
+    first = count_rows(rf, opts)
+    assert counted(rf, opts) == first
+    os.remove(first.keys)
+    assert counted(rf, opts) is None
+    assert count_rows(rf, opts) == first and os.path.exists(first.keys)

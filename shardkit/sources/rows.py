@@ -76,9 +76,11 @@ def counted(rf, opts: ScanOptions) -> RowCount | None:
     """The count of a row file from an earlier build, if the file did not change since."""
     try:
         with open(os.path.join(opts.state_dir, _index_name(rf, opts)) + ".json", encoding="utf-8") as f:
-            return RowCount(**json.load(f))
+            count = RowCount(**json.load(f))
     except (OSError, ValueError, TypeError):
         return None
+    # the files it names must still be there (a state folder cleaned by hand): else count again
+    return count if all(os.path.exists(p) for p in (count.index, count.keys) if p) else None
 
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
