@@ -347,3 +347,17 @@ def test_the_worker_pool_probe_measures_images_inside_tars(tmp_path, monkeypatch
     assert B._probe(cfg, walk(cfg.src)) == (0.01, 0.001)
     assert probed == [samples[0]["jpg"]]  # the first image of the first tar, through the build's own work
     assert B.first_images(cfg.src, ["shard-000001.tar", "shard-000002.tar"], 8) == [s["jpg"] for s in samples[5:12]][:8]
+
+
+def test_dedup_estimates_a_tar_of_images_as_images(tmp_path):
+    from shardkit.jobs.dedup_tasks import IMAGE_BYTES_PER_SECOND, estimate_inventory_seconds
+    from shardkit.sources.inventory import make_inventory, scan_options
+    from shardkit.sources.rows import count_rows
+    from shardkit.sources.walk import walk
+
+    _write_set(tmp_path / "src", _samples(10), per_tar=100)
+    cfg = BuildConfig(src=str(tmp_path / "src"), out=str(tmp_path / "out"))
+    opts, listing = scan_options(cfg), walk(cfg.src)
+    inv = make_inventory(listing, {rf.id: count_rows(rf, opts) for rf in listing.row_files}, cfg, opts)
+    size = os.path.getsize(tmp_path / "src" / "shard-000000.tar")
+    assert 0.5 < estimate_inventory_seconds(inv) * IMAGE_BYTES_PER_SECOND["keep"] / size < 1.0
