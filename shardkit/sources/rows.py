@@ -79,8 +79,10 @@ def counted(rf, opts: ScanOptions) -> RowCount | None:
             count = RowCount(**json.load(f))
     except (OSError, ValueError, TypeError):
         return None
-    # the files it names must still be there (a state folder cleaned by hand): else count again
-    return count if all(os.path.exists(p) for p in (count.index, count.keys) if p) else None
+    # the local files it names must still be there (a state folder cleaned by hand): else count again
+    from shardkit.fs import is_remote
+
+    return count if all(is_remote(p) or os.path.exists(p) for p in (count.index, count.keys) if p) else None
 
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
