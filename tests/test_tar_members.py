@@ -124,3 +124,23 @@ def test_a_count_whose_files_are_gone_is_made_again(tmp_path):
     os.remove(first.keys)
     assert counted(rf, opts) is None
     assert count_rows(rf, opts) == first and os.path.exists(first.keys)
+
+
+def test_names_as_tar_cf_and_macos_tar_write_them(tmp_path):
+    """`tar cf x.tar -C folder .` names members `./a.txt`; macOS tar adds `._a.txt`; webdataset skips
+    `__meta__` members: keys as extracting would give them, the rest counted per reason."""
+    members = [("./", b""), ("./a.txt", b"1"), ("./._a.txt", b"mac"), ("./sub/b.txt", b"2"), ("__index__.json", b"{}"),
+               ("README", b"x")]
+    with tarfile.open(tmp_path / "t.tar", "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE if name.endswith("/") else tarfile.REGTYPE
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    rf = RowFile(0, "t.tar", "tar", os.path.getsize(tmp_path / "t.tar"), 0, "t", None)
+    opts = ScanOptions(str(tmp_path), str(tmp_path))
+    count = count_tar(rf, opts, str(tmp_path / "c"))
+    assert keys_of("t", count, 0, count.rows) == ["t/a", "t/sub/b"]
+    assert [s.fields["txt"] for s in (ref.make() for ref in tar_rows(opts, rf, count, 0, 2))] == ["1", "2"]
+    assert sorted(reason.split(",")[0] for _, reason in count.tar["rejections"]) == [
+        "WebDataset metadata member", "hidden member", "no extension"]

@@ -33,7 +33,7 @@ class Member:
     start: int
     data: int
     size: int
-    regular: bool  # a file (not a folder, link or device)
+    regular: bool  # a file (not a link or device; folders are not yielded)
 
     @property
     def end(self) -> int:
@@ -113,8 +113,8 @@ def _resync(f, pos: int, size: int) -> int:
 
 
 def members(f, size: int):
-    """Members, Damage and Truncated events of the tar in `f` (a seekable binary file of `size` bytes),
-    in file order. The end is clean when the file ends in end-of-archive (zero) blocks; a
+    """Members (folders left out), Damage and Truncated events of the tar in `f` (a seekable binary file
+    of `size` bytes), in file order. The end is clean when the file ends in end-of-archive (zero) blocks; a
     `Truncated` event says it does not."""
     pos, start, extra, zeros = 0, None, {}, False
     while pos < size:
@@ -152,7 +152,8 @@ def members(f, size: int):
         if data + length > size:
             yield Truncated(size, name)
             return
-        yield Member(name, start, data, length, info.type in _FILE_TYPES)
+        if info.type != tarfile.DIRTYPE:  # folders are structure, as the walk of a folder treats them
+            yield Member(name, start, data, length, info.type in _FILE_TYPES)
         pos, start, extra = data + padded(length), None, {}
     if not zeros:
         yield Truncated(size, None)

@@ -13,7 +13,7 @@ from shardkit.errors import RejectedInput
 from shardkit.sample import Sample
 from shardkit.sources import tar_members as T
 from shardkit.sources.index import RowCount, RowRef, keys_of, keys_table, load_index
-from shardkit.sources.tars import FIELDS, IMAGES, MAX_CLS_BYTES, META, open_source, parse_cls, split_name
+from shardkit.sources.tars import FIELDS, IMAGES, MAX_CLS_BYTES, open_source, parse_cls, passed_over, split_name
 
 
 class _Spans:
@@ -63,7 +63,7 @@ def parse_span(span: bytes, length: int, key: str, member: str | None, rel: str,
     for m in T.members(io.BytesIO(span), len(span)):
         if isinstance(m, T.Truncated):  # a span ends at its last member, without end-of-archive blocks
             continue
-        if isinstance(m, T.Member) and (not m.regular or META.match(m.name)):
+        if isinstance(m, T.Member) and (not m.regular or passed_over(m.name)):
             continue  # passed over (and counted) when the tar was counted
         name_key, ext = split_name(m.name) if isinstance(m, T.Member) else (None, None)
         member = name_key if member is None else member

@@ -45,9 +45,22 @@ def open_source(root: str, rel: str):
 
 
 def split_name(name: str) -> tuple[str | None, str | None]:
-    """(key, lowercase extension) of a member name, as WebDataset groups them; (None, None) for none."""
+    """(key, lowercase extension) of a member name, as WebDataset groups them; (None, None) for none.
+    A leading `./` or `/` goes, as extracting the tar drops it (`tar cf x.tar -C folder .`)."""
+    while name.startswith(("./", "/")):
+        name = name[1:].lstrip("/")
     match = _NAME.match(name)
     return (match.group(1), match.group(2).lower()) if match else (None, None)
+
+
+def passed_over(name: str) -> str | None:
+    """Why a regular member is no part of a sample (hidden, WebDataset metadata, no extension), or None."""
+    key = split_name(name)[0]
+    if name.rstrip("/").rsplit("/", 1)[-1].startswith("."):  # .DS_Store, macOS tar's ._name files
+        return "hidden member"
+    if key is None:
+        return "no extension"
+    return "WebDataset metadata member" if META.match(key) else None
 
 
 @dataclass
@@ -80,13 +93,12 @@ class _Count:
 
     def member(self, m: T.Member) -> None:
         if not m.regular:
-            if not m.name.endswith("/"):
-                self.pass_over("not a regular file (a link or device)", m.name)
+            self.pass_over("not a regular file (a link or device)", m.name)
+            return
+        if reason := passed_over(m.name):
+            self.pass_over(reason, m.name)
             return
         key, ext = split_name(m.name)
-        if key is None or META.match(m.name):
-            self.pass_over("no extension" if key is None else "WebDataset metadata member", m.name)
-            return
         self.seen += 1
         g = self.groups[-1] if self.groups else None
         if g is None or g.key != key:
