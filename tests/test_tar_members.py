@@ -144,3 +144,23 @@ def test_names_as_tar_cf_and_macos_tar_write_them(tmp_path):
     assert [s.fields["txt"] for s in (ref.make() for ref in tar_rows(opts, rf, count, 0, 2))] == ["1", "2"]
     assert sorted(reason.split(",")[0] for _, reason in count.tar["rejections"]) == [
         "WebDataset metadata member", "hidden member", "no extension"]
+
+
+def test_a_tar_is_counted_and_read_through_a_url_opener(tmp_path):
+    """Counting and reading go through one opener (tars.open_source): a tar in an fsspec store is a
+    seekable file object like a local one (here fsspec's memory filesystem)."""
+    import fsspec
+
+    path = _tar(tmp_path / "t.tar", [(f"{i:03d}.{ext}", b"%d" % i) for i in range(50) for ext in ("txt", "cls")])
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/wds-src/sub/t.tar", path.read_bytes())
+    try:
+        rf = RowFile(0, "sub/t.tar", "tar", os.path.getsize(path), 0, "sub/t", "sub")
+        opts = ScanOptions("memory://wds-src", str(tmp_path / "state"))
+        os.makedirs(opts.state_dir)
+        count = count_tar(rf, opts, str(tmp_path / "state" / "c"))
+        samples = [ref.make() for ref in tar_rows(opts, rf, count, 10, 13, cls=True)]
+        assert [(s.key, s.fields) for s in samples] == [
+            (f"sub/t/{i:03d}", {"txt": str(i), "cls": i}) for i in range(10, 13)]
+    finally:
+        fs.rm("/wds-src", recursive=True)
