@@ -1,14 +1,15 @@
 """Building from a WebDataset set vs from the same samples as a folder (target: tar rate >= 0.8 x folder).
 
     .venv/bin/python bench/wds_source_bench.py [--samples 6000] [--per-tar 1000] [--reps 3]
-                                               [--encode jpeg,keep]
+                                               [--encode jpeg,keep] [--worker-pool auto]
 
 The samples: photo-like JPEGs of about 450 x 340 (shardkit.datagen), a caption and a JSON record each,
 as img2dataset lays them out. The same samples twice: a WebDataset set written by webdataset's own
 ShardWriter (`--per-tar` samples per tar), and the folder those tars extract to (`tar xf` of each
 tar into a folder named by its stem), so that both builds give the same keys and, checked here, the
-same shards byte for byte. Each build runs `shardkit build` with the default workers and worker pool,
-`--no-labels`, and the `--encode` given (`jpeg`: resized to 224 and re-encoded, a re-shard for
+same shards byte for byte. Each build runs `shardkit build` with the default workers, the
+`--worker-pool` given (default auto: each build probes its own images, so on a loaded machine a
+noisy probe may pick differently for the two), `--no-labels`, and the `--encode` given (`jpeg`: resized to 224 and re-encoded, a re-shard for
 training; `keep`: the original bytes, where the source's own overhead weighs most), in a fresh
 process timed around `build()` (cluster start and close included, imports excluded). Folder and tar
 builds alternate (the first one flips every repetition); rates are samples / seconds, the ratio is
@@ -79,48 +80,57 @@ def child(cfg: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
+def measure(work: Path, samples: int = 6000, per_tar: int = 1000, reps: int = 3,
+            encodes: tuple[str, ...] = ("jpeg", "keep"), pool: str = "auto") -> dict:
+    """Run the comparison (printing each repetition); {encode: tar rate / folder rate}. Other benches
+    (bench/object_store_bench.py) call this for the WebDataset figure."""
     from shardkit.datagen import generated
 
+    work.mkdir(parents=True, exist_ok=True)
+    tars, folder = work / f"wds-{samples}-{per_tar}", work / f"folder-{samples}-{per_tar}"
+    generated(tars, lambda root: make_set(root, samples, per_tar), f"a WebDataset set of {samples:,}")
+    generated(folder, lambda root: extract(str(tars), root), "the folder it extracts to")
+    size = sum(p.stat().st_size for p in tars.iterdir())
+    print(f"machine: {os.cpu_count()} cores, shared; load average {os.getloadavg()[0]:.1f} at start")
+    print(f"{samples:,} samples in {len(list(tars.iterdir()))} tars ({size / 1e6:,.0f} MB) and as a folder")
+    ratios = {}
+    for encode in encodes:
+        opts = {"encode": encode, "labels": False, "progress": False, "worker_pool": pool}
+        if encode != "keep":
+            opts.update(image_size=224, resize_mode="center-crop")
+        seconds = {"folder": [], "tar": []}
+        for rep in range(reps):
+            got = {}
+            for kind in ("folder", "tar") if rep % 2 == 0 else ("tar", "folder"):
+                out = work / f"out-{kind}"
+                shutil.rmtree(out, ignore_errors=True)
+                got[kind] = child(dict(opts, src=str(folder if kind == "folder" else tars), out=str(out)))
+                assert got[kind]["samples"] == samples and not got[kind]["rejected"], got[kind]
+                seconds[kind].append(got[kind]["seconds"])
+            assert got["folder"]["sha256"] == got["tar"]["sha256"], "the two builds differ"
+            print(f"  --encode {encode}, rep {rep}: folder {got['folder']['seconds']:6.2f} s "
+                  f"({samples / got['folder']['seconds']:4.0f}/s), tar {got['tar']['seconds']:6.2f} s "
+                  f"({samples / got['tar']['seconds']:4.0f}/s): ratio "
+                  f"{got['folder']['seconds'] / got['tar']['seconds']:.2f}; load {os.getloadavg()[0]:.1f}", flush=True)
+        med = {k: statistics.median(v) for k, v in seconds.items()}
+        ratios[encode] = med["folder"] / med["tar"]
+        print(f"--encode {encode}: median folder {samples / med['folder']:,.0f} samples/s, tar "
+              f"{samples / med['tar']:,.0f} samples/s: tar / folder = {ratios[encode]:.2f} "
+              "(target >= 0.8); same shards, byte for byte")
+        print(f"  folder {got['folder']['pool']}\n  tar    {got['tar']['pool']}")
+    return ratios
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=6000)
     ap.add_argument("--per-tar", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--encode", default="jpeg,keep")
+    ap.add_argument("--worker-pool", default="auto", help="both builds' --worker-pool (auto: each probes its own)")
     ap.add_argument("--workdir", default="bench/out/wds-source")
     args = ap.parse_args()
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    tars, folder = work / f"wds-{args.samples}-{args.per_tar}", work / f"folder-{args.samples}-{args.per_tar}"
-    generated(tars, lambda root: make_set(root, args.samples, args.per_tar), f"a WebDataset set of {args.samples:,}")
-    generated(folder, lambda root: extract(str(tars), root), "the folder it extracts to")
-    size = sum(p.stat().st_size for p in tars.iterdir())
-    print(f"machine: {os.cpu_count()} cores, shared; load average {os.getloadavg()[0]:.1f} at start")
-    print(f"{args.samples:,} samples in {len(list(tars.iterdir()))} tars ({size / 1e6:,.0f} MB) and as a folder")
-    for encode in args.encode.split(","):
-        opts = {"encode": encode, "labels": False, "progress": False}
-        if encode != "keep":
-            opts.update(image_size=224, resize_mode="center-crop")
-        seconds = {"folder": [], "tar": []}
-        for rep in range(args.reps):
-            order = ("folder", "tar") if rep % 2 == 0 else ("tar", "folder")
-            got = {}
-            for kind in order:
-                out = work / f"out-{kind}"
-                shutil.rmtree(out, ignore_errors=True)
-                got[kind] = child(dict(opts, src=str(folder if kind == "folder" else tars), out=str(out)))
-                assert got[kind]["samples"] == args.samples and not got[kind]["rejected"], got[kind]
-                seconds[kind].append(got[kind]["seconds"])
-            assert got["folder"]["sha256"] == got["tar"]["sha256"], "the two builds differ"
-            print(f"  --encode {encode}, rep {rep}: folder {got['folder']['seconds']:6.2f} s "
-                  f"({args.samples / got['folder']['seconds']:4.0f}/s), tar {got['tar']['seconds']:6.2f} s "
-                  f"({args.samples / got['tar']['seconds']:4.0f}/s): ratio "
-                  f"{got['folder']['seconds'] / got['tar']['seconds']:.2f}; load {os.getloadavg()[0]:.1f}", flush=True)
-        med = {k: statistics.median(v) for k, v in seconds.items()}
-        print(f"--encode {encode}: median folder {args.samples / med['folder']:,.0f} samples/s, tar "
-              f"{args.samples / med['tar']:,.0f} samples/s: tar / folder = {med['folder'] / med['tar']:.2f} "
-              "(target >= 0.8); same shards, byte for byte")
-        print(f"  folder {got['folder']['pool']}\n  tar    {got['tar']['pool']}")
+    measure(Path(args.workdir), args.samples, args.per_tar, args.reps, tuple(args.encode.split(",")), args.worker_pool)
     return 0
 
 
