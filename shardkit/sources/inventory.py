@@ -103,8 +103,11 @@ def _kinds(table, row_files, counts) -> set[str]:
         c = counts[rf.id]
         if not c.rows:
             continue
-        if rf.kind in ("jsonl", "tar"):
-            kinds |= set(c.tar["kinds"]) if rf.kind == "tar" else {"txt"}
+        if rf.kind == "jsonl":
+            kinds.add("txt")
+            continue
+        if rf.kind == "tar":
+            kinds |= set(c.tar["kinds"])
             continue
         info = c.parquet
         kinds |= {"txt"} if info["text"] == "string" else set()
