@@ -164,3 +164,37 @@ def test_a_tar_is_counted_and_read_through_a_url_opener(tmp_path):
             (f"sub/t/{i:03d}", {"txt": str(i), "cls": i}) for i in range(10, 13)]
     finally:
         fs.rm("/wds-src", recursive=True)
+
+
+def test_header_reads_what_tarfile_reads_and_fails_where_it_fails():
+    import random
+
+    rng = random.Random(0)
+    alphabet = "abcXYZ019_-./é☃"
+    seen = 0
+    for _ in range(2000):
+        info = tarfile.TarInfo("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 160))))
+        info.type = rng.choice([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.AREGTYPE])
+        info.size = 0 if info.type in (tarfile.DIRTYPE, tarfile.SYMTYPE) else rng.choice(
+            [0, 1, 511, rng.randint(0, 10**9), 8**11 - 1, 8**11 + 5])
+        fmt = rng.choice([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+        try:
+            buf = info.tobuf(fmt, "utf-8", "surrogateescape")
+        except ValueError:  # ustar cannot hold this name or size
+            continue
+        if rng.random() < 0.2:  # a flipped byte somewhere in the headers
+            at = rng.randrange(len(buf))
+            buf = buf[:at] + bytes([buf[at] ^ 0x10]) + buf[at + 1:]
+        for i in range(0, len(buf), 512):
+            block = buf[i:i + 512]
+            if block.count(0) == 512:
+                continue
+            try:
+                expected = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            except tarfile.HeaderError:
+                with pytest.raises(tarfile.HeaderError):
+                    T.header(block)
+                continue
+            assert T.header(block) == (expected.name, expected.size, expected.type)
+            seen += 1
+    assert seen > 2000
