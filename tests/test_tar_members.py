@@ -198,3 +198,12 @@ def test_header_reads_what_tarfile_reads_and_fails_where_it_fails():
             assert T.header(block) == (expected.name, expected.size, expected.type)
             seen += 1
     assert seen > 2000
+
+
+def test_a_tar_that_changed_size_since_it_was_counted_is_not_read(tmp_path):
+    rf, opts, count = _count(tmp_path, 5)
+    assert [ref.make().fields["txt"] for ref in tar_rows(opts, rf, count, 0, 5)] == ["0", "1", "2", "3", "4"]
+    with open(tmp_path / rf.rel, "ab") as f:
+        f.write(bytes(1024))
+    with pytest.raises(ValueError, match="s5.tar is no longer the size it was counted at"):
+        list(tar_rows(opts, rf, count, 0, 5))

@@ -34,20 +34,39 @@ class _Spans:
 
 def tar_rows(opts, rf, count: RowCount, start: int, stop: int, keys=None, cls: bool = False):
     """RowRefs of rows [start, stop) of a tar, in key order; `keys` overrides the row keys, `cls`
-    reads the cls members as labels. The tar is opened here (a vanished file fails now, see
-    sources.read) and each sample's span is read when its RowRef makes it."""
+    reads the cls members as labels. The tar is opened here (a vanished or resized file fails now:
+    its rows are rejected, see sources.read) and each sample's span is read when its RowRef makes it;
+    its fields are sliced where the count found them (the keys file's layout column)."""
     rows = load_index(count)[start:stop]
     if not len(rows):
         return
     keys = keys if keys is not None else keys_of(rf.stem_key, count, start, stop)
-    names = keys_table(count.keys).column("member").slice(start, stop - start).to_pylist()
-    spans = _Spans(open_source(opts.root, rf.rel), len(rows))
+    table = keys_table(count.keys).slice(start, stop - start)
+    names, layouts = table.column("member").to_pylist(), table.column("layout").to_pylist()
+    f = open_source(opts.root, rf.rel)
+    if f.seek(0, os.SEEK_END) != rf.size:
+        f.close()
+        raise ValueError(f"{rf.rel} is no longer the size it was counted at")
+    spans = _Spans(f, len(rows))
     for i, (number, offset, length) in enumerate(zip(rows["number"].tolist(), rows["offset"].tolist(),
                                                      rows["length"].tolist())):
-        def make(number=number, offset=offset, length=length, key=keys[i], member=names[i]):
-            return parse_span(spans.read(offset, length), length, key, member, rf.rel, number, cls)
+        def make(number=number, offset=offset, length=length, key=keys[i], member=names[i], layout=layouts[i]):
+            span = _checked(spans.read(offset, length), length)
+            sample = Sample(key, {}, {"source": f"{rf.rel}:{member}", "source_path": rf.rel, "source_row": number,
+                                      "utf8_replaced": 0})
+            for m in layout:
+                at = m["offset"]
+                _add_member(sample, f"{member}.{m['ext']}", m["ext"], span[at:at + m["size"]], cls)
+            return sample
 
         yield RowRef(f"{rf.rel}:{names[i]}", make)
+
+
+def _checked(span: bytes, length: int) -> bytes:
+    if len(span) < length:
+        raise RejectedInput("unreadable: the tar is shorter than when it was counted (it changed while the "
+                            "build ran?)")
+    return span
 
 
 def parse_span(span: bytes, length: int, key: str, member: str | None, rel: str, number: int,
@@ -55,9 +74,7 @@ def parse_span(span: bytes, length: int, key: str, member: str | None, rel: str,
     """One sample from the bytes of its members (headers included): image, txt, json, and cls when
     `cls`. A member that does not parse rejects the sample, naming the member. `member`: the key
     its members must have (None: any one key)."""
-    if len(span) < length:
-        raise RejectedInput("unreadable: the tar is shorter than when it was counted (it changed while the "
-                            "build ran?)")
+    span = _checked(span, length)
     source = f"{rel}:{key if member is None else member}"
     sample = Sample(key, {}, {"source": source, "source_path": rel, "source_row": number, "utf8_replaced": 0})
     for m in T.members(io.BytesIO(span), len(span)):

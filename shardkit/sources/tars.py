@@ -72,6 +72,7 @@ class _Group:
     start: int
     end: int
     sizes: dict = field(default_factory=dict)  # extension -> bytes (every member of the key)
+    layout: list = field(default_factory=list)  # [extension, data offset in the span, bytes] of fields
     problem: str | None = None
     cls: int | None = None
 
@@ -109,6 +110,8 @@ class _Count:
             if self.pending is not None and self.pending[0] is None:
                 self.pending = None  # the damaged header lay inside this sample, which carries it
         g.end, g.sizes[ext] = m.end, m.size
+        if ext in FIELDS:
+            g.layout.append([ext, m.data - g.start, m.size])
         if ext not in FIELDS:
             self.pass_over(f"unsupported extension: {'.' + ext!r}", m.name)
         elif ext == "cls" and m.size <= MAX_CLS_BYTES:
@@ -255,8 +258,12 @@ def count_tar(rf, opts, base: str) -> RowCount:
     index["cum"] = np.cumsum([_estimate(groups[i], opts.image_estimate) for i in order]) if order else []
     with atomic_writer(base + ".npy") as f:
         np.save(f, index)
+    # Where each field's bytes lie in the sample's span: a unit slices them out without parsing headers.
+    layout = pa.list_(pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64())]))
     table = pa.table({"key": pa.array([keys[i] for i in order], pa.string()),
-                      "member": pa.array([groups[i].key for i in order], pa.string())})
+                      "member": pa.array([groups[i].key for i in order], pa.string()),
+                      "layout": pa.array([[dict(zip(("ext", "offset", "size"), m)) for m in groups[i].layout]
+                                          for i in order], layout)})
     with atomic_writer(base + ".keys.arrow") as f, pa.ipc.new_file(f, table.schema) as writer:
         writer.write_table(table)
     rows = len(index)
