@@ -9,11 +9,11 @@ ShardWriter (`--per-tar` samples per tar), and the folder those tars extract to 
 tar into a folder named by its stem), so that both builds give the same keys and, checked here, the
 same shards byte for byte. Each build runs `shardkit build` with the default workers, the
 `--worker-pool` given (default auto: each build probes its own images, so on a loaded machine a
-noisy probe may pick differently for the two), `--no-labels`, and the `--encode` given (`jpeg`: resized to 224 and re-encoded, a re-shard for
-training; `keep`: the original bytes, where the source's own overhead weighs most), in a fresh
-process timed around `build()` (cluster start and close included, imports excluded). Folder and tar
-builds alternate (the first one flips every repetition); rates are samples / seconds, the ratio is
-the tar's median rate over the folder's.
+noisy probe may pick differently for the two), `--no-labels`, and the `--encode` given (`jpeg`:
+resized to 224 and re-encoded, a re-shard for training; `keep`: the original bytes, where the
+source's own overhead weighs most), in a fresh process timed around `build()` (cluster start and
+close included, imports excluded). Folder and tar builds alternate (the first one flips every
+repetition); rates are samples / seconds, the ratio is the tar's median rate over the folder's.
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ def test_threads_for_images_only(tmp_path):
     def row_file(kind):
         return RowFile(0, f"x.{kind}", kind, 1, 1, "x", None)
 
-    images, rows = Listing(files=None, row_files=[], images=3), Listing(files=None, row_files=[row_file("jsonl")], images=3)
+    images = Listing(files=None, row_files=[], images=3)
+    rows = Listing(files=None, row_files=[row_file("jsonl")], images=3)
     cfg = BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"))
     assert _image_work(images, cfg) and not _image_work(rows, cfg)
     # WebDataset tars may hold images (the probe looks inside them), unless rows to parse come too

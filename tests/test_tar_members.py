@@ -67,7 +67,8 @@ def test_counting_skips_member_data_and_holds_no_tar(tmp_path):
 
 
 def _count(tmp_path, n: int):
-    path = _tar(tmp_path / f"s{n}.tar", [(f"{i:06d}.{ext}", b"%d" % (i % 5)) for i in range(n) for ext in ("txt", "cls")])
+    members = [(f"{i:06d}.{ext}", b"%d" % (i % 5)) for i in range(n) for ext in ("txt", "cls")]
+    path = _tar(tmp_path / f"s{n}.tar", members)
     rf = RowFile(0, os.path.basename(path), "tar", os.path.getsize(path), 0, make_key(f"s{n}"), None)
     opts = ScanOptions(str(tmp_path), str(tmp_path / f"state{n}"))
     os.makedirs(opts.state_dir)

@@ -285,7 +285,8 @@ def test_reruns_reuse_shards_and_a_changed_tar_rebuilds_only_its_shards(tmp_path
     assert third.reused_shards == 2
     after = tree_bytes(tmp_path / "out")
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-    assert {k for k in changed if k.startswith("shards/")} == {"shards/data-00001.tar", "shards/data-00001.tar.idx.parquet"}
+    assert {k for k in changed if k.startswith("shards/")} == {"shards/data-00001.tar",
+                                                               "shards/data-00001.tar.idx.parquet"}
     assert _built(tmp_path / "out")["shard-000001/000000010"].fields["txt"] == "a new caption"
 
 

@@ -297,7 +297,7 @@ def build(src, out, **options):
       shardkit build raw/ out/ --scheduler tcp://scheduler:8786 --on-error fail
       shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet
       shardkit build hf_export/ out/ --image-field image --label-field label --image-size 224
-      shardkit build laion_tars/ out/ --image-size 224 --resize-mode center-crop --dedup   (WebDataset in, resized, deduplicated, re-sharded)
+      shardkit build laion_tars/ out/ --image-size 224 --dedup   (WebDataset: resized, deduplicated, re-sharded)
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)

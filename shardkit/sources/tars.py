@@ -8,9 +8,10 @@ each other do in a raw folder: an image (`jpg`, `png`, `webp`, ...), `txt`, `jso
 
 A counting task streams the tar's headers (sources.tar_members: data is skipped, never held) and
 writes the row index of its samples in key order (byte span of each sample's members, size
-estimate) and a keys file; the client gets a few numbers. A work unit reads its samples' spans by
-offset (sources.tar_rows). A damaged member, a damaged header or a truncated end rejects only the samples it touches,
-each with its reason; the rest of the tar is built.
+estimate) and a keys file (keys, where each field lies in its span); the client gets a few
+numbers. A work unit reads its samples' spans by offset (sources.tar_rows). A damaged member, a
+damaged header or a truncated end rejects only the samples it touches, each with its reason; the
+rest of the tar is built.
 """
 
 from __future__ import annotations
