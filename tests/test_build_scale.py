@@ -213,11 +213,18 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
 def test_threads_for_images_only(tmp_path):
     from shardkit.jobs.cluster import choose_pool
     from shardkit.jobs.build import _image_work
-    from shardkit.sources.walk import Listing
+    from shardkit.sources.walk import Listing, RowFile
 
-    images, rows = Listing(files=None, row_files=[], images=3), Listing(files=None, row_files=[object()], images=3)
+    def row_file(kind):
+        return RowFile(0, f"x.{kind}", kind, 1, 1, "x", None)
+
+    images = Listing(files=None, row_files=[], images=3)
+    rows = Listing(files=None, row_files=[row_file("jsonl")], images=3)
     cfg = BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"))
     assert _image_work(images, cfg) and not _image_work(rows, cfg)
+    # WebDataset tars may hold images (the probe looks inside them), unless rows to parse come too
+    assert _image_work(Listing(files=None, row_files=[row_file("tar")]), cfg)
+    assert not _image_work(Listing(files=None, row_files=[row_file("tar"), row_file("parquet")], images=3), cfg)
     assert not _image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
     assert not _image_work(Listing(files=None, row_files=[]), cfg)
     light = lambda: (0.1, 0.005)  # noqa: E731 — a probe: 10% of 5 ms under the GIL

@@ -291,7 +291,8 @@ def build(src, out, **options):
     \b
     SRC conventions: files sharing a stem are one sample (cats/001.jpg + cats/001.json);
     the first-level subfolder is the label; .txt/.md are text; each .jsonl line and each
-    .parquet row is a sample. Rerunning skips shards whose inputs and options did not change.
+    .parquet row is a sample; a WebDataset .tar is read as the folder it extracts to (its
+    cls members are the labels). Rerunning skips shards whose inputs and options did not change.
 
     \b
     Examples:
@@ -302,6 +303,7 @@ def build(src, out, **options):
       shardkit build s3://bucket/raw s3://bucket/shards --scheduler tcp://scheduler:8786
       shardkit build corpus/ out/ --tokenizer bpe:32000 --seq-len 2048 --format parquet
       shardkit build hf_export/ out/ --image-field image --label-field label --image-size 224
+      shardkit build laion_tars/ out/ --image-size 224 --dedup   (WebDataset: resized, deduplicated, re-sharded)
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)

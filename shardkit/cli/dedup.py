@@ -67,6 +67,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     Examples:
       shardkit dedup data/ data-dedup/                        # a dataset built by `shardkit build`
       shardkit dedup raw/ out/ --format parquet               # a raw folder: build without duplicates
+      shardkit dedup laion_tars/ out/                          # WebDataset tars: images keep their bytes
       shardkit dedup data/ out/ --threshold 0.7 --verify      # looser, with exact Jaccard checks
       shardkit dedup data/ out/ --modality image --image-distance 6
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786

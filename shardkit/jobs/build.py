@@ -31,6 +31,7 @@ from shardkit.sources.key_order import ATOMS
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
+from shardkit.sources.tar_rows import first_images
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
@@ -198,6 +199,8 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
         rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
         with contextlib.suppress(OSError, RemoteError):  # unreadable: the build's to reject, not the probe's
             datas.append(store.read_source(store.join(cfg.src, rel)))
+    if not datas:  # SRC's images may all be inside WebDataset tars
+        datas = first_images(cfg.src, [rf.rel for rf in listing.row_files if rf.kind == "tar"], PROBE_IMAGES)
     if not datas:
         return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
     turn = iter(range(1 << 62))
@@ -213,11 +216,13 @@ def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
 
 
 def _image_work(listing, cfg: BuildConfig) -> bool:
-    """Whether the build's work is images (from files), which threads share well: no .jsonl/.parquet
-    rows to parse and no tokenizer (both hold the GIL), and files on a local disk (the HTTP client
-    of a store spends ~8 ms of GIL-held time on each object: a process per worker, each with its
-    own client, reads them in parallel)."""
-    return listing.images > 0 and not listing.row_files and not cfg.tokenizer and not store.is_url(cfg.src)
+    """Whether the build's work is images (from files or WebDataset tars: the probe finds out), which
+    threads share well: no .jsonl/.parquet rows to parse and no tokenizer (both hold the GIL), and
+    inputs on a local disk (the HTTP client of a store spends ~8 ms of GIL-held time on each object:
+    a process per worker, each with its own client, reads them in parallel)."""
+    tars = {rf.kind for rf in listing.row_files} == {"tar"}
+    images = (listing.images > 0 or tars) and (tars or not listing.row_files)
+    return images and not cfg.tokenizer and not store.is_url(cfg.src)
 
 
 def _reader(inv: Inventory) -> SourceReader:
@@ -455,7 +460,7 @@ def _remove_stale_scan(b: _Plan) -> None:
     keep = {(b.reader.atoms_path or "").rsplit("/", 1)[-1]}
     for count in b.scanned.counts.values():
         base = count.index.rsplit("/", 1)[-1]
-        keep |= {base, base[:-len(".npy")] + ".json"}
+        keep |= {base, base[:-len(".npy")] + ".json", (count.keys or "").rsplit("/", 1)[-1]}
     folder = b.inv.opts.state_dir
     for name in store.listdir(folder):
         if name not in keep:

@@ -313,7 +313,7 @@ def dedup_inventory(inv, source, cfg: DedupConfig, client=None, workdir: str = "
 def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
     """Estimated single-process seconds to deduplicate and write a raw folder, from its Inventory's
     columns: file samples by their sizes, rows of row files by their byte lengths in the row index
-    (memory-mapped), no per-row object."""
+    (memory-mapped; a tar holding images at the images' rate), no per-row object."""
     from shardkit.sources import walk as W
     from shardkit.sources.index import load_index
     from shardkit.sources.key_order import ATOMS
@@ -325,7 +325,11 @@ def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
         image, text = int(inv.est[is_image].sum()), int(inv.est[~is_image].sum())
     for p in inv.pieces:
         if p.source != ATOMS:
-            text += int(load_index(inv.counts[p.source])["length"][p.start:p.stop].sum())
+            count, span = inv.counts[p.source], int(load_index(inv.counts[p.source])["length"][p.start:p.stop].sum())
+            if "image" in count.tar.get("kinds", ()):  # a tar of images: its samples' spans, as image bytes
+                image += span
+            else:
+                text += span
     return image / IMAGE_BYTES_PER_SECOND["keep" if encode == "keep" else "encode"] + text / TEXT_BYTES_PER_SECOND
 
 

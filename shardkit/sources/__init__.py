@@ -1,7 +1,7 @@
-"""Sources: SRC (a raw folder of files, .jsonl and .parquet) → samples in key order.
+"""Sources: SRC (a raw folder of files, .jsonl, .parquet and WebDataset .tar) → samples in key order.
 
 Files sharing a stem are one sample, labelled by their first folder; every non-blank line of a
-.jsonl and every row of a .parquet is a sample. A build holds SRC as an Inventory (compact
+.jsonl, every row of a .parquet and every member key of a .tar is a sample. A build holds SRC as an Inventory (compact
 columns, row files counted on the cluster: see inventory.py); `scan` below is the per-sample view
 for small tools and tests.
 """
@@ -20,10 +20,10 @@ from shardkit.fs import RemoteError
 from shardkit.sample import Sample
 from shardkit.store import join, read_source
 from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS, PARQUET_EXTS,
-                                   ROW_EXTS, TEXT_EXTS)
+                                   ROW_EXTS, TAR_EXTS, TEXT_EXTS)
 
 __all__ = ["ARRAY_EXTS", "IMAGE_EXTS", "JSON_EXTS", "JSONL_EXTS", "KNOWN_EXTS", "PARQUET_EXTS", "ROW_EXTS",
-           "TEXT_EXTS", "InputRecord", "ScanResult", "read_record", "records", "scan"]
+           "TAR_EXTS", "TEXT_EXTS", "InputRecord", "ScanResult", "read_record", "records", "scan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def records(inv) -> list[InputRecord]:
     """Every sample of an Inventory as an InputRecord, in key order: O(samples), for small tools and
     for deduplication (which reads samples one by one)."""
     from shardkit.sources.key_order import ATOMS
-    from shardkit.sources.index import load_index, row_key
+    from shardkit.sources.index import keys_of, load_index
 
     out = []
     for piece in inv.pieces:
@@ -85,10 +85,11 @@ def records(inv) -> list[InputRecord]:
         rf, count = inv.row_files[piece.source], inv.counts[piece.source]
         label = inv.row_labels.get(rf.id, -1)
         index = load_index(count)[piece.start:piece.stop]
-        for number, offset, length in zip(index["number"].tolist(), index["offset"].tolist(),
-                                          index["length"].tolist()):
-            out.append(InputRecord(row_key(rf.stem_key, number, count.width), (rf.rel,),
-                                   None if label < 0 else label, length, (rf.stamp(),), (number, offset, length)))
+        for key, number, offset, length in zip(keys_of(rf.stem_key, count, piece.start, piece.stop),
+                                               index["number"].tolist(), index["offset"].tolist(),
+                                               index["length"].tolist()):
+            out.append(InputRecord(key, (rf.rel,), None if label < 0 else label, length, (rf.stamp(),),
+                                   (number, offset, length)))
     return out
 
 
@@ -114,6 +115,13 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
 
     number, offset, length = rec.line
     rel = rec.files[0]
+    if os.path.splitext(rel)[1].lower() in TAR_EXTS:  # its cls members are its labels unless it has one
+        from shardkit.sources.tar_rows import parse_span
+        from shardkit.sources.tars import open_source
+
+        with open_source(root, rel) as f:
+            f.seek(offset)
+            return parse_span(f.read(length), length, rec.key, None, rel, number, rec.label is None)
     if os.path.splitext(rel)[1].lower() in JSONL_EXTS:
         data = read_source(join(root, rel), offset, offset + length)
         return parse_jsonl_line(data, rec.key, rec.source, text_field, number)

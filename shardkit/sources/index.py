@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -39,6 +40,8 @@ class RowCount:
     index: str  # the row index file (INDEX_DTYPE)
     parquet: dict = field(default_factory=dict)  # Parquet only: columns and label information
     error: str | None = None  # why the file could not be read (it is then a rejected input)
+    keys: str | None = None  # the row keys file, when keys are not `{stem}/{number}` (tars: sources.tars)
+    tar: dict = field(default_factory=dict)  # tar only: fields, labels, what was passed over (sources.tars)
 
     @property
     def width(self) -> int:
@@ -47,6 +50,28 @@ class RowCount:
 
 def row_key(stem_key: str, number: int, width: int) -> str:
     return f"{stem_key}/{number:0{width}d}"
+
+
+def keys_of(stem_key: str, count: RowCount, start: int, stop: int) -> list[str]:
+    """The keys of rows [start, stop) of a row file: from its keys file, else `{stem}/{number}`."""
+    if count.keys is not None:
+        return keys_table(count.keys).column("key").slice(start, stop - start).to_pylist()
+    return [row_key(stem_key, n, count.width) for n in load_index(count)["number"][start:stop].tolist()]
+
+
+def key_bounds(stem_key: str, count: RowCount) -> tuple[str, str]:
+    """The first and last key of a row file (it has rows)."""
+    return keys_of(stem_key, count, 0, 1)[0], keys_of(stem_key, count, count.rows - 1, count.rows)[0]
+
+
+@lru_cache(maxsize=8)
+def keys_table(path: str):
+    """A keys file (Arrow IPC, columns key and member), memory-mapped once per process."""
+    import pyarrow as pa
+
+    from shardkit.store import local_copy
+
+    return pa.ipc.open_file(pa.memory_map(local_copy(path))).read_all()
 
 
 def load_index(count: RowCount) -> np.ndarray:

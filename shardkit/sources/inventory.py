@@ -13,6 +13,7 @@ from shardkit.errors import ConfigError, Rejection
 from shardkit.sources import key_order as O
 from shardkit.sources import walk as W
 from shardkit.sources.index import RowCount, ScanOptions
+from shardkit.sources.tars import tar_labels, tar_rejections
 
 STATE_SCAN = os.path.join(".shardkit", "scan")
 _PER_PX = {"raw": 3.0, "png": 1.5, "jpeg": 0.3, "webp": 0.2}  # stored bytes per pixel, roughly
@@ -105,6 +106,9 @@ def _kinds(table, row_files, counts) -> set[str]:
         if rf.kind == "jsonl":
             kinds.add("txt")
             continue
+        if rf.kind == "tar":
+            kinds |= set(c.tar["kinds"])
+            continue
         info = c.parquet
         kinds |= {"txt"} if info["text"] == "string" else set()
         kinds |= {"image"} if info["image"] in ("binary", "struct") else set()
@@ -149,23 +153,31 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
              if rf.id in blow]
     table = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
     classes, labels, row_labels = _folder_classes(table, listing, counts, cfg)
+    tar_classes, tar_row_labels, notes = tar_labels(listing.row_files, counts, cfg)
+    if tar_classes is not None:  # the tars' cls members label their samples (sources.tars.tar_labels)
+        classes, labels, row_labels = tar_classes, np.full(len(table), -1, np.int32), tar_row_labels
     label_index = None
     if cfg.label_field:
         classes, label_index = _column_classes(parquet, cfg)
-    blocks = [(O.row_key(rf.stem_key, counts[rf.id].first, counts[rf.id].width), rf.id, counts[rf.id].rows)
+    blocks = [(O.key_bounds(rf.stem_key, counts[rf.id])[0], rf.id, counts[rf.id].rows)
               for rf in listing.row_files if rf.id not in blow and counts[rf.id].rows]
     rejections = listing.rejections + [Rejection(rf.rel, "source", counts[rf.id].error)
                                        for rf in listing.row_files if counts[rf.id].error]
+    rejections += [Rejection(path, "source", reason) for path, reason in tar_rejections(listing.row_files, counts)]
     rejections.sort(key=lambda r: (r.path, r.stage, r.reason))
     return Inventory(opts, table, labels, _estimates(table, opts), listing.row_files, counts, row_labels,
                      label_index, O.pieces_in_order(table, blocks), rejections, classes,
-                     _kinds(table, listing.row_files, counts), listing.notes,
-                     listing.image_exts | {e for info in parquet for e in info.get("image_exts", [])})
+                     _kinds(table, listing.row_files, counts), listing.notes + notes,
+                     listing.image_exts | {e for info in parquet for e in info.get("image_exts", [])}
+                     | {e for c in counts.values() for e in c.tar.get("image_exts", [])})
 
 
 def _row_kinds(rf: W.RowFile, count: RowCount) -> int:
     if rf.kind == "jsonl":
         return W.TXT
+    if rf.kind == "tar":
+        bits = {name: bit for bit, name in W.KIND_NAMES.items()}
+        return sum(bits[kind] for kind in count.tar["kinds"])
     info = count.parquet
     return ((W.TXT if info["text"] == "string" else 0) | (W.IMAGE if info["image"] in ("binary", "struct") else 0)
             | (W.JSON if info["meta"] else 0))

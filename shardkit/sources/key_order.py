@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.sources import walk as W
-from shardkit.sources.index import RowCount, load_index, row_key
+from shardkit.sources.index import RowCount, key_bounds, keys_of, load_index
 
 ATOMS = -1  # Piece.source of a run of the sorted file-sample table
 
@@ -89,7 +89,7 @@ def unique_keys(table, counts):
 
 
 def _range(rf: W.RowFile, count: RowCount) -> tuple[str, str]:
-    return row_key(rf.stem_key, count.first, count.width), row_key(rf.stem_key, count.last, count.width)
+    return key_bounds(rf.stem_key, count)
 
 
 def exploded(table, row_files, counts) -> set[int]:
@@ -113,7 +113,7 @@ def explode(rf: W.RowFile, count: RowCount, kinds: int):
 
     index = load_index(count)
     numbers = np.asarray(index["number"])
-    keys = [row_key(rf.stem_key, n, count.width) for n in numbers.tolist()]
+    keys = keys_of(rf.stem_key, count, 0, len(numbers))
     est = np.diff(np.concatenate(([0], np.asarray(index["cum"]))))
     stamps = [W.stamp_digest(f"{k}|{rf.stamp()}|{n}") for k, n in zip(keys, numbers.tolist())]
     n = len(keys)

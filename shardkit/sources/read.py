@@ -12,8 +12,10 @@ from functools import lru_cache
 from shardkit.fs import RemoteError
 from shardkit.sources import walk as W
 from shardkit.sources.key_order import ATOMS, Piece
-from shardkit.sources.index import RowCount, RowRef, ScanOptions, load_index, row_key
+from shardkit.sources.index import RowCount, RowRef, ScanOptions, keys_of, load_index
 from shardkit.sources.rows import jsonl_rows
+from shardkit.sources.tar_rows import tar_rows
+from shardkit.sources.tars import CLS_MEMBERS
 from shardkit.store.urls import is_url
 
 ATOMS_NAME = "samples-{}.arrow"
@@ -80,8 +82,8 @@ class SourceReader:
                     yield row["key"], row["files"][0], number
                 continue
             rf, count = self.row_files[piece.source], self.counts[piece.source]
-            for number in load_index(count)["number"][piece.start:piece.stop].tolist():
-                yield row_key(rf.stem_key, number, count.width), rf.rel, number
+            keys = keys_of(rf.stem_key, count, piece.start, piece.stop)
+            yield from zip(keys, [rf.rel] * len(keys), load_index(count)["number"][piece.start:piece.stop].tolist())
 
     def _converter(self, rid: int):
         from shardkit.sources.parquet_files import RowConverter
@@ -94,6 +96,9 @@ class SourceReader:
         try:  # read now: a file that vanished or changed since it was counted rejects its rows
             if rf.kind == "jsonl":
                 refs = list(jsonl_rows(self.opts, rf, count, start, stop, keys))
+            elif rf.kind == "tar":
+                cls = self.row_labels.get(rid) == CLS_MEMBERS  # labels from the tar's cls members
+                refs = list(tar_rows(self.opts, rf, count, start, stop, keys, cls))
             else:
                 from shardkit.sources.parquet_files import parquet_rows
 

@@ -1,4 +1,4 @@
-"""Row files on the cluster: each .jsonl/.parquet file is counted by a task that writes its row index
+"""Row files on the cluster: each .jsonl/.parquet/.tar file is counted by a task that writes its row index
 (line numbers, byte offsets, cumulative size estimates) under OUT/.shardkit/scan and returns a few
 numbers; tasks later read their rows by that index. The client never holds a per-row array."""
 
@@ -79,9 +79,13 @@ def counted(rf, opts: ScanOptions) -> RowCount | None:
     from shardkit.store import join, read
 
     try:
-        return RowCount(**json.loads(read(join(opts.state_dir, _index_name(rf, opts)) + ".json")))
+        count = RowCount(**json.loads(read(join(opts.state_dir, _index_name(rf, opts)) + ".json")))
     except (OSError, ValueError, TypeError):
         return None
+    # the files it names must still be there (a state folder cleaned by hand): else count again
+    from shardkit.store import exists
+
+    return count if all(exists(p) for p in (count.index, count.keys) if p) else None
 
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
@@ -93,6 +97,10 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     base = join(opts.state_dir, _index_name(rf, opts))
     if (done := counted(rf, opts)) is not None:
         return done
+    if rf.kind == "tar":
+        from shardkit.sources.tars import count_tar
+
+        return count_tar(rf, opts, base)
     path = join(opts.root, rf.rel)
     try:
         if rf.kind == "jsonl":

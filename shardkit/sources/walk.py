@@ -2,7 +2,7 @@
 
 The listing is the one part of a build that is O(files) in the client: each file sample costs about
 100 bytes of Arrow columns (key, paths, sizes, a stamp digest), never a Python object per file once
-its folder is listed. Row files (.jsonl, .parquet) are one entry each; their rows are counted on
+its folder is listed. Row files (.jsonl, .parquet, .tar) are one entry each; their rows are counted on
 the cluster (sources.rows).
 """
 
@@ -23,9 +23,12 @@ TEXT_EXTS = frozenset({".txt", ".md"})
 JSON_EXTS = frozenset({".json"})
 JSONL_EXTS = frozenset({".jsonl"})
 PARQUET_EXTS = frozenset({".parquet"})
+TAR_EXTS = frozenset({".tar"})  # WebDataset shards: samples grouped by member key (sources.tars)
 ARRAY_EXTS = frozenset({".npy"})  # float arrays (embeddings, features): field 'array'
-ROW_EXTS = JSONL_EXTS | PARQUET_EXTS  # one sample per line / row
+ROW_EXTS = JSONL_EXTS | PARQUET_EXTS | TAR_EXTS  # one sample per line / row / member key
 KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | JSON_EXTS | ROW_EXTS | ARRAY_EXTS
+
+_ROW_KIND = {".jsonl": "jsonl", ".parquet": "parquet", ".tar": "tar"}
 
 # Bits of the `kinds` column: which fields a file sample brings.
 IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
@@ -35,11 +38,12 @@ FLUSH_ROWS = 8192  # file samples per Arrow batch: bounds the Python objects ali
 
 @dataclass
 class RowFile:
-    """One .jsonl or .parquet file: a run of samples whose keys are `{stem_key}/{number}`."""
+    """One .jsonl, .parquet or .tar file: a run of samples whose keys are `{stem_key}/{number}` (a tar's:
+    `{stem_key}/{member key}`)."""
 
     id: int
     rel: str
-    kind: str  # "jsonl" or "parquet"
+    kind: str  # "jsonl", "parquet" or "tar"
     size: int
     mtime_ns: int
     stem_key: str
@@ -256,9 +260,8 @@ def walk(root: str, out: str | None = None) -> Listing:
             if rel_dir:
                 listing.tops.add(rel.split("/", 1)[0])
             if ext in ROW_EXTS:
-                listing.row_files.append(RowFile(len(listing.row_files), rel, "jsonl" if ext in JSONL_EXTS
-                                                 else "parquet", st.st_size, st.st_mtime_ns, make_key(stem),
-                                                 top_folder(rel)))
+                listing.row_files.append(RowFile(len(listing.row_files), rel, _ROW_KIND[ext], st.st_size,
+                                                 st.st_mtime_ns, make_key(stem), top_folder(rel)))
                 continue
             if ext in IMAGE_EXTS:
                 listing.images += 1
