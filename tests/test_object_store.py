@@ -267,3 +267,26 @@ def test_with_a_scheduler_the_client_runs_no_task_itself():
         finally:
             pending.close()
     assert len(pids) == 6 and os.getpid() not in pids
+
+
+def test_a_webdataset_set_on_s3_builds_the_bytes_of_the_same_set_on_disk(tmp_path, s3):
+    """WebDataset tars in a bucket (counted, indexed and read through the store by workers) build the
+    same shards as the same tars on a local disk, into a store and into a folder."""
+    import webdataset as wds
+
+    from shardkit.datagen import _jpeg, photo_like
+
+    rng = __import__("numpy").random.default_rng(4)
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    with wds.ShardWriter(str(folder / "part-%06d.tar"), maxcount=5, verbose=0) as sink:
+        for i in range(12):
+            sink.write({"__key__": f"{i:06d}", "jpg": _jpeg(photo_like(rng, 40, 30)), "txt": f"caption {i}",
+                        "cls": i % 2})
+    local = build(BuildConfig(str(folder), str(tmp_path / "local"), **OPTIONS))
+    assert local.samples == 12 and not local.rejections
+    src = s3.upload(str(folder), "wds")
+    build(BuildConfig(src, s3.url("out"), **dict(OPTIONS, workers=2)))
+    assert same_files(str(tmp_path / "local"), s3.download("out", str(tmp_path / "got"))) == []
+    build(BuildConfig(src, str(tmp_path / "here"), **OPTIONS))
+    assert same_files(str(tmp_path / "local"), str(tmp_path / "here")) == []
