@@ -201,10 +201,14 @@ class StreamConfig:
     # Remote reads: shards per process fetched ahead of the reader in plan order (within
     # cache_limit, pinned until read); 0 fetches each shard when a batch first needs it.
     fetch_ahead: int = 8
+    where: str | None = None  # keep only samples whose attributes satisfy this (reader/where.py)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed={self.seed!r}: expected an integer >= 0 (StreamingDataset(seed=...))")
+        if self.where is not None and not isinstance(self.where, str):
+            raise ConfigError(f"where={self.where!r}: expected an expression string, e.g. \"lang == 'en' and "
+                              "gopher_quality\" (StreamingDataset(where=...))")
         positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
         positive("connections", self.connections, "StreamingDataset(connections=...)")
         if not isinstance(self.fetch_ahead, int) or isinstance(self.fetch_ahead, bool) or self.fetch_ahead < 0:

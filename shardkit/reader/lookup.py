@@ -76,7 +76,7 @@ class Lookup:
 
     def stored(self, i: int, field: str):
         """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
-        s, rows = locate(np.array([i], np.int64), self.ds.reader.offsets)
+        s, rows = self.ds.reader.locate(np.array([i], np.int64))
         self._visit(int(s[0]))
         value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
         return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
@@ -92,7 +92,9 @@ class Lookup:
 
     def not_found(self, key: str) -> SampleNotFound:
         """The error for a key the dataset does not hold."""
-        return SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} ({self.total} samples); keys "
+        where = self.ds.config.where
+        among = f"among the {self.total} samples where={where!r} keeps" if where else f"({self.total} samples)"
+        return SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} {among}; keys "
                              "are case-sensitive and have no field suffix (e.g. 'class0/img1', not "
                              "'class0/img1.jpg'); `shardkit show DATASET '#0'` prints the first sample's key")
 
@@ -112,8 +114,10 @@ class Lookup:
                               "read a row by its index, ds[i]")
         for s in self._candidates(key):
             row = self._row(s, key)
-            if row is not None:
-                return int(self.ds.reader.offsets[s]) + row
+            if row is not None:  # under where=, ids count kept samples: a sample left out has none
+                selection = self.ds.reader.selection
+                rank = row if selection is None else selection.rank(s, row)
+                return None if rank is None else int(self.ds.reader.offsets[s]) + rank
         return None
 
     def _candidates(self, key: str):
