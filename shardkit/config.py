@@ -354,6 +354,26 @@ class DedupConfig:
                            dedup_verify=self.verify, image_distance=self.image_distance)
 
 
+@dataclass(frozen=True)
+class AnnotateConfig:
+    """`shardkit annotate OUT`: every CLI flag is one field here."""
+
+    out: str
+    scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
+    select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
+    workers: int | None = None
+    scheduler: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "select", tuple(self.select))
+        if not self.scorers and not self.select:
+            raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
+                              "(--select \"lang == 'en'\")")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
+
+
 TAIL_CHOICES = ("pad", "drop")
 AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
 

@@ -500,7 +500,7 @@ def _register_optional():
     import importlib
 
     for module, name in (("shardkit.cli.dedup", "dedup"), ("shardkit.cli.bench", "bench"),
-                         ("shardkit.cli.show", "show")):
+                         ("shardkit.cli.show", "show"), ("shardkit.cli.annotate", "annotate")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
