@@ -87,6 +87,8 @@ class BuildConfig:
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
+    filter: str | None = None  # comma-separated scorers (stages.filters.FILTERS): drop what they refuse
+    annotate: bool = False  # keep every sample; store the scores of --filter and --dedup as attribute tables
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -131,6 +133,12 @@ class BuildConfig:
             raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
+        if self.annotate and not (self.filter or self.dedup):
+            raise ConfigError("--annotate keeps every sample and stores the scores of --filter and --dedup: add "
+                              "--filter NAMES and/or --dedup")
+        if (self.filter or self.annotate) and self.tokenizer:
+            raise ConfigError("--filter/--annotate score documents' text, which a --tokenizer build does not keep: "
+                              "build the text with them first, then tokenize what where= keeps")
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 

@@ -280,6 +280,12 @@ def _parse_size(ctx, param, value):
               help="Run your function on each sample after the built-in stages: it gets a sample dict "
                    "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
                    "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
+@click.option("--filter", "filter", default=None, metavar="NAMES",
+              help="Drop the documents these scorers refuse (comma-separated; see `shardkit annotate --help` for "
+                   "the list); each is recorded in errors.jsonl with its rule.")
+@click.option("--annotate", is_flag=True,
+              help="Keep every sample and store the scores of --filter (and --dedup's clusters) in attribute "
+                   "tables beside the shards; choose at training time: StreamingDataset(OUT, where=...).")
 def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT.
 
@@ -299,6 +305,7 @@ def build(src, out, **options):
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)
+      shardkit build corpus/ out/ --filter text-length --dedup --annotate   (then where="text_length and not duplicate")
     """
     from shardkit.config import BuildConfig
     from shardkit.jobs.build import build as run_build
@@ -329,6 +336,13 @@ def build_summary(r) -> str:
     lines += [f"  note            {note}" for note in r.notes]
     if r.duplicates:
         lines.append(f"  duplicates      {r.duplicates} removed (review dedup/clusters.parquet, dedup/summary.json)")
+    marked = r.manifest.build.get("dedup", {}).get("marked") if r.manifest else None
+    if marked:
+        lines.append(f"  duplicates      {marked} marked, kept (attribute duplicate; review dedup/clusters.parquet)")
+    attributes = r.manifest.extra.get("attributes") if r.manifest else None
+    if attributes:
+        lines.append(f"  attributes      {', '.join(attributes['columns'])} (train on a subset: "
+                     "StreamingDataset(OUT, where=...))")
     if r.utf8_replaced:
         lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
     tok = r.manifest.extra.get("tokenizer") if r.manifest else None

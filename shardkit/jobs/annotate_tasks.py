@@ -13,11 +13,10 @@ from shardkit.contract import AttributeInfo, ShardInfo
 from shardkit.reader.selection import read_columns
 from shardkit.reader.shards import missing_shard, open_shard
 from shardkit.reader.where import Where
-from shardkit.stages.attributes import DEDUP_COLUMNS, arrow_type, score_texts, type_name
+from shardkit.stages.attributes import DEDUP, DEDUP_COLUMNS, arrow_type, score_texts, type_name
 from shardkit.writers.attributes import attribute_table, write_attributes
 
 TEXT_FIELD = "txt"
-DEDUP = "dedup"  # the dedup step's columns (build --dedup --annotate), kept like a scorer's
 
 
 def layout(scorers: list, keep_dedup: bool = False) -> dict:

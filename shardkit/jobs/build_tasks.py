@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass, field
 
 from shardkit.config import BuildConfig
-from shardkit.contract import ShardInfo
+from shardkit.contract import AttributeInfo, ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
 from shardkit.fs import atomic_write, atomic_writer, fsync_path
+from shardkit.jobs import curate
 from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
@@ -54,6 +55,7 @@ class ShardTask:
     id: int
     fingerprint: str
     units: tuple[tuple[Piece, ...], ...]
+    marks: tuple = ()  # build --dedup --annotate: (key, cluster, duplicate, exact) of its clustered samples
 
 
 @dataclass(frozen=True)
@@ -94,18 +96,20 @@ class ShardResult:
     failed: Rejection | None = None
     stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
     linked: list = field(default_factory=list)  # inputs named by rows, not by the shard's fingerprint
+    attributes: AttributeInfo | None = None  # --annotate: the shard's attribute table
 
     def to_json(self) -> dict:
         return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
                 "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
                 "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats,
-                "linked": self.linked}
+                "linked": self.linked, "attributes": self.attributes.to_dict() if self.attributes else None}
 
     @classmethod
     def from_json(cls, d: dict) -> "ShardResult":
+        attributes = AttributeInfo.from_dict(d["attributes"]) if d.get("attributes") else None
         return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
                    [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
-                   stats=d.get("stats", {}), linked=d.get("linked", []))
+                   stats=d.get("stats", {}), linked=d.get("linked", []), attributes=attributes)
 
 
 def add_stats(total: dict, more: dict) -> dict:
@@ -138,6 +142,8 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str) -> ShardResult |
             full = os.path.join(cfg.out, rel)
             if not os.path.isfile(full) or os.path.getsize(full) != size:
                 return None
+    if not curate.unchanged(cfg.out, result.attributes):  # `shardkit annotate` may have rewritten it since
+        return None
     return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
 
 
@@ -221,6 +227,8 @@ def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_p
         fsync_path(os.path.join(cfg.out, info.path))
         if info.index:
             fsync_path(os.path.join(cfg.out, info.index["path"]))
+    if result.attributes is not None:
+        fsync_path(os.path.join(cfg.out, result.attributes.path))
     marker = {"fingerprint": shard.fingerprint, "result": result.to_json()}
     atomic_write(marker_path(cfg, shard.id), json.dumps(marker, sort_keys=True))
     for path in unit_paths:
@@ -265,12 +273,15 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
             return ShardResult(shard.id, [], [r for p in parts for r in p.rejections] + log.items, failed=e.rejection)
         infos = [get_writer(fmt)(samples, cfg.out, shard.id, ctx.fields) for fmt in formats] if samples else []
     else:
+        table, filtered = curate.before_write(table, cfg)  # --filter
+        log.items.extend(filtered)
         infos = [get_table_writer(fmt)(table, cfg.out, shard.id, ctx.fields, durable=False) for fmt in formats] \
             if len(table) else []
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats,
-                         linked=sorted({tuple(link) for p in parts for link in p.linked}))
+                         linked=sorted({tuple(link) for p in parts for link in p.linked}),
+                         attributes=None if ctx.pack else curate.after_write(table, infos, cfg, shard.marks, shard.id))
     _in_background(make_durable, cfg, shard, result, [p.path for p in parts if p.path])
     return result
 

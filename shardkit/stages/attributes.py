@@ -22,6 +22,7 @@ TYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uin
 # earlier sample's content, `duplicate` what --dedup would remove (exact or near), and
 # `near_dup_cluster` its cluster (null outside one: see jobs/build.py).
 DEDUP_COLUMNS = {"exact_dup": "bool", "duplicate": "bool", "near_dup_cluster": "int64"}
+DEDUP = "dedup"  # the name they are recorded under, as a scorer's columns are under its name
 RESERVED = ("__key__",)
 
 
