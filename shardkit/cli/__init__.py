@@ -424,8 +424,8 @@ def inspect(dataset, as_json):
 @main.command()
 @click.argument("dataset")
 def verify(dataset):
-    """Re-hash every shard (and index) against the manifest and count each shard's samples; exit 1
-    naming each bad or missing file.
+    """Re-hash every shard (and index) and attribute table against the manifest and count each shard's
+    samples; exit 1 naming each bad or missing file.
 
     \b
     Example:
@@ -433,9 +433,13 @@ def verify(dataset):
     """
     from shardkit.manifest import load_manifest
 
+    from shardkit.jobs.annotate import verify_attributes
+
     m = load_manifest(dataset)  # also checks that the shard counts add up to the dataset's samples
     problems, checked, bad = _verify_files(dataset, m)
     problems += _verify_counts(dataset, m, bad)
+    more, files = verify_attributes(dataset, m)  # attribute tables (shardkit annotate, build --annotate)
+    problems, checked = problems + more, checked + files
     for p in problems:
         click.echo(p)
     if problems:

@@ -22,7 +22,7 @@ from shardkit.contract import AttributeInfo, attributes_relpath
 from shardkit.errors import ConfigError
 from shardkit.fs import folder_lock, is_remote, sha256_file
 from shardkit.jobs.annotate_tasks import (DEDUP, TEXT_FIELD, AnnotateContext, ShardDone, ShardJob, annotate_shard,
-                                          column_specs, layout)
+                                          column_specs, layout, shard_texts)
 from shardkit.jobs.cluster import background_client
 from shardkit.jobs.tasks import progress_bar, run_tasks
 from shardkit.manifest import load_manifest, write_manifest
@@ -186,3 +186,39 @@ def _finish(cfg, manifest, done: list[ShardDone], columns, fingerprints, selecti
             failed[k] = failed.get(k, 0) + v
     return AnnotateResult(cfg.out, len(done), sum(d.written for d in done), columns,
                           {w: int(k.sum()) for w, k in kept.items()}, failed, time.perf_counter() - start, changed)
+
+
+def verify_attributes(root: str, manifest) -> tuple[list[str], int]:
+    """(problems, files checked) of a dataset's attribute tables, as `shardkit verify` prints them: each
+    file's size and sha256 against the manifest, its rows' keys against its shard's, and each table
+    computed from the shard content the manifest names."""
+    from shardkit.errors import ManifestError, ShardError
+    from shardkit.manifest import safe_relpath
+    from shardkit.reader.selection import read_columns
+
+    try:
+        attributes = load_attributes(manifest, root, check=False)
+    except ManifestError as e:
+        return [f"attributes {e}"], 1
+    if attributes is None:
+        return [], 0
+    problems, by_id = [], {s.id: s for s in manifest.shards_of(source_format(manifest))}
+    for info in attributes.infos():
+        shard = by_id.get(info.id)
+        path = os.path.join(root, safe_relpath(info.path))
+        if shard is None:
+            problems.append(f"attributes {info.path}: no shard {info.id} in the manifest")
+        elif info.source != shard.sha256:
+            problems.append(f"attributes {info.path}: computed from other content than {shard.path}")
+        elif not os.path.isfile(path):
+            problems.append(f"missing   {info.path}")
+        else:
+            try:
+                keys = read_columns(root, info, ["__key__"]).column("__key__").to_pylist()
+                if keys != shard_texts(root, shard, {})[0]:
+                    problems.append(f"attributes {info.path}: its rows' keys differ from {shard.path}'s")
+            except ShardError as e:
+                problems.append(f"checksum  {info.path}: {e}")
+    missing = sorted(set(by_id) - set(attributes.ids.tolist()))
+    problems += [f"attributes shard {i} has no attribute table" for i in missing[:8]]
+    return problems, len(attributes) + 1

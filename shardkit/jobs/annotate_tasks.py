@@ -45,7 +45,7 @@ def shard_texts(root: str, shard: ShardInfo, fields: dict) -> tuple[list, list]:
     except FileNotFoundError as e:
         raise missing_shard(os.path.join(root, shard.path), e) from e
     rows = np.arange(len(reader.keys))
-    texts = reader.values(TEXT_FIELD, rows) if reader.has(TEXT_FIELD) else [None] * len(rows)
+    texts = reader.values(TEXT_FIELD, rows) if specs and reader.has(TEXT_FIELD) else [None] * len(rows)
     return list(reader.keys), [t if t is None or isinstance(t, str) else bytes(t).decode() for t in texts]
 
 

@@ -119,7 +119,7 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
     build = dict(manifest.build, dedup=dedup_record(result.summary, samples))
     out_manifest = Manifest(samples=samples, fields=manifest.fields, shards=infos, classes=manifest.classes,
                             build=build, errors=_merge_errors(manifest.errors, result.rejections),
-                            extra=dict(manifest.extra))
+                            extra={k: v for k, v in manifest.extra.items() if k != "attributes"})  # SRC's rows
     write_manifest(out, out_manifest)
     remove_unlisted_shards(out, out_manifest.shards)
     return out_manifest
