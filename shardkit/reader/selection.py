@@ -30,40 +30,46 @@ log = logging.getLogger(__name__)
 MASKS_KEPT = 64  # masks per process: as many as open shards (BatchReader.MAX_OPEN_SHARDS)
 
 
-class Mask:
-    """The kept rows of one shard in 0.19 bytes a row: one bit per row (uint64 words) and, per word,
-    the kept rows before it (uint32). `rows(ranks)` maps kept ranks to rows, `rank(row)` back."""
+# Per byte value: its set bits (popcount), and the position of its k-th set bit (SELECT[v, k]).
+_POP = np.array([bin(v).count("1") for v in range(256)], np.uint8)
+_SELECT = np.array([[[b for b in range(8) if v >> b & 1][k] if k < _POP[v] else 0 for k in range(8)]
+                    for v in range(256)], np.uint8)
 
-    __slots__ = ("words", "before", "kept", "size")
+
+class Mask:
+    """The kept rows of one shard in 0.625 bytes a row: one bit per row and, per byte (8 rows), the
+    kept rows before it (uint32). `rows(ranks)` maps kept ranks to rows with one binary search and
+    two table lookups per batch of ranks; `rank(row)` maps back. (Counts per 64-row word plus
+    offsets per byte take 0.31 B a row but cost several numpy calls more: 128 us against 44 us per
+    110 ranks, measured on the loaded 2-core VM, where a text sample loads in ~20-30 us.)"""
+
+    __slots__ = ("bits", "before", "kept", "size")
 
     def __init__(self, keep: np.ndarray):
         keep = np.asarray(keep, bool)
         self.size = len(keep)
-        bits = np.packbits(keep, bitorder="little")
-        self.words = np.concatenate([bits, np.zeros(-len(bits) % 8, np.uint8)]).view("<u8")
-        counts = np.bitwise_count(self.words).astype(np.int64)
-        self.before = (np.cumsum(counts) - counts).astype(np.uint32)
-        self.kept = int(counts.sum())
+        self.bits = np.packbits(keep, bitorder="little")
+        per_byte = _POP[self.bits].astype(np.int64)
+        self.before = (np.cumsum(per_byte) - per_byte).astype(np.uint32)
+        self.kept = int(per_byte.sum())
 
     def rows(self, ranks) -> np.ndarray:
         """The rows of the kept samples of ranks `ranks` (0 <= rank < kept)."""
-        ranks = np.asarray(ranks, np.int64)
-        w = np.searchsorted(self.before, ranks, side="right") - 1  # the word holding that kept row
-        bits = np.unpackbits(self.words[w].view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-        within = np.argmax(np.cumsum(bits, axis=1, dtype=np.uint8) > (ranks - self.before[w])[:, None], axis=1)
-        return w * 64 + within
+        ranks = np.asarray(ranks, np.uint32)
+        b = np.searchsorted(self.before, ranks, side="right") - 1  # the last byte with fewer kept rows before
+        return b * 8 + _SELECT[self.bits[b], ranks - self.before[b]]
 
     def rank(self, row: int) -> int | None:
         """The kept rank of `row`, or None when the row is not kept."""
-        word, bit = divmod(int(row), 64)
-        value = int(self.words[word])
+        b, bit = divmod(int(row), 8)
+        value = int(self.bits[b])
         if not value >> bit & 1:
             return None
-        return int(self.before[word]) + int(np.bitwise_count(np.uint64(value & ((1 << bit) - 1))))
+        return int(self.before[b]) + int(_POP[value & ((1 << bit) - 1)])
 
     @property
     def nbytes(self) -> int:
-        return self.words.nbytes + self.before.nbytes
+        return self.bits.nbytes + self.before.nbytes
 
 
 def read_columns(root: str, info, columns: list[str], policy=None, url: str | None = None):
@@ -153,6 +159,9 @@ class Selection:
     def rows(self, shard_idx: np.ndarray, ranks: np.ndarray) -> np.ndarray:
         """Stored rows of the kept samples (shard_idx[i], kept rank ranks[i])."""
         out = np.asarray(ranks, np.int64).copy()
+        if len(out) and shard_idx[0] == shard_idx[-1] and (shard_idx == shard_idx[0]).all():  # one shard
+            mask = self.mask(int(shard_idx[0]))
+            return out if mask is None else mask.rows(out)
         for s in np.unique(shard_idx).tolist():
             mask = self.mask(s)
             if mask is not None:
