@@ -1,0 +1,130 @@
+"""Cost of where=: the loader's samples/s with and without it, and the memory its masks take.
+
+    flock /tmp/shardkit-bench.lock .venv/bin/python bench/where_bench.py            # 200k documents, 3 rounds
+    .venv/bin/python bench/where_bench.py --n 40000 --rounds 1 --seconds 1          # quick check
+
+Data (built once into --work, reused): a .jsonl corpus of --n documents of 0-600 characters, built
+twice into tar shards of 10,000: `filtered` with `--filter text-length` (what it keeps) and
+`annotated` with `--filter text-length --annotate` (every sample, plus attribute tables), then
+`shardkit annotate --select text_length` (the kept counts stored with the dataset).
+
+Throughput (every run a fresh process: make_loader, --workers workers, batch --batch, shuffle on,
+one warm-up epoch, then whole epochs for at least --seconds; variants interleaved, rounds rotated):
+  where / filtered   the annotated dataset with where="text_length" against the --filter build: the
+                     same samples in the same order; what where= costs over a dataset built without them.
+  where-all / all    where="text_chars >= 0" (keeps every sample) against no where= on the same
+                     dataset: the same work but for the mask path itself (attribute reads, masks,
+                     kept rank -> row).
+Text samples are the cheapest to load, so the mask path's share is as large as it gets. Target:
+both ratios >= 0.95.
+
+Memory, in one process (num_workers=0): the bytes the masks held at the end of an epoch of
+where="text_length" take per row of the shards they cover (Selection.mask_bytes: 1 bit a row + 4
+bytes per 8 rows), and, independently, tracemalloc's peak over an epoch with where="text_chars >= 0"
+minus the peak without where= on the same dataset (the same batches: the difference is what the
+mask path holds, masks and the attribute columns read to make them), per sample. Target: <= 1 byte
+per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+
+CHILD = r"""
+from loader_bench import warm_then_timed
+import json, sys
+from shardkit import StreamingDataset, make_loader
+root, where, seconds, workers, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ds = StreamingDataset(root, fields=["txt"], seed=0, where=where or None)
+loader = make_loader(ds, batch_size=batch, num_workers=workers)
+print(json.dumps({"rate": warm_then_timed(loader, seconds), "samples": len(ds)}))
+"""
+
+MEMORY = r"""
+import json, sys, tracemalloc
+from shardkit import StreamingDataset, make_loader
+root, where, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tracemalloc.start()
+ds = StreamingDataset(root, fields=["txt"], seed=0, where=where or None)
+n = sum(len(b["__key__"]) for b in make_loader(ds, batch_size=batch, num_workers=0))
+held, rows = ds.reader.selection.mask_bytes() if ds.reader.selection is not None else (0, 0)
+print(json.dumps({"peak": tracemalloc.get_traced_memory()[1], "samples": n, "mask_bytes": held, "mask_rows": rows,
+                  "dataset_rows": int(ds.shards.samples.sum())}))
+"""
+
+
+def prepared(work: str | None, n: int) -> str:
+    """The data folder: corpus, the --filter build and the --annotate build (reused when present)."""
+    from shardkit.config import AnnotateConfig, BuildConfig
+    from shardkit.jobs.annotate import annotate
+    from shardkit.jobs.build import build
+
+    work = work or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"shardkit-where-bench-{n}")
+    raw = os.path.join(work, "raw")
+    if not os.path.exists(os.path.join(raw, "docs.jsonl")):
+        os.makedirs(raw, exist_ok=True)
+        r = random.Random(0)
+        with open(os.path.join(raw, "docs.jsonl"), "w") as f:
+            for _ in range(n):
+                words = " ".join(f"w{r.randint(0, 9999)}" for _ in range(r.randint(0, 100)))
+                f.write(json.dumps({"text": words}) + "\n")
+    for name, extra in (("filtered", {}), ("annotated", {"annotate": True})):
+        out = os.path.join(work, name)
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            build(BuildConfig(raw, out, filter="text-length", progress=False, **extra))
+    annotate(AnnotateConfig(os.path.join(work, "annotated"), select=("text_length",), progress=False))
+    return work
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=200_000, help="documents (default 200,000)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per variant per round")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--work", default=None, help="data folder (default: $TMPDIR/shardkit-where-bench-N)")
+    args = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from loader_bench import run_child
+
+    work = prepared(args.work, args.n)
+    filtered, annotated = os.path.join(work, "filtered"), os.path.join(work, "annotated")
+    variants = {"filtered": (filtered, ""), "where": (annotated, "text_length"),
+                "all": (annotated, ""), "where-all": (annotated, "text_chars >= 0")}
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    rates = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            root, where = variants[name]
+            got = run_child(CHILD, root, where, args.seconds, args.workers, args.batch)
+            rates[name].append(got["rate"])
+            print(f"round {r}: {name:<10} {got['rate']:>10,.0f} samples/s ({got['samples']:,} samples a rank)",
+                  flush=True)
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    pairs = [(r / f) for r, f in zip(rates["where"], rates["filtered"])]
+    pairs_all = [(r / f) for r, f in zip(rates["where-all"], rates["all"])]
+    print(f"where / filtered:  {statistics.median(pairs):.3f} (rounds {', '.join(f'{x:.3f}' for x in pairs)}); "
+          f"medians {med['where']:,.0f} / {med['filtered']:,.0f} samples/s")
+    print(f"where-all / all:   {statistics.median(pairs_all):.3f} (rounds {', '.join(f'{x:.3f}' for x in pairs_all)}); "
+          f"medians {med['where-all']:,.0f} / {med['all']:,.0f} samples/s")
+    kept = run_child(MEMORY, annotated, "text_length", args.batch)
+    print(f"masks held at the end of an epoch of where='text_length': {kept['mask_bytes']:,} bytes over "
+          f"{kept['mask_rows']:,} rows = {kept['mask_bytes'] / max(1, kept['mask_rows']):.3f} B per row covered "
+          f"({kept['mask_bytes'] / kept['dataset_rows']:.3f} B per sample of the dataset)")
+    every, plain = run_child(MEMORY, annotated, "text_chars >= 0", args.batch), run_child(MEMORY, annotated, "", args.batch)
+    extra = every["peak"] - plain["peak"]
+    print(f"tracemalloc peak over an epoch, the same batches: {every['peak']:,} bytes with where='text_chars >= 0' vs "
+          f"{plain['peak']:,} without: {extra:+,} bytes = {extra / every['dataset_rows']:+.3f} B per sample")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
