@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 from click.testing import CliRunner
 from test_attributes import write_corpus
+from test_remote import served  # noqa: F401  (fixture)
 
 from shardkit.cli import main
 from shardkit.config import AnnotateConfig, BuildConfig
@@ -284,3 +285,15 @@ def test_cli_annotate_and_its_errors(corpus):
         assert bad.exit_code == 1 and says in bad.output, bad.output
     with pytest.raises(ConfigError, match="--annotate keeps every sample"):
         BuildConfig("a", "b", annotate=True)
+
+
+def test_where_over_http_reads_the_attribute_tables_remotely(served, tmp_path):  # noqa: F811
+    root, url, gets, _ = served
+    run(root)
+    local = [s["__key__"] for s in StreamingDataset(root, where="text_chars > 16", shuffle=False)]
+    assert 0 < len(local) < 36
+    gets.clear()
+    ds = StreamingDataset(url, where="text_chars > 16", shuffle=False, cache_dir=str(tmp_path / "cache"))
+    assert [s["__key__"] for s in ds] == local
+    tables = [p for p in gets if p.startswith("/attributes/")]
+    assert len(tables) == 4 and all(gets[p] == 1 for p in tables)  # counted when made: the masks are kept

@@ -116,18 +116,22 @@ class Selection:
     def __init__(self, parts: list[Part], policy=None):
         self.parts, self.policy = parts, policy
         self.first = shard_offsets([len(p.ids) for p in parts])  # first shard index of each part
-        self.counts = np.concatenate([self._kept(p) for p in parts]).astype(np.int64)
-        self.offsets = shard_offsets(self.counts)
         self._masks: OrderedDict = OrderedDict()
+        self.counts = np.concatenate([self._kept(p, int(f)) for p, f in zip(parts, self.first)]).astype(np.int64)
+        self.offsets = shard_offsets(self.counts)
 
-    def _kept(self, part: Part) -> np.ndarray:
+    def _kept(self, part: Part, first: int) -> np.ndarray:
         if part.where is None:
             return np.asarray(part.samples, np.int64)
         stored = part.attributes.kept(part.where.text)
         if stored is not None:  # id order -> this reader's shard order
             return stored[np.searchsorted(part.attributes.ids, part.ids)]
         start = time.perf_counter()
-        kept = np.array([int(self._evaluate(part, int(i)).sum()) for i in part.ids.tolist()], np.int64)
+        kept = np.zeros(len(part.ids), np.int64)
+        for j, shard_id in enumerate(part.ids.tolist()):  # the last MASKS_KEPT masks stay for the reads
+            mask = Mask(self._evaluate(part, shard_id))
+            kept[j] = mask.kept
+            self._keep(first + j, mask)
         log.info("where=%r: counted the kept samples of %d shards from their attribute tables in %.1f s (`shardkit "
                  "annotate %s --select %r` stores the counts with the dataset: no process then reads them all)",
                  part.where.text, len(part.ids), time.perf_counter() - start, part.root, part.where.text)
@@ -147,14 +151,17 @@ class Selection:
         mask = None
         if part.where is not None:
             mask = Mask(self._evaluate(part, int(part.ids[s - self.first[p]])))
-            if mask.kept != self.counts[s]:
+            if mask.kept != self.counts[s]:  # the attribute table changed since the counts were taken
                 raise ShardError(f"where={part.where.text!r} keeps {mask.kept} samples of shard "
                                  f"{int(part.ids[s - self.first[p]])} of {part.root}, the plan counted "
                                  f"{int(self.counts[s])}: its attributes changed while this run read it; restart it")
+        self._keep(s, mask)
+        return mask
+
+    def _keep(self, s: int, mask: Mask | None) -> None:
         self._masks[s] = mask
         if len(self._masks) > MASKS_KEPT:
             self._masks.popitem(last=False)
-        return mask
 
     def rows(self, shard_idx: np.ndarray, ranks: np.ndarray) -> np.ndarray:
         """Stored rows of the kept samples (shard_idx[i], kept rank ranks[i])."""
