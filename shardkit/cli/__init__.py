@@ -402,6 +402,7 @@ def inspect(dataset, as_json):
         "bytes": {fmt: sum(s.bytes for s in m.shards_of(fmt)) for fmt in m.formats},
         "errors": m.errors,
         "build": m.build,
+        "attributes": m.extra.get("attributes"),
     }
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
@@ -419,6 +420,8 @@ def inspect(dataset, as_json):
         click.echo(f"  {fmt:<8} {len(shards)} shards, {human_bytes(sum(sizes))} "
                    f"(min {human_bytes(min(sizes))}, max {human_bytes(max(sizes))})")
     click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
+    for name, spec in (m.extra.get("attributes") or {}).get("columns", {}).items():  # what where= can use
+        click.echo(f"  attr     {name:<20} {spec['type']:<8} ({spec['scorer']})")
 
 
 @main.command()

@@ -96,11 +96,11 @@ def _info_on_disk(out: str, shard_id: int) -> AttributeInfo | None:
                          mine.get("scorers", {}))
 
 
-def _existing(previous: Attributes | None, out: str, shard, recorded_ids: set) -> AttributeInfo | None:
-    """The current table of `shard` if it was computed from its present content, else None."""
-    info = None
-    if shard.id in recorded_ids:
-        info = previous.info(shard.id)
+def _existing(records: dict, out: str, shard) -> AttributeInfo | None:
+    """The current table of `shard` if it was computed from its present content, else None;
+    `records` are the manifest's {shard id: AttributeInfo}."""
+    info = records.get(shard.id)
+    if info is not None:
         path = os.path.join(out, info.path)
         if not os.path.isfile(path) or os.path.getsize(path) != info.bytes:
             info = None
@@ -108,17 +108,17 @@ def _existing(previous: Attributes | None, out: str, shard, recorded_ids: set) -
     return info if info is not None and info.source == shard.sha256 and info.rows == shard.samples else None
 
 
-def _known(previous: Attributes | None, info: AttributeInfo | None, selections: list) -> dict | None:
+def _known(previous: Attributes | None, records: dict, info: AttributeInfo | None, selections: list) -> dict | None:
     """The kept counts of every selection in this table, when the previous record stored them all."""
     if previous is None or info is None or any(w not in previous.selections for w in selections):
         return None
-    i = int(np.searchsorted(previous.ids, info.id))
-    if i >= len(previous.ids) or previous.ids[i] != info.id or previous.info(info.id) != info:
+    if records.get(info.id) != info:
         return None
+    i = int(np.searchsorted(previous.ids, info.id))
     return {w: int(previous.kept(w)[i]) for w in selections}
 
 
-def _plan(shards, infos: dict, ctx: AnnotateContext, runnable: set, previous) -> tuple[list, dict]:
+def _plan(shards, infos: dict, ctx: AnnotateContext, runnable: set, previous, records: dict) -> tuple[list, dict]:
     """(a job per shard with work to do, {shard id: ShardDone} of the shards left as they are)."""
     jobs, kept = [], {}
     for shard in shards:
@@ -130,7 +130,7 @@ def _plan(shards, infos: dict, ctx: AnnotateContext, runnable: set, previous) ->
         if missing:
             raise ConfigError(f"shard {shard.path} needs the columns of {missing} computed again (its content changed "
                               "or its table is missing), which this run cannot: name them in --scorers")
-        counts = _known(previous, prev, list(ctx.selections))
+        counts = _known(previous, records, prev, list(ctx.selections))
         if not job.compute and prev is not None and set(prev.scorers) == set(ctx.layout) and counts is not None:
             kept[shard.id] = ShardDone(prev, counts)
         else:
@@ -144,8 +144,8 @@ def _annotate(cfg: AnnotateConfig) -> AnnotateResult:
     previous = load_attributes(manifest, cfg.out, check=False)  # a rerun brings stale records up to date
     runnable, fingerprints = _scorers(cfg, previous)
     shards = manifest.shards_of(source_format(manifest))
-    ids = set(previous.ids.tolist()) if previous is not None else set()
-    infos = {s.id: info for s in shards if (info := _existing(previous, cfg.out, s, ids)) is not None}
+    records = {i.id: i for i in previous.infos()} if previous is not None else {}
+    infos = {s.id: info for s in shards if (info := _existing(records, cfg.out, s)) is not None}
     keep_dedup = DEDUP in fingerprints and all(
         s.id in infos and infos[s.id].scorers.get(DEDUP) == fingerprints[DEDUP] for s in shards)
     if DEDUP in fingerprints and not keep_dedup:
@@ -163,7 +163,7 @@ def _annotate(cfg: AnnotateConfig) -> AnnotateResult:
     if TEXT_FIELD not in manifest.fields and scorers:
         raise ConfigError(f"{cfg.out} has no text field ({TEXT_FIELD}): the scorers score documents' text")
     ctx = AnnotateContext(cfg.out, manifest.fields, tuple(scorers), lay, fingerprints, types, tuple(selections))
-    jobs, kept = _plan(shards, infos, ctx, {s.name for s in scorers}, previous)
+    jobs, kept = _plan(shards, infos, ctx, {s.name for s in scorers}, previous, records)
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
         with progress_bar(len(shards), initial=len(kept), desc="annotate", unit="shard", enabled=cfg.progress) as bar:
             done = run_tasks(annotate_shard, jobs, client=pending, bar=bar, name="annotate", shared=(ctx,))
