@@ -14,6 +14,7 @@ from test_attributes import write_corpus
 from test_remote import served  # noqa: F401  (fixture)
 
 from shardkit.cli import main
+from shardkit.cli.annotate import annotate_summary
 from shardkit.config import AnnotateConfig, BuildConfig
 from shardkit.contract import key_hash
 from shardkit.errors import ConfigError, FolderLocked, ManifestError, ShardError
@@ -297,3 +298,33 @@ def test_where_over_http_reads_the_attribute_tables_remotely(served, tmp_path): 
     assert [s["__key__"] for s in ds] == local
     tables = [p for p in gets if p.startswith("/attributes/")]
     assert len(tables) == 4 and all(gets[p] == 1 for p in tables)  # counted when made: the masks are kept
+
+
+@dataclass(frozen=True)
+class Picky(Words):
+    """Words that cannot score some documents."""
+
+    name = "picky"
+
+    @property
+    def columns(self):
+        import pyarrow as pa
+
+        return {"picky": pa.bool_()}
+
+    def score(self, text):
+        if "w7 " in text:
+            raise ValueError("cannot read this one")
+        return {"picky": True}
+
+
+def test_a_document_a_scorer_cannot_score_is_counted_and_the_run_goes_on(corpus, monkeypatch):
+    tmp, texts = corpus
+    monkeypatch.setitem(filters.FILTERS, "picky", Picky)
+    out = make(tmp)
+    result = run(out, "picky")
+    bad = {k for k, t in texts.items() if "w7 " in t}
+    assert result.failed == {"picky": len(bad)} and 0 < len(bad) < len(texts)
+    assert f"unscored        {len(bad)} documents by picky" in annotate_summary(result)
+    assert {s["__key__"] for s in StreamingDataset(out, where="picky == None")} == bad
+    assert {s["__key__"] for s in StreamingDataset(out, where="picky")} == set(texts) - bad
