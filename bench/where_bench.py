@@ -9,7 +9,9 @@ twice into tar shards of 10,000: `filtered` with `--filter text-length` (what it
 `shardkit annotate --select text_length` (the kept counts stored with the dataset).
 
 Throughput (every run a fresh process: make_loader, --workers workers, batch --batch, shuffle on,
-one warm-up epoch, then whole epochs for at least --seconds; variants interleaved, rounds rotated):
+one warm-up epoch, then whole epochs for at least --seconds; variants interleaved, rounds rotated),
+as samples/s and as samples per CPU-second of the process and its DataLoader workers (psutil): on
+a shared machine the second is the steadier measure of what where= costs:
   where / filtered   the annotated dataset with where="text_length" against the --filter build: the
                      same samples in the same order; what where= costs over a dataset built without them.
   where-all / all    where="text_chars >= 0" (keeps every sample) against no where= on the same
@@ -18,12 +20,15 @@ one warm-up epoch, then whole epochs for at least --seconds; variants interleave
 Text samples are the cheapest to load, so the mask path's share is as large as it gets. Target:
 both ratios >= 0.95.
 
+The same pairs in one process (num_workers=0), alternating slices of --slice batches, --slices
+times: samples per CPU-second of each slice, ratio per slice pair (the steadiest figure here).
+
 Memory, in one process (num_workers=0): the bytes the masks held at the end of an epoch of
 where="text_length" take per row of the shards they cover (Selection.mask_bytes: 1 bit a row + 4
 bytes per 8 rows), and, independently, tracemalloc's peak over an epoch with where="text_chars >= 0"
-minus the peak without where= on the same dataset (the same batches: the difference is what the
-mask path holds, masks and the attribute columns read to make them), per sample. Target: <= 1 byte
-per sample.
+minus the peak without where= on the same dataset (the same batches; both after one where= lookup,
+so that the modules the path imports count in neither: the difference is what the mask path holds,
+masks and the attribute columns read to make them), per sample. Target: <= 1 byte per sample.
 """
 
 from __future__ import annotations
@@ -36,26 +41,67 @@ import statistics
 import sys
 
 CHILD = r"""
-from loader_bench import warm_then_timed
-import json, sys
+import json, sys, time
+import psutil
 from shardkit import StreamingDataset, make_loader
 root, where, seconds, workers, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ds = StreamingDataset(root, fields=["txt"], seed=0, where=where or None)
 loader = make_loader(ds, batch_size=batch, num_workers=workers)
-print(json.dumps({"rate": warm_then_timed(loader, seconds), "samples": len(ds)}))
+for _ in loader:  # warm-up epoch: workers started, shards opened, masks made, page cache filled
+    pass
+me = psutil.Process()
+def cpu():  # this process and its DataLoader workers
+    return sum(sum(p.cpu_times()[:2]) for p in [me] + me.children(recursive=True))
+n, c0, t0 = 0, cpu(), time.perf_counter()
+while time.perf_counter() - t0 < seconds:
+    for b in loader:
+        n += len(b["__key__"])
+wall, spent = time.perf_counter() - t0, cpu() - c0
+print(json.dumps({"rate": n / wall, "cpu_rate": n / spent, "samples": len(ds)}))
 """
 
 MEMORY = r"""
 import json, sys, tracemalloc
 from shardkit import StreamingDataset, make_loader
 root, where, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+once = StreamingDataset(root, fields=["txt"], where="text_chars >= 0")  # every module the where= path imports,
+once[0]                                                                # in both runs: imports are not the masks
+del once
 tracemalloc.start()
 ds = StreamingDataset(root, fields=["txt"], seed=0, where=where or None)
 n = sum(len(b["__key__"]) for b in make_loader(ds, batch_size=batch, num_workers=0))
-held, rows = ds.reader.selection.mask_bytes() if ds.reader.selection is not None else (0, 0)
+held, rows = ds.selection.mask_bytes() if ds.selection is not None else (0, 0)
 print(json.dumps({"peak": tracemalloc.get_traced_memory()[1], "samples": n, "mask_bytes": held, "mask_rows": rows,
                   "dataset_rows": int(ds.shards.samples.sum())}))
 """
+
+
+def alternating(variants: dict, batches: int, rounds: int, batch: int) -> dict:
+    """In this process (num_workers=0): every variant's loader, `batches` batches at a time, the
+    variants taken in turn `rounds` times; samples per CPU-second (time.process_time) of each slice.
+    One process and short slices: the variants meet the same machine, which fresh processes a few
+    seconds apart on a shared VM did not (their ratios swung 0.6-1.7)."""
+    import time
+
+    from shardkit import StreamingDataset, make_loader
+
+    def endless(loader):
+        while True:  # make_loader moves on to the next epoch when one runs out
+            yield from loader
+
+    streams = {name: endless(make_loader(StreamingDataset(root, fields=["txt"], seed=0, where=where or None),
+                                         batch_size=batch, num_workers=0)) for name, (root, where) in variants.items()}
+    for it in streams.values():  # warm: shards opened, masks made, pages cached
+        for _ in range(batches):
+            next(it)
+    out = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, it in streams.items():
+            n, c0 = 0, time.process_time()
+            for _ in range(batches):
+                n += len(next(it)["__key__"])
+            out[name].append(n / (time.process_time() - c0))
+    return out
 
 
 def prepared(work: str | None, n: int) -> str:
@@ -88,6 +134,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per variant per round")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--slice", type=int, default=40, help="batches per slice of the in-process comparison")
+    p.add_argument("--slices", type=int, default=30, help="slices per variant of the in-process comparison")
     p.add_argument("--work", default=None, help="data folder (default: $TMPDIR/shardkit-where-bench-N)")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -98,22 +146,26 @@ def main(argv=None) -> int:
     variants = {"filtered": (filtered, ""), "where": (annotated, "text_length"),
                 "all": (annotated, ""), "where-all": (annotated, "text_chars >= 0")}
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    rates = {name: [] for name in variants}
+    runs = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             root, where = variants[name]
             got = run_child(CHILD, root, where, args.seconds, args.workers, args.batch)
-            rates[name].append(got["rate"])
-            print(f"round {r}: {name:<10} {got['rate']:>10,.0f} samples/s ({got['samples']:,} samples a rank)",
-                  flush=True)
-    med = {name: statistics.median(v) for name, v in rates.items()}
-    pairs = [(r / f) for r, f in zip(rates["where"], rates["filtered"])]
-    pairs_all = [(r / f) for r, f in zip(rates["where-all"], rates["all"])]
-    print(f"where / filtered:  {statistics.median(pairs):.3f} (rounds {', '.join(f'{x:.3f}' for x in pairs)}); "
-          f"medians {med['where']:,.0f} / {med['filtered']:,.0f} samples/s")
-    print(f"where-all / all:   {statistics.median(pairs_all):.3f} (rounds {', '.join(f'{x:.3f}' for x in pairs_all)}); "
-          f"medians {med['where-all']:,.0f} / {med['all']:,.0f} samples/s")
+            runs[name].append(got)
+            print(f"round {r}: {name:<10} {got['rate']:>10,.0f} samples/s, {got['cpu_rate']:>10,.0f} samples per "
+                  f"CPU-second ({got['samples']:,} samples a rank)", flush=True)
+    for a, b in (("where", "filtered"), ("where-all", "all")):
+        for key, what in (("rate", "samples/s"), ("cpu_rate", "samples per CPU-second")):
+            ratios = [x[key] / y[key] for x, y in zip(runs[a], runs[b])]
+            print(f"{a} / {b}, {what}: median {statistics.median(ratios):.3f} "
+                  f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+    slices = alternating(variants, args.slice, args.slices, args.batch)
+    for a, b in (("where", "filtered"), ("where-all", "all")):
+        ratios = [x / y for x, y in zip(slices[a], slices[b])]
+        print(f"in one process, alternating slices of {args.slice} batches: {a} / {b}, samples per CPU-second: "
+              f"median {statistics.median(ratios):.3f} (quartiles {' '.join(f'{q:.3f}' for q in statistics.quantiles(ratios, n=4))};"
+              f" {statistics.median(slices[a]):,.0f} / {statistics.median(slices[b]):,.0f})")
     kept = run_child(MEMORY, annotated, "text_length", args.batch)
     print(f"masks held at the end of an epoch of where='text_length': {kept['mask_bytes']:,} bytes over "
           f"{kept['mask_rows']:,} rows = {kept['mask_bytes'] / max(1, kept['mask_rows']):.3f} B per row covered "

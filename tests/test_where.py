@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from shardkit.errors import ConfigError
-from shardkit.reader.selection import Mask
+from shardkit.reader.masks import AllRows, BitRows, DroppedRows, KeptRows, make_mask
 from shardkit.reader.where import Where
 
 TYPES = {"lang": "string", "lang_score": "float32", "gopher_quality": "bool", "chars": "int64",
@@ -96,20 +96,26 @@ def test_no_attributes_at_all_says_how_to_add_them():
         Where("lang == 'en'", {})
 
 
-@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 127, 128, 1000, 4099])
-@pytest.mark.parametrize("share", [0.0, 0.03, 0.5, 0.97, 1.0])
-def test_mask_maps_kept_ranks_to_rows_and_back(n, share):
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 4099, 65536, 65537, 70001])
+@pytest.mark.parametrize("share", [0.0, 0.03, 0.45, 0.5, 0.55, 0.97, 1.0])
+def test_masks_map_kept_ranks_to_rows_and_back(n, share):
     keep = np.random.default_rng(n).random(n) < share
-    mask = Mask(keep)
+    mask = make_mask(keep)
     rows = np.flatnonzero(keep)
-    assert mask.kept == len(rows)
+    expected = (AllRows if len(rows) == n else BitRows if n > 65536 else KeptRows if 2 * len(rows) <= n
+                else DroppedRows)
+    assert type(mask) is expected and mask.kept == len(rows) and mask.size == n
     if len(rows):
         ranks = np.random.default_rng(1).permutation(len(rows))  # any order, as a shuffled batch asks
-        assert np.array_equal(mask.rows(ranks), rows[ranks])
-    for row in range(n):
+        assert np.array_equal(np.asarray(mask.rows(ranks), np.int64), rows[ranks])
+    check = range(n) if n < 5000 else np.random.default_rng(2).integers(0, n, 300).tolist()
+    for row in check:
         assert mask.rank(row) == (int(np.searchsorted(rows, row)) if keep[row] else None)
 
 
-def test_mask_memory_is_under_a_byte_per_row():
-    mask = Mask(np.random.default_rng(0).random(100_000) < 0.5)
-    assert mask.nbytes / mask.size <= 0.63  # 1 bit + 4 bytes per 8 rows
+@pytest.mark.parametrize("share", [0.01, 0.2, 0.5, 0.8, 0.99])
+@pytest.mark.parametrize("n", [10_000, 100_000])
+def test_a_mask_takes_at_most_a_byte_per_row(n, share):
+    mask = make_mask(np.random.default_rng(0).random(n) < share)
+    assert mask.nbytes / n <= 1.0
+    assert mask.nbytes / n <= (0.625 if n > 65536 else 2 * min(share, 1 - share) + 0.01)

@@ -92,22 +92,12 @@ class BatchReader:
         self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
         self._pid = os.getpid()  # threads, pools and locks made here are this process's only
         self._ranged_left = 0  # batches still read by range where their shards are not cached yet
-        self.selection = None  # where=: a reader.selection.Selection (ids count kept samples only)
 
     @property
     def skipped_shards(self) -> list[str]:
         """Paths of shards skipped as unreadable (seen by any worker); URLs when several datasets are read."""
         bad = self.bad.nonzero().flatten().tolist()
         return [self.shards[i].path if len(self.shards.roots) == 1 else self.shards.url(i) for i in bad]
-
-    def select(self, selection) -> None:
-        """Read only what `selection` keeps (where=): ids count kept samples, shard by shard."""
-        self.selection, self.offsets = selection, selection.offsets
-
-    def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        """Global ids -> (shard index, stored row in that shard)."""
-        shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
-        return shard_idx, rows if self.selection is None else self.selection.rows(shard_idx, rows)
 
     def read(self, ids: np.ndarray, epoch: int, alloc=decode.np_empty, cross: bool = False,
              shared: bool = False) -> dict:
@@ -117,7 +107,7 @@ class BatchReader:
 
         Under on_error='skip' a failing shard's samples, or samples failing their checksum, are left out."""
         while True:
-            shard_idx, rows = self.locate(ids)
+            shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
                 batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
                 self._ranged_left = max(0, self._ranged_left - 1)

@@ -15,7 +15,7 @@ from shardkit.reader.batches import BatchReader
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.lookup import MISSING, Lookup
 from shardkit.reader.position import Position
-from shardkit.reader.selection import Selection, part_of
+from shardkit.reader.selection import SelectedOrder, Selection, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 
@@ -51,11 +51,11 @@ class StreamingDataset(EpochDataset):
         keys = self.config.keys is not False if self.tokens is None else self.tokens.keys
         self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards, self.config,
                                   self.tokens, keys)
+        self.selection = None
         if self.config.where is not None:  # epochs over the kept samples only (reader/selection.py)
-            selection = Selection([part_of(self.src, self.manifest, self.shards, self.config.where,
-                                           self.config.remote_policy())], self.config.remote_policy())
-            self.counts = selection.counts
-            self.reader.select(selection)
+            self.selection = Selection([part_of(self.src, self.manifest, self.shards, self.config.where,
+                                                self.config.remote_policy())], self.config.remote_policy())
+            self.counts = self.selection.counts
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self._lookup, self._digest = None, None
@@ -72,14 +72,17 @@ class StreamingDataset(EpochDataset):
         at another `world_size` (a saved state's)."""
         plan = dataclasses.replace(self.plan, batch_size=batch_size, drop_last=drop_last)
         rank, world = (self.rank, self.world_size) if world_size is None else (0, world_size)
-        return EpochPlan.of(self.counts, plan, epoch, rank, world, layers)
+        order = plan.order(self.counts, epoch)
+        if self.selection is not None:  # positions over kept samples, ids the reader's (stored rows)
+            order = SelectedOrder(order, self.selection)
+        return EpochPlan(order, plan, rank, world, layers)
 
     def plan_fields(self) -> dict:
         c = self.config
         fields = {"samples": int(self.counts.sum()), "shards": shards_digest(self.counts), "shuffle": c.shuffle,
                   "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
         if c.where is not None:  # two expressions may keep equal counts: the state names its own
-            fields["where"] = self.reader.selection.parts[0].where.text
+            fields["where"] = self.selection.parts[0].where.text
         return fields
 
     def state_extra(self) -> dict:

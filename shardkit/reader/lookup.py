@@ -65,18 +65,24 @@ class Lookup:
 
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
+        ids = self._stored_ids(i)
         if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
-            self._visit(int(locate(np.array([i], np.int64), self.ds.reader.offsets)[0][0]))
-        batch = self.ds.reader.read(np.array([i], np.int64), LOOKUP_EPOCH)
+            self._visit(int(locate(ids, self.ds.reader.offsets)[0][0]))
+        batch = self.ds.reader.read(ids, LOOKUP_EPOCH)
         if not length(batch):  # on_error='skip' left it out: say so rather than return nothing
             raise ShardError(f"sample {i} of dataset {self.ds.src} cannot be read: its shard or its bytes failed "
                              "their checks (on_error='skip' left it out; the log says why)")
         sample = decode.unbatch(batch, 0)
         return self.ds.transform(sample) if self.ds.transform else sample
 
+    def _stored_ids(self, i: int) -> np.ndarray:
+        """Sample i as the reader's id (under where=, i counts kept samples only)."""
+        ids = np.array([i], np.int64)
+        return ids if self.ds.selection is None else self.ds.selection.stored(ids)
+
     def stored(self, i: int, field: str):
         """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
-        s, rows = self.ds.reader.locate(np.array([i], np.int64))
+        s, rows = locate(self._stored_ids(i), self.ds.reader.offsets)
         self._visit(int(s[0]))
         value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
         return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
@@ -115,9 +121,11 @@ class Lookup:
         for s in self._candidates(key):
             row = self._row(s, key)
             if row is not None:  # under where=, ids count kept samples: a sample left out has none
-                selection = self.ds.reader.selection
-                rank = row if selection is None else selection.rank(s, row)
-                return None if rank is None else int(self.ds.reader.offsets[s]) + rank
+                selection = self.ds.selection
+                if selection is None:
+                    return int(self.ds.reader.offsets[s]) + row
+                rank = selection.rank(s, row)
+                return None if rank is None else int(selection.offsets[s]) + rank
         return None
 
     def _candidates(self, key: str):

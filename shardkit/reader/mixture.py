@@ -28,7 +28,7 @@ from shardkit.reader.mix_order import ChunkPlan, MixtureOrder, SourceStreams
 from shardkit.reader.mixing import MixConfig, MixPlan, Schedule, Source, epoch_units, source_of
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.position import Position
-from shardkit.reader.selection import Selection, part_of
+from shardkit.reader.selection import SelectedOrder, Selection, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 log = logging.getLogger(__name__)
@@ -110,12 +110,11 @@ class Mixture(EpochDataset):
                                   tag_parts=True)
         counts = [t.samples.astype(np.int64) for _, t in opened]
         wheres = [s.where if s.where is not None else self.config.where for s in self.sources]
+        self.selection = None
         if any(w is not None for w in wheres):  # each source's kept samples only (reader/selection.py)
-            selection = Selection([_part(name, s, m, t, w, self.config) for name, s, (m, t), w in
-                                   zip(self.names, self.sources, opened, wheres)], self.config.remote_policy())
-            self.reader.select(selection)
-            counts = np.split(selection.counts, shards.first[1:-1])
-            self.wheres = [None if p.where is None else p.where.text for p in selection.parts]
+            self.selection = Selection([_part(name, s, m, t, w, self.config) for name, s, (m, t), w in
+                                        zip(self.names, self.sources, opened, wheres)], self.config.remote_policy())
+            counts = np.split(self.selection.counts, shards.first[1:-1])
         seeds = [key_hash(f"{self.config.seed}|{name}") for name in self.names]
         self.streams = SourceStreams(counts, seeds, self.config.shuffle, self.config.shuffle_buffer)
 
@@ -150,10 +149,13 @@ class Mixture(EpochDataset):
         unit = self.mix.unit
         rank, world = (self.rank, self.world_size) if world_size is None else (0, world_size)
         plan = dataclasses.replace(self.plan, batch_size=max(1, batch_size // unit), drop_last=drop_last and unit == 1)
+        order = self.order(epoch)
+        if self.selection is not None:  # positions over kept samples, ids the reader's (stored rows)
+            order = SelectedOrder(order, self.selection)
         if unit == 1:
-            return EpochPlan(self.order(epoch), plan, rank, world, layers)
+            return EpochPlan(order, plan, rank, world, layers)
         layers = tuple((w, c // unit) for w, c in layers)
-        return ChunkPlan(EpochPlan(self.order(epoch), plan, rank, world, layers), unit)
+        return ChunkPlan(EpochPlan(order, plan, rank, world, layers), unit)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
@@ -171,12 +173,12 @@ class Mixture(EpochDataset):
 
     def plan_fields(self) -> dict:
         c = self.config
-        fields = {"samples": self.mixplan.total * self.mix.unit, "shards": shards_digest(self.reader.offsets[1:] -
-                                                                                          self.reader.offsets[:-1]),
+        counts = self.reader.shards.samples if self.selection is None else self.selection.counts
+        fields = {"samples": self.mixplan.total * self.mix.unit, "shards": shards_digest(counts),
                   "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder,
                   "mixing": self.mix.mixing, "unit": self.mix.unit}
-        if self.reader.selection is not None:
-            fields["where"] = self.wheres
+        if self.selection is not None:
+            fields["where"] = [None if p.where is None else p.where.text for p in self.selection.parts]
         return fields
 
     def state_extra(self) -> dict:

@@ -1,19 +1,21 @@
 """Which samples where= keeps: kept counts per shard, to plan epochs over kept samples only, and one
 shard's mask, made when a process first reads that shard.
 
-Epochs are planned over kept samples exactly as over all of them: sample ids count kept samples
-(shard by shard, in the reader's shard order), so the order, the split over ranks and workers,
-resume at another world size, len() and ds[i] are the same code and the same guarantees. Only the
-step from an id to a stored row changes: the kept rank within a shard becomes the shard's own row
-through its mask. A process reads the attribute columns of the shards it reads, when it first
-reads them; the counts come from the manifest's attribute table (`shardkit annotate OUT --select
-EXPR` stores them), or, for an expression not stored there, from one pass over the expression's
-columns of every shard's attribute table, in the process that makes the dataset.
+Epochs are planned over kept samples exactly as over all of them: positions and "kept ids" count
+kept samples (shard by shard, in the reader's shard order), so the order, the split over ranks and
+workers, resume at another world size, len() and ds[i] are the same code and the same guarantees.
+One step is added where the plan asks its order for ids (`SelectedOrder`, a few batches at a time):
+a kept id becomes the stored id the reader reads, through the shard's mask (reader.masks). A process
+reads the attribute columns of the shards it reads, when it first reads them; the counts come from
+the manifest's attribute table (`shardkit annotate OUT --select EXPR` stores them), or, for an
+expression not stored there, from one pass over the expression's columns of every shard's
+attribute table, in the process that makes the dataset.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,53 +25,13 @@ import numpy as np
 from shardkit.errors import ConfigError, ShardError
 from shardkit.fs import join, read_bytes, sha256_bytes
 from shardkit.manifest.attributes import load_attributes
+from shardkit.reader.masks import make_mask
 from shardkit.reader.order import shard_offsets
+from shardkit.reader.partition import locate
 from shardkit.reader.where import Where
 
 log = logging.getLogger(__name__)
 MASKS_KEPT = 64  # masks per process: as many as open shards (BatchReader.MAX_OPEN_SHARDS)
-
-
-# Per byte value: its set bits (popcount), and the position of its k-th set bit (SELECT[v, k]).
-_POP = np.array([bin(v).count("1") for v in range(256)], np.uint8)
-_SELECT = np.array([[[b for b in range(8) if v >> b & 1][k] if k < _POP[v] else 0 for k in range(8)]
-                    for v in range(256)], np.uint8)
-
-
-class Mask:
-    """The kept rows of one shard in 0.625 bytes a row: one bit per row and, per byte (8 rows), the
-    kept rows before it (uint32). `rows(ranks)` maps kept ranks to rows with one binary search and
-    two table lookups per batch of ranks; `rank(row)` maps back. (Counts per 64-row word plus
-    offsets per byte take 0.31 B a row but cost several numpy calls more: 128 us against 44 us per
-    110 ranks, measured on the loaded 2-core VM, where a text sample loads in ~20-30 us.)"""
-
-    __slots__ = ("bits", "before", "kept", "size")
-
-    def __init__(self, keep: np.ndarray):
-        keep = np.asarray(keep, bool)
-        self.size = len(keep)
-        self.bits = np.packbits(keep, bitorder="little")
-        per_byte = _POP[self.bits].astype(np.int64)
-        self.before = (np.cumsum(per_byte) - per_byte).astype(np.uint32)
-        self.kept = int(per_byte.sum())
-
-    def rows(self, ranks) -> np.ndarray:
-        """The rows of the kept samples of ranks `ranks` (0 <= rank < kept)."""
-        ranks = np.asarray(ranks, np.uint32)
-        b = np.searchsorted(self.before, ranks, side="right") - 1  # the last byte with fewer kept rows before
-        return b * 8 + _SELECT[self.bits[b], ranks - self.before[b]]
-
-    def rank(self, row: int) -> int | None:
-        """The kept rank of `row`, or None when the row is not kept."""
-        b, bit = divmod(int(row), 8)
-        value = int(self.bits[b])
-        if not value >> bit & 1:
-            return None
-        return int(self.before[b]) + int(_POP[value & ((1 << bit) - 1)])
-
-    @property
-    def nbytes(self) -> int:
-        return self.bits.nbytes + self.before.nbytes
 
 
 def read_columns(root: str, info, columns: list[str], policy=None, url: str | None = None):
@@ -109,14 +71,17 @@ class Part:
 class Selection:
     """Kept counts and masks over the shards of one or more datasets (a mixture's), in reader order.
 
-    `counts` are kept samples per shard and `offsets` their running sums: a BatchReader given this
-    selection counts ids over kept samples and asks `rows` for the stored rows.
+    `counts` are kept samples per shard and `offsets` their running sums (kept ids); `stored(ids)`
+    gives the reader's ids of kept ids. Masks are made under a lock: the fetch-ahead thread walks
+    the same plan as the reader.
     """
 
     def __init__(self, parts: list[Part], policy=None):
         self.parts, self.policy = parts, policy
         self.first = shard_offsets([len(p.ids) for p in parts])  # first shard index of each part
+        self.stored_offsets = shard_offsets(np.concatenate([p.samples for p in parts]))
         self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
         self.counts = np.concatenate([self._kept(p, int(f)) for p, f in zip(parts, self.first)]).astype(np.int64)
         self.offsets = shard_offsets(self.counts)
 
@@ -129,7 +94,7 @@ class Selection:
         start = time.perf_counter()
         kept = np.zeros(len(part.ids), np.int64)
         for j, shard_id in enumerate(part.ids.tolist()):  # the last MASKS_KEPT masks stay for the reads
-            mask = Mask(self._evaluate(part, shard_id))
+            mask = make_mask(self._evaluate(part, shard_id))
             kept[j] = mask.kept
             self._keep(first + j, mask)
         log.info("where=%r: counted the kept samples of %d shards from their attribute tables in %.1f s (`shardkit "
@@ -141,16 +106,22 @@ class Selection:
         info = part.attributes.info(shard_id)
         return part.where.mask(read_columns(part.root, info, part.where.columns, self.policy))
 
-    def mask(self, s: int) -> Mask | None:
+    def stored(self, ids) -> np.ndarray:
+        """The reader's ids (stored rows, shard by shard) of kept ids."""
+        shard_idx, ranks = locate(np.asarray(ids, np.int64), self.offsets)
+        return self.stored_offsets[shard_idx] + self.rows(shard_idx, ranks)
+
+    def mask(self, s: int):
         """Shard s's mask (None where its dataset has no where=), made on first use, the last MASKS_KEPT kept."""
-        if s in self._masks:
-            self._masks.move_to_end(s)
-            return self._masks[s]
+        with self._lock:
+            if s in self._masks:
+                self._masks.move_to_end(s)
+                return self._masks[s]
         p = int(np.searchsorted(self.first, s, side="right")) - 1
         part = self.parts[p]
         mask = None
         if part.where is not None:
-            mask = Mask(self._evaluate(part, int(part.ids[s - self.first[p]])))
+            mask = make_mask(self._evaluate(part, int(part.ids[s - self.first[p]])))
             if mask.kept != self.counts[s]:  # the attribute table changed since the counts were taken
                 raise ShardError(f"where={part.where.text!r} keeps {mask.kept} samples of shard "
                                  f"{int(part.ids[s - self.first[p]])} of {part.root}, the plan counted "
@@ -158,22 +129,28 @@ class Selection:
         self._keep(s, mask)
         return mask
 
-    def _keep(self, s: int, mask: Mask | None) -> None:
-        self._masks[s] = mask
-        if len(self._masks) > MASKS_KEPT:
-            self._masks.popitem(last=False)
+    def _keep(self, s: int, mask) -> None:
+        with self._lock:
+            self._masks[s] = mask
+            if len(self._masks) > MASKS_KEPT:
+                self._masks.popitem(last=False)
 
     def rows(self, shard_idx: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-        """Stored rows of the kept samples (shard_idx[i], kept rank ranks[i])."""
-        out = np.asarray(ranks, np.int64).copy()
-        if len(out) and shard_idx[0] == shard_idx[-1] and (shard_idx == shard_idx[0]).all():  # one shard
+        """Stored rows of the kept samples (shard_idx[i], kept rank ranks[i]): grouped by shard with one
+        stable sort, each group through its shard's mask (reader.masks)."""
+        ranks = np.asarray(ranks, np.int64)
+        if not len(ranks):
+            return ranks
+        if shard_idx[0] == shard_idx[-1] and (shard_idx == shard_idx[0]).all():  # one shard: no grouping
             mask = self.mask(int(shard_idx[0]))
-            return out if mask is None else mask.rows(out)
-        for s in np.unique(shard_idx).tolist():
-            mask = self.mask(s)
-            if mask is not None:
-                at = shard_idx == s
-                out[at] = mask.rows(out[at])
+            return ranks if mask is None else mask.rows(ranks).astype(np.int64, copy=False)
+        order = np.argsort(shard_idx, kind="stable")
+        shards, wanted = shard_idx[order], ranks[order]
+        cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(order)]
+        out = np.empty_like(ranks)
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            mask = self.mask(int(shards[lo]))
+            out[order[lo:hi]] = wanted[lo:hi] if mask is None else mask.rows(wanted[lo:hi])
         return out
 
     def rank(self, s: int, row: int) -> int | None:
@@ -187,7 +164,26 @@ class Selection:
         return sum(m.nbytes for m in held), sum(m.size for m in held)
 
     def __getstate__(self):
-        return {**self.__dict__, "_masks": OrderedDict()}  # masks are made in the process that reads
+        return {**self.__dict__, "_masks": OrderedDict(), "_lock": None}  # masks are made in the process that reads
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
+
+
+class SelectedOrder:
+    """An epoch's order over kept samples (`order`: an EpochOrder or a MixtureOrder over kept counts)
+    whose ids are the reader's: what EpochPlan splits (positions count kept samples) and reads
+    (ids name stored rows). The plan asks for a few batches' ids at a time, so the masks' cost is
+    paid per group of batches, not per batch."""
+
+    def __init__(self, order, selection: Selection):
+        self.order, self.selection = order, selection
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def ids(self, positions) -> np.ndarray:
+        return self.selection.stored(self.order.ids(positions))
 
 
 def part_of(root: str, manifest, shards, where: str | None, policy=None) -> Part:
