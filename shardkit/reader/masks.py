@@ -10,9 +10,10 @@ handful of numpy calls per batch and shard, whatever the shard's size:
 - a shard of more than 65,536 rows (uint16 no longer holds a row): one bit per row and a uint32
   count of kept rows before each byte (0.625 B a row), one binary search and two table lookups.
 
-So a mask takes 2 x min(kept, dropped) / rows <= 1 byte a row (0.4 B at 80% kept). Measured
-against bit masks for every shard: the loader's CPU per text sample went from +8.5% to +X%
-(bench/where_bench.py, bench/RESULTS.md).
+So a mask takes 2 x min(kept, dropped) / rows <= 1 byte a row (0.35 B at 83% kept, 0.98 B at
+half). Bit masks for every shard, asked once per batch, cost ~8.5% of the in-process loader's CPU
+per text sample; these, asked a few batches at a time (selection.SelectedOrder), ~1% by profile
+(bench/where_bench.py, bench/RESULTS.md "Filtering by attributes").
 """
 
 from __future__ import annotations
