@@ -329,3 +329,52 @@ def test_a_document_a_scorer_cannot_score_is_counted_and_the_run_goes_on(corpus,
     assert f"unscored        {len(bad)} documents by picky" in annotate_summary(result)
     assert {s["__key__"] for s in StreamingDataset(out, where="picky == None")} == bad
     assert {s["__key__"] for s in StreamingDataset(out, where="picky")} == set(texts) - bad
+
+
+class Masker:
+    """A scorer shaped like the curation filters: its verdict left to keep(), and an edit."""
+
+    name, prefix = "masker", "masker"
+
+    @property
+    def columns(self):
+        import pyarrow as pa
+
+        return {"masker_digits": pa.int32(), "masker": pa.bool_()}
+
+    def score(self, text):
+        return {"masker_digits": sum(ch.isdigit() for ch in text)}
+
+    def keep(self, scores):
+        return (scores["masker_digits"] < 3, None if scores["masker_digits"] < 3 else "masker: 3 digits or more")
+
+    def edit(self, text):
+        return "".join("#" if ch.isdigit() else ch for ch in text)
+
+
+class Counter_:
+    name = "counter"
+
+    @property
+    def columns(self):
+        import pyarrow as pa
+
+        return {"counter_digits": pa.int32(), "counter_missing": pa.int32()}
+
+    def score(self, text):
+        return {"counter_digits": sum(ch.isdigit() for ch in text)} | ({"counter_missing": 1} if "x" in text else {})
+
+    def keep(self, scores):
+        return True, None
+
+
+def test_scores_chain_edits_fill_verdicts_and_count_what_a_scorer_cannot_give():
+    from shardkit.stages.attributes import score_texts
+
+    got = score_texts(["a1 b2", "12345 x", None, "no digits"], [Masker(), Counter_()])
+    cols = {c: a.to_pylist() for c, a in got.columns.items()}
+    assert cols["masker_digits"] == [2, 5, None, 0] and cols["masker"] == [True, False, None, True]
+    assert cols["counter_digits"] == [None, 0, None, None]  # it saw the masked text; 3 of its rows lack a column
+    assert cols["counter_missing"] == [None, 1, None, None]
+    assert got.keep.tolist() == [True, False, True, True] and got.rules[1] == "masker: 3 digits or more"
+    assert got.failed == {"counter": 2}

@@ -83,31 +83,48 @@ class Scores:
 
 
 def score_texts(texts: list, scorers: list) -> Scores:
-    """Every document through every scorer. A document without text gets null scores and is kept;
-    one a scorer raises on gets that scorer's columns null, is kept, and is counted in `failed`
-    (a scorer's bug or a document it cannot read must not stop a build)."""
+    """Every document through the scorers, in order: each sees the text the previous one left (a
+    scorer with `edit(text)` changes it: dropped lines, masked addresses), as a build's filters run.
+    A bool column a scorer declares but its `score` leaves out is its verdict, `keep`'s answer.
+    A document without text gets null scores and is kept; one a scorer raises on gets that scorer's
+    columns null, is kept and is counted in `failed` (a scorer's bug or a document it cannot read
+    must not stop a build)."""
     import pyarrow as pa
 
     n = len(texts)
-    keep, rules, failed, columns = np.ones(n, bool), [None] * n, {}, {}
-    for scorer in scorers:
-        values = {c: [None] * n for c in scorer.columns}
-        for i, text in enumerate(texts):
-            if text is None:
-                continue
+    keep, rules, failed = np.ones(n, bool), [None] * n, {}
+    values = {c: [None] * n for s in scorers for c in s.columns}
+    for i, text in enumerate(texts):
+        for scorer in scorers if text is not None else ():
             try:
-                row = scorer.score(text)
-                got = [row[c] for c in values]
-                ok, rule = scorer.keep(row)
+                row, ok, rule = _one(scorer, text)
+                text = scorer.edit(text) if hasattr(scorer, "edit") else text
             except Exception as e:  # noqa: BLE001 — counted per scorer, logged once, never fatal
                 if not failed.get(scorer.name):
                     log.warning("scorer %s failed on a document (%s: %s); its scores are null", scorer.name,
                                 type(e).__name__, e)
                 failed[scorer.name] = failed.get(scorer.name, 0) + 1
                 continue
-            for c, v in zip(values, got):
+            for c, v in row.items():
                 values[c][i] = v
             if not ok and keep[i]:
                 keep[i], rules[i] = False, rule
-        columns.update({c: pa.array(v, scorer.columns[c]) for c, v in values.items()})
-    return Scores(columns, keep, rules, failed)
+    types = {c: t for s in scorers for c, t in s.columns.items()}
+    return Scores({c: pa.array(v, types[c]) for c, v in values.items()}, keep, rules, failed)
+
+
+def _one(scorer, text: str) -> tuple[dict, bool, str | None]:
+    """(a value for each of the scorer's columns, kept, rule) of one text."""
+    import pyarrow as pa
+
+    scores = scorer.score(text)
+    ok, rule = scorer.keep(scores)
+    row = {}
+    for c, t in scorer.columns.items():
+        if c in scores:
+            row[c] = scores[c]
+        elif t == pa.bool_():  # the verdict, which score() may leave to keep()
+            row[c] = ok
+        else:
+            raise KeyError(f"{scorer.name}.score() gave no value for its column {c!r}")
+    return row, ok, rule
