@@ -3,8 +3,9 @@
 A scorer built by `FILTERS[name](**options)` has `name`, `columns` ({column: pyarrow type}: its
 signals and, for a filter, one bool verdict column), `score(text) -> {column: value}` (pure and
 deterministic: the same text gives the same values in any process) and `keep(scores) -> (bool,
-rule or None)`. `build --filter` drops what `keep` refuses; `build --annotate` and `shardkit
-annotate` store `score`'s values as attribute columns, so `where=` can choose at training time.
+rule or None)`; optionally `edit(text)`, the text the next scorer sees. A bool column `score` leaves
+out is the verdict, `keep`'s answer. `build --filter` drops what `keep` refuses; `build --annotate`
+and `shardkit annotate` store the values as attribute columns, so `where=` can choose at training time.
 """
 
 from __future__ import annotations
