@@ -88,6 +88,8 @@ class BuildConfig:
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
     timeout: float = 15.0  # SRC/OUT on a store: seconds to connect, and at most between two reads with data
     retries: int = 2  # SRC/OUT on a store: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2 s …)
+    filter: str | None = None  # comma-separated scorers (stages.filters.FILTERS): drop what they refuse
+    annotate: bool = False  # keep every sample; store the scores of --filter and --dedup as attribute tables
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -129,6 +131,12 @@ class BuildConfig:
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         remote_policy(self)  # --timeout, --retries
+        if self.annotate and not (self.filter or self.dedup):
+            raise ConfigError("--annotate keeps every sample and stores the scores of --filter and --dedup: add "
+                              "--filter NAMES and/or --dedup")
+        if (self.filter or self.annotate) and self.tokenizer:
+            raise ConfigError("--filter/--annotate score documents' text, which a --tokenizer build does not keep: "
+                              "build the text with them first, then tokenize what where= keeps")
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 
@@ -199,10 +207,14 @@ class StreamConfig:
     # Remote reads: shards per process fetched ahead of the reader in plan order (within
     # cache_limit, pinned until read); 0 fetches each shard when a batch first needs it.
     fetch_ahead: int = 8
+    where: str | None = None  # keep only samples whose attributes satisfy this (reader/where.py)
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed={self.seed!r}: expected an integer >= 0 (StreamingDataset(seed=...))")
+        if self.where is not None and not isinstance(self.where, str):
+            raise ConfigError(f"where={self.where!r}: expected an expression string, e.g. \"lang == 'en' and "
+                              "gopher_quality\" (StreamingDataset(where=...))")
         positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
         positive("connections", self.connections, "StreamingDataset(connections=...)")
         if not isinstance(self.fetch_ahead, int) or isinstance(self.fetch_ahead, bool) or self.fetch_ahead < 0:
@@ -347,6 +359,26 @@ class DedupConfig:
 def remote_policy(cfg):
     from shardkit.store.urls import remote_policy as policy  # the store's module, imported when a job starts
     return policy(cfg)
+
+
+@dataclass(frozen=True)
+class AnnotateConfig:
+    """`shardkit annotate OUT`: every CLI flag is one field here."""
+
+    out: str
+    scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
+    select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
+    workers: int | None = None
+    scheduler: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "select", tuple(self.select))
+        if not self.scorers and not self.select:
+            raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
+                              "(--select \"lang == 'en'\")")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
 
 
 TAIL_CHOICES = ("pad", "drop")

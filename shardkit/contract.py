@@ -121,3 +121,33 @@ def checksum(value) -> int:
     elif isinstance(value, int):
         value = value.to_bytes(8, "little", signed=True)
     return xxhash.xxh3_64_intdigest(value)
+
+
+ATTRIBUTES_DIR = "attributes"  # OUT/attributes/data-NNNNN.parquet: one attribute table per shard id
+
+
+@dataclass(frozen=True)
+class AttributeInfo:
+    """What the manifest records of one attribute table: shard `id`'s samples' scores, row i =
+    sample i of the shard; `source` is the sha256 of the shard file they were computed from, and
+    `scorers` {name: fingerprint} the scorers whose columns it holds."""
+
+    id: int
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+    source: str
+    scorers: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AttributeInfo":
+        return cls(**{k: d[k] for k in ("id", "path", "rows", "bytes", "sha256", "source")},
+                   scorers=dict(d.get("scorers") or {}))
+
+
+def attributes_relpath(shard_id: int) -> str:
+    return f"{ATTRIBUTES_DIR}/data-{shard_id:05d}.parquet"

@@ -285,6 +285,12 @@ def _parse_size(ctx, param, value):
               help="Run your function on each sample after the built-in stages: it gets a sample dict "
                    "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
                    "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
+@click.option("--filter", "filter", default=None, metavar="NAMES",
+              help="Drop the documents these scorers refuse (comma-separated; see `shardkit annotate --help` for "
+                   "the list); each is recorded in errors.jsonl with its rule.")
+@click.option("--annotate", is_flag=True,
+              help="Keep every sample and store the scores of --filter (and --dedup's clusters) in attribute "
+                   "tables beside the shards; choose at training time: StreamingDataset(OUT, where=...).")
 def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT (each a local folder or a URL: s3://, gs://, ...).
 
@@ -307,6 +313,7 @@ def build(src, out, **options):
       shardkit build raw/ out/ --image-size 224 --resize-mode center-crop --augment 4 --augment-ops crop,flip,color
       shardkit build features/ out/ --half
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)
+      shardkit build corpus/ out/ --filter text-length --dedup --annotate   (then where="text_length and not duplicate")
     """
     from shardkit.config import BuildConfig
     from shardkit.jobs.build import build as run_build
@@ -337,6 +344,13 @@ def build_summary(r) -> str:
     lines += [f"  note            {note}" for note in r.notes]
     if r.duplicates:
         lines.append(f"  duplicates      {r.duplicates} removed (review dedup/clusters.parquet, dedup/summary.json)")
+    marked = r.manifest.build.get("dedup", {}).get("marked") if r.manifest else None
+    if marked:
+        lines.append(f"  duplicates      {marked} marked, kept (attribute duplicate; review dedup/clusters.parquet)")
+    attributes = r.manifest.extra.get("attributes") if r.manifest else None
+    if attributes:
+        lines.append(f"  attributes      {', '.join(attributes['columns'])} (train on a subset: "
+                     "StreamingDataset(OUT, where=...))")
     if r.utf8_replaced:
         lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
     tok = r.manifest.extra.get("tokenizer") if r.manifest else None
@@ -396,6 +410,7 @@ def inspect(dataset, as_json):
         "bytes": {fmt: sum(s.bytes for s in m.shards_of(fmt)) for fmt in m.formats},
         "errors": m.errors,
         "build": m.build,
+        "attributes": m.extra.get("attributes"),
     }
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
@@ -413,13 +428,15 @@ def inspect(dataset, as_json):
         click.echo(f"  {fmt:<8} {len(shards)} shards, {human_bytes(sum(sizes))} "
                    f"(min {human_bytes(min(sizes))}, max {human_bytes(max(sizes))})")
     click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
+    for name, spec in (m.extra.get("attributes") or {}).get("columns", {}).items():  # what where= can use
+        click.echo(f"  attr     {name:<20} {spec['type']:<8} ({spec['scorer']})")
 
 
 @main.command()
 @click.argument("dataset")
 def verify(dataset):
-    """Re-hash every shard (and index) against the manifest and count each shard's samples; exit 1
-    naming each bad or missing file. DATASET: a local folder or a URL (s3://, gs://, https://, ...).
+    """Re-hash every shard (and index) and attribute table against the manifest and count each shard's
+    samples; exit 1 naming each bad or missing file. DATASET: a local folder or a URL (s3://, gs://, ...).
 
     \b
     Examples:
@@ -466,7 +483,7 @@ def _register_optional():
     import importlib
 
     for module, name in (("shardkit.cli.dedup", "dedup"), ("shardkit.cli.bench", "bench"),
-                         ("shardkit.cli.show", "show")):
+                         ("shardkit.cli.show", "show"), ("shardkit.cli.annotate", "annotate")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -24,7 +24,9 @@ from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
                              count_by_reason)
 from shardkit.fs import RemoteError
+from shardkit.jobs import curate
 from shardkit.manifest import Manifest, write_manifest
+from shardkit.manifest.attributes import attach
 from shardkit.sources import walk as W
 from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
 from shardkit.sources.key_order import ATOMS
@@ -236,7 +238,7 @@ def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     them, DedupResult). Partitions of the inventory's pieces are read and signed on the workers; this
     process holds compact columns, as for the build."""
     removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, store.join(cfg.out, STATE_DIR, "dedup"))
-    return without(inv, removed), result
+    return (inv if cfg.annotate else without(inv, removed)), result  # --annotate: marked, not removed
 
 
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
@@ -267,7 +269,7 @@ def _workers(cfg: BuildConfig, pending) -> int:
 
 
 def _shard_tasks(plans: list[ShardPlan], inv: Inventory, cfg: BuildConfig, config_hash: str,
-                 workers: int) -> list[ShardTask]:
+                 workers: int, marks: dict) -> list[ShardTask]:
     """Each shard cut into work units sized from the worker count and the number of samples to do."""
     kind = "image" if "image" in inv.kinds else "text"
     counts = [p.samples for p in plans]
@@ -275,7 +277,8 @@ def _shard_tasks(plans: list[ShardPlan], inv: Inventory, cfg: BuildConfig, confi
         sizes = unit_sizes(counts, cfg.unit_samples, 1, kind)
     else:
         sizes = unit_sizes(counts, unit_samples(sum(counts), workers, kind), workers, kind)
-    return [ShardTask(p.id, p.fingerprint(inv, config_hash), tuple(split(p, s))) for p, s in zip(plans, sizes)]
+    return [ShardTask(p.id, curate.marked(p.fingerprint(inv, config_hash), marks.get(p.id)), tuple(split(p, s)),
+                      marks.get(p.id, ())) for p, s in zip(plans, sizes)]
 
 
 def _check_result(result: ShardResult) -> None:
@@ -347,6 +350,7 @@ class _Plan:
     tok: TokenizerInfo | None
     plans: list[ShardPlan]
     reused: dict[int, ShardResult]
+    marks: dict  # build --dedup --annotate: shard id -> its clustered samples (curate.dedup_marks)
 
 
 def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -> _Plan:
@@ -362,9 +366,11 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
-    reused = reused_shards(cfg, [(p.id, p.fingerprint(inv, config_hash)) for p in plans])
+    marks = curate.dedup_marks(plans, reader, dedup_result) if cfg.annotate and dedup_result else {}
+    reused = reused_shards(cfg, [(p.id, curate.marked(p.fingerprint(inv, config_hash), marks.get(p.id)))
+                                 for p in plans])
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
+    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused, marks)
 
 
 def _build_todo(b: _Plan, pending) -> list[ShardResult]:
@@ -374,7 +380,7 @@ def _build_todo(b: _Plan, pending) -> list[ShardResult]:
         return []
     ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
                        bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process)
-    tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
+    tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending), b.marks)
     with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
                       enabled=b.cfg.progress) as bar:
         done = _run(tasks, ctx, pending, bar)
@@ -439,6 +445,8 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
     if b.dedup is not None:
         build_record["dedup"] = dedup_record(b.dedup.summary, samples)
+        if cfg.annotate:  # marked in the attribute `duplicate`, not removed
+            build_record["dedup"].update(removed=0, marked=b.dedup.summary["removed"], source_samples=samples)
     stats = {}
     for r in results:
         add_stats(stats, r.stats)
@@ -447,6 +455,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
                         build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
                         extra=extra)
+    attach(cfg.out, manifest, curate.manifest_attributes(cfg, [r.attributes for r in results if r.attributes]))
     write_manifest(cfg.out, manifest)
     if b.dedup is not None:
         _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import shardkit.store as store
 from shardkit.config import BuildConfig, remote_policy
-from shardkit.contract import ShardInfo
+from shardkit.contract import AttributeInfo, ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
-from shardkit.jobs import durable
+from shardkit.jobs import curate, durable
 from shardkit.jobs.durable import STATE_DIR
 from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader
@@ -52,6 +52,7 @@ class ShardTask:
     id: int
     fingerprint: str
     units: tuple[tuple[Piece, ...], ...]
+    marks: tuple = ()  # build --dedup --annotate: (key, cluster, duplicate, exact) of its clustered samples
 
 
 @dataclass(frozen=True)
@@ -92,18 +93,20 @@ class ShardResult:
     failed: Rejection | None = None
     stats: dict = field(default_factory=dict)  # stage counters, e.g. tokens, rows, pad/dropped tokens
     linked: list = field(default_factory=list)  # inputs named by rows, not by the shard's fingerprint
+    attributes: AttributeInfo | None = None  # --annotate: the shard's attribute table
 
     def to_json(self) -> dict:
         return {"id": self.id, "shards": [s.to_dict() for s in self.shards],
                 "rejections": [[r.path, r.stage, r.reason] for r in self.rejections],
                 "images": self.images, "utf8_replaced": self.utf8_replaced, "stats": self.stats,
-                "linked": self.linked}
+                "linked": self.linked, "attributes": self.attributes.to_dict() if self.attributes else None}
 
     @classmethod
     def from_json(cls, d: dict) -> "ShardResult":
+        attributes = AttributeInfo.from_dict(d["attributes"]) if d.get("attributes") else None
         return cls(d["id"], [ShardInfo.from_dict(s) for s in d["shards"]],
                    [Rejection(*r) for r in d["rejections"]], d["images"], d["utf8_replaced"], skipped=True,
-                   stats=d.get("stats", {}), linked=d.get("linked", []))
+                   stats=d.get("stats", {}), linked=d.get("linked", []), attributes=attributes)
 
 
 def add_stats(total: dict, more: dict) -> dict:
@@ -131,6 +134,8 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | No
     try:
         result = ShardResult.from_json(result)
     except (KeyError, TypeError, ValueError):
+        return None
+    if not curate.unchanged(cfg.out, result.attributes):  # `shardkit annotate` may have rewritten it since
         return None
     return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
 
@@ -213,9 +218,11 @@ def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
 
 
 def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_paths=()) -> None:
-    """The shard's files durable (fsync'd, or uploaded to OUT's store), then its marker, then its unit
-    files dropped (durable.mark_done)."""
-    durable.mark_done(cfg.out, marker(shard.id), shard.fingerprint, result.to_json(), result.shards, unit_paths)
+    """The shard's files and attribute table durable (fsync'd, or uploaded to OUT's store), then its
+    marker, then its unit files dropped (durable.mark_done)."""
+    extra = (result.attributes.path,) if result.attributes is not None else ()
+    durable.mark_done(cfg.out, marker(shard.id), shard.fingerprint, result.to_json(), result.shards, unit_paths,
+                      extra=extra)
 
 
 _SYNC: dict = {}  # this process's fsync thread and the shards handed to it
@@ -256,12 +263,15 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
         infos = [get_writer(fmt)(samples, store.staged(cfg.out), shard.id, ctx.fields) for fmt in formats] \
             if samples else []
     else:
+        table, filtered = curate.before_write(table, cfg)  # --filter
+        log.items.extend(filtered)
         infos = [get_table_writer(fmt)(table, store.staged(cfg.out), shard.id, ctx.fields, durable=False)
                  for fmt in formats] if len(table) else []
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats,
-                         linked=sorted({tuple(link) for p in parts for link in p.linked}))
+                         linked=sorted({tuple(link) for p in parts for link in p.linked}),
+                         attributes=None if ctx.pack else curate.after_write(table, infos, cfg, shard.marks, shard.id))
     units = [p.path for p in parts if p.path]
     if store.is_url(cfg.out):  # uploaded before the step returns: a lost worker never takes a shard's files along
         make_durable(cfg, shard, result, units)

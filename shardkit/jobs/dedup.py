@@ -133,7 +133,7 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
     build = dict(manifest.build, dedup=dedup_record(result.summary, samples))
     out_manifest = Manifest(samples=samples, fields=manifest.fields, shards=infos, classes=manifest.classes,
                             build=build, errors=_merge_errors(manifest.errors, result.rejections),
-                            extra=dict(manifest.extra))
+                            extra={k: v for k, v in manifest.extra.items() if k != "attributes"})  # SRC's rows
     return durable.finish(out, out_manifest)
 
 

@@ -59,11 +59,12 @@ def load_unit(url: str):
 
 # ------------------------------------------------------------------------------------------- markers
 
-def mark_done(out: str, marker: str, fingerprint: str, result: dict, infos, units=()) -> None:
-    """A finished piece: its shard files durable where they belong (fsync'd locally; uploaded from the
-    staging folder to a store), then its marker OUT/`marker`, then its unit files dropped, so that a
-    marker always names whole files and a retried step finds either the marker or its units."""
-    for rel, _ in files_of(infos):
+def mark_done(out: str, marker: str, fingerprint: str, result: dict, infos, units=(), extra=()) -> None:
+    """A finished piece: its shard files (and `extra` files, e.g. an attribute table) durable where they
+    belong (fsync'd locally; uploaded from the staging folder to a store), then its marker OUT/`marker`,
+    then its unit files dropped, so that a marker always names whole files and a retried step finds
+    either the marker or its units."""
+    for rel in [rel for rel, _ in files_of(infos)] + list(extra):
         store.publish(out, rel)
     store.write(store.join(out, marker), json.dumps({"fingerprint": fingerprint, "result": result},
                                                      sort_keys=True))

@@ -51,7 +51,31 @@ def verify_dataset(root: str, policy=None) -> VerifyReport:
                                index_path=paths[1] if len(paths) > 1 else None)
                 except ShardError as e:
                     report.problems.append(f"count     {shard.path}: {e}")
+        _verify_attributes(root, manifest, report, tmp)
     return report
+
+
+def _verify_attributes(root: str, manifest, report: VerifyReport, tmp: str) -> None:
+    """Attribute tables (build --annotate, shardkit annotate): on a local disk each is checked against
+    its shard (jobs.annotate.verify_attributes: keys, the content it was computed from); on a store,
+    its size and sha256."""
+    from shardkit.errors import ManifestError
+    from shardkit.jobs.annotate import verify_attributes
+    from shardkit.manifest.attributes import load_attributes
+
+    if not store.is_url(root):
+        problems, checked = verify_attributes(root, manifest)
+        report.problems += problems
+        report.checked += checked
+        return
+    try:
+        attributes = load_attributes(manifest, root, check=False)
+    except ManifestError as e:
+        report.problems.append(f"attributes {e}")
+        return
+    for info in attributes.infos() if attributes is not None else []:
+        with _checked(root, [(info.path, info.bytes, info.sha256)], report, tmp):
+            pass
 
 
 def _shard_files(shard) -> list[tuple[str, int, str]]:

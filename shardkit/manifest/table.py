@@ -190,6 +190,19 @@ class ShardTable:
         """Bytes of each shard file, as an int64 numpy array in this table's order."""
         return self._bytes[self.rows]
 
+    @property
+    def ids(self):
+        """Shard ids, as an int64 numpy array in this table's order."""
+        return self._ids[self.rows]
+
+    def strings(self, name: str) -> list:
+        """Column `name` (sha256, path, ...) of these shards, in this table's order (read when asked)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        column = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=[name], use_threads=False).column(0)
+        return column.take(self.rows).to_pylist()
+
     def content_digest(self) -> str:
         """xxh3 of the shards' sha256s in this table's order: equal for the same shard files
         wherever they are kept, different for other contents (read from the table when asked)."""

@@ -15,6 +15,7 @@ from shardkit.reader.batches import BatchReader
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.lookup import MISSING, Lookup
 from shardkit.reader.position import Position
+from shardkit.reader.selection import SelectedOrder, Selection, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 
@@ -23,7 +24,9 @@ class StreamingDataset(EpochDataset):
 
     `options` are StreamConfig fields (seed, shuffle, shuffle_buffer, fields, format,
     drop_remainder, cache_dir, cache_limit, on_error, variant, dtype, tokens, mask_boundaries, keys,
-    checksums, timeout, retries, connections, fetch_ahead). Iterated alone it yields one decoded
+    checksums, timeout, retries, connections, fetch_ahead, where). `where="lang == 'en' and
+    gopher_quality"` streams only the samples whose attributes satisfy it (shardkit.reader.where):
+    len(), the split over ranks and workers, resume and ds[i] count those alone. Iterated alone it yields one decoded
     sample dict at a time; `batches()` yields whole batches (what `make_loader`'s workers run). A tokenized dataset yields
     input_ids and labels (position_ids and document_ids when `fields` names them; shardkit.reader.tokens).
     `transform` maps one decoded sample dict, `batch_transform` one batch dict. Progress through
@@ -51,6 +54,11 @@ class StreamingDataset(EpochDataset):
         keys = self.config.keys is not False if self.tokens is None else self.tokens.keys
         self.reader = BatchReader(self.src, self.manifest.fields, self.fields, self.shards, self.config,
                                   self.tokens, keys)
+        self.selection = None
+        if self.config.where is not None:  # epochs over the kept samples only (reader/selection.py)
+            self.selection = Selection([part_of(self.src, self.manifest, self.shards, self.config.where,
+                                                self.config.remote_policy())], self.config.remote_policy())
+            self.counts = self.selection.counts
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self._lookup, self._digest = None, None
@@ -67,12 +75,18 @@ class StreamingDataset(EpochDataset):
         at another `world_size` (a saved state's)."""
         plan = dataclasses.replace(self.plan, batch_size=batch_size, drop_last=drop_last)
         rank, world = (self.rank, self.world_size) if world_size is None else (0, world_size)
-        return EpochPlan.of(self.counts, plan, epoch, rank, world, layers)
+        order = plan.order(self.counts, epoch)
+        if self.selection is not None:  # positions over kept samples, ids the reader's (stored rows)
+            order = SelectedOrder(order, self.selection)
+        return EpochPlan(order, plan, rank, world, layers)
 
     def plan_fields(self) -> dict:
         c = self.config
-        return {"samples": int(self.counts.sum()), "shards": shards_digest(self.counts), "shuffle": c.shuffle,
-                "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
+        fields = {"samples": int(self.counts.sum()), "shards": shards_digest(self.counts), "shuffle": c.shuffle,
+                  "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder}
+        if c.where is not None:  # two expressions may keep equal counts: the state names its own
+            fields["where"] = self.selection.parts[0].where.text
+        return fields
 
     def state_extra(self) -> dict:
         """What the shards hold (an xxh3 of their sha256s) and where they were: a state of another

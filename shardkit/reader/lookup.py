@@ -65,18 +65,24 @@ class Lookup:
 
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
+        ids = self._stored_ids(i)
         if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
-            self._visit(int(locate(np.array([i], np.int64), self.ds.reader.offsets)[0][0]))
-        batch = self.ds.reader.read(np.array([i], np.int64), LOOKUP_EPOCH)
+            self._visit(int(locate(ids, self.ds.reader.offsets)[0][0]))
+        batch = self.ds.reader.read(ids, LOOKUP_EPOCH)
         if not length(batch):  # on_error='skip' left it out: say so rather than return nothing
             raise ShardError(f"sample {i} of dataset {self.ds.src} cannot be read: its shard or its bytes failed "
                              "their checks (on_error='skip' left it out; the log says why)")
         sample = decode.unbatch(batch, 0)
         return self.ds.transform(sample) if self.ds.transform else sample
 
+    def _stored_ids(self, i: int) -> np.ndarray:
+        """Sample i as the reader's id (under where=, i counts kept samples only)."""
+        ids = np.array([i], np.int64)
+        return ids if self.ds.selection is None else self.ds.selection.stored(ids)
+
     def stored(self, i: int, field: str):
         """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
-        s, rows = locate(np.array([i], np.int64), self.ds.reader.offsets)
+        s, rows = locate(self._stored_ids(i), self.ds.reader.offsets)
         self._visit(int(s[0]))
         value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
         return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
@@ -92,7 +98,9 @@ class Lookup:
 
     def not_found(self, key: str) -> SampleNotFound:
         """The error for a key the dataset does not hold."""
-        return SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} ({self.total} samples); keys "
+        where = self.ds.config.where
+        among = f"among the {self.total} samples where={where!r} keeps" if where else f"({self.total} samples)"
+        return SampleNotFound(f"no sample has key {key!r} in dataset {self.ds.src} {among}; keys "
                              "are case-sensitive and have no field suffix (e.g. 'class0/img1', not "
                              "'class0/img1.jpg'); `shardkit show DATASET '#0'` prints the first sample's key")
 
@@ -112,8 +120,12 @@ class Lookup:
                               "read a row by its index, ds[i]")
         for s in self._candidates(key):
             row = self._row(s, key)
-            if row is not None:
-                return int(self.ds.reader.offsets[s]) + row
+            if row is not None:  # under where=, ids count kept samples: a sample left out has none
+                selection = self.ds.selection
+                if selection is None:
+                    return int(self.ds.reader.offsets[s]) + row
+                rank = selection.rank(s, row)
+                return None if rank is None else int(selection.offsets[s]) + rank
         return None
 
     def _candidates(self, key: str):

@@ -38,6 +38,8 @@ class Source:
     At most one of `weight` (a share of the epoch, relative to the other weighted sources),
     `repeat` (passes per epoch: 0.5 is half the source, 3 is three passes) or `choose` (samples
     per epoch). None of them: one pass per epoch (repeat=1). `format` picks tar or Parquet shards.
+    `where` keeps only the source's samples whose attributes satisfy it (reader.where): its size, and
+    so its weight's pass and repeat, count those alone.
     """
 
     path: str
@@ -45,6 +47,7 @@ class Source:
     repeat: float | None = None
     choose: int | None = None
     format: str | None = None
+    where: str | None = None
 
     def __post_init__(self):
         given = [k for k in ("weight", "repeat", "choose") if getattr(self, k) is not None]
@@ -62,6 +65,8 @@ class Source:
             object.__setattr__(self, "choose", int(self.choose))
         if self.format not in (None, "tar", "parquet"):
             raise ConfigError(f"source {self.path!r}: format={self.format!r}; expected 'tar', 'parquet' or None")
+        if self.where is not None and not isinstance(self.where, str):
+            raise ConfigError(f"source {self.path!r}: where={self.where!r}; expected an expression string")
 
 
 def _real(value) -> bool:
@@ -80,7 +85,7 @@ def _is_path(value) -> bool:
 
 def source_of(name: str, spec) -> Source:
     """A Source from what a script or a config file gives: a Source, a path, (path, weight),
-    or a dict {"path": ..., "weight" | "repeat" | "choose": ..., "format": ...}."""
+    or a dict {"path": ..., "weight" | "repeat" | "choose": ..., "format": ..., "where": ...}."""
     if isinstance(spec, Source):
         return spec
     if _is_path(spec):
@@ -88,10 +93,10 @@ def source_of(name: str, spec) -> Source:
     if isinstance(spec, (tuple, list)) and len(spec) in (1, 2) and _is_path(spec[0]):
         return Source(str(spec[0]), *spec[1:])
     if isinstance(spec, dict) and "path" in spec:
-        unknown = set(spec) - {"path", "weight", "repeat", "choose", "format"}
+        unknown = set(spec) - {"path", "weight", "repeat", "choose", "format", "where"}
         if unknown:
             raise ConfigError(f"source {name!r}: unknown keys {sorted(unknown)}; expected path, weight, repeat, "
-                              "choose, format")
+                              "choose, format, where")
         return Source(**{**spec, "path": str(spec["path"])})
     raise ConfigError(f"source {name!r}: {spec!r} is not a source; give a path, (path, weight), or "
                       "{'path': ..., 'weight' | 'repeat' | 'choose': ...}")

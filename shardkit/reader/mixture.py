@@ -28,6 +28,7 @@ from shardkit.reader.mix_order import ChunkPlan, MixtureOrder, SourceStreams
 from shardkit.reader.mixing import MixConfig, MixPlan, Schedule, Source, epoch_units, source_of
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.position import Position
+from shardkit.reader.selection import SelectedOrder, Selection, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Mixture(EpochDataset):
         self.sources = [source_of(name, spec) for name, spec in pairs]
         opened = [_open(name, s, self.config) for name, s in zip(self.names, self.sources)]
         self._setup_reader(opened)
-        self.sizes = [int(t.samples.sum()) for _, t in opened]
+        self.sizes = [int(c.sum()) for c in self.streams.counts]
         self._tables = [t for _, t in opened]  # for the content digests a saved state records
         self._digests: list[str] | None = None
         self._setup_plan()
@@ -108,6 +109,12 @@ class Mixture(EpochDataset):
         self.reader = BatchReader(None, self.field_specs, self.fields, shards, self.config, self.tokens, keys,
                                   tag_parts=True)
         counts = [t.samples.astype(np.int64) for _, t in opened]
+        wheres = [s.where if s.where is not None else self.config.where for s in self.sources]
+        self.selection = None
+        if any(w is not None for w in wheres):  # each source's kept samples only (reader/selection.py)
+            self.selection = Selection([_part(name, s, m, t, w, self.config) for name, s, (m, t), w in
+                                        zip(self.names, self.sources, opened, wheres)], self.config.remote_policy())
+            counts = np.split(self.selection.counts, shards.first[1:-1])
         seeds = [key_hash(f"{self.config.seed}|{name}") for name in self.names]
         self.streams = SourceStreams(counts, seeds, self.config.shuffle, self.config.shuffle_buffer)
 
@@ -142,10 +149,13 @@ class Mixture(EpochDataset):
         unit = self.mix.unit
         rank, world = (self.rank, self.world_size) if world_size is None else (0, world_size)
         plan = dataclasses.replace(self.plan, batch_size=max(1, batch_size // unit), drop_last=drop_last and unit == 1)
+        order = self.order(epoch)
+        if self.selection is not None:  # positions over kept samples, ids the reader's (stored rows)
+            order = SelectedOrder(order, self.selection)
         if unit == 1:
-            return EpochPlan(self.order(epoch), plan, rank, world, layers)
+            return EpochPlan(order, plan, rank, world, layers)
         layers = tuple((w, c // unit) for w, c in layers)
-        return ChunkPlan(EpochPlan(self.order(epoch), plan, rank, world, layers), unit)
+        return ChunkPlan(EpochPlan(order, plan, rank, world, layers), unit)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
@@ -163,9 +173,13 @@ class Mixture(EpochDataset):
 
     def plan_fields(self) -> dict:
         c = self.config
-        return {"samples": self.mixplan.total * self.mix.unit, "shards": shards_digest(self.reader.shards.samples),
-                "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder,
-                "mixing": self.mix.mixing, "unit": self.mix.unit}
+        counts = self.reader.shards.samples if self.selection is None else self.selection.counts
+        fields = {"samples": self.mixplan.total * self.mix.unit, "shards": shards_digest(counts),
+                  "shuffle": c.shuffle, "shuffle_buffer": c.shuffle_buffer, "drop_remainder": c.drop_remainder,
+                  "mixing": self.mix.mixing, "unit": self.mix.unit}
+        if self.selection is not None:
+            fields["where"] = [None if p.where is None else p.where.text for p in self.selection.parts]
+        return fields
 
     def state_extra(self) -> dict:
         """Where each source's stream stands at the start of the saved epoch, and what it gives that epoch."""
@@ -261,6 +275,15 @@ def _open(name: str, source: Source, config: StreamConfig):
         kind = ConfigError if isinstance(e, ConfigError) else ManifestError
         raise kind(f"mixture source {name!r} ({source.path}): {e}; fix or drop this source") from e
     return manifest, shards
+
+
+def _part(name: str, source: Source, manifest, shards, where: str | None, config: StreamConfig):
+    """The selection part of one source; a where= error names the source."""
+    try:
+        return part_of(source.path, manifest, shards, where, config.remote_policy())
+    except ShardkitError as e:
+        kind = ConfigError if isinstance(e, ConfigError) else ManifestError
+        raise kind(f"mixture source {name!r} ({source.path}): {e}") from e
 
 
 def _check_fields(name: str, fields: dict, first: str, specs: dict, read: list[str]) -> None:

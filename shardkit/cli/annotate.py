@@ -1,0 +1,55 @@
+"""`shardkit annotate`: flags → AnnotateConfig → shardkit.jobs.annotate.annotate → a one-screen summary."""
+
+from __future__ import annotations
+
+import click
+
+from shardkit.cli.options import progress_option, scheduler_option
+from shardkit.stages.filters import FILTERS
+
+
+@click.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.option("--scorers", default=None, metavar="NAMES",
+              help=f"Comma-separated scorers whose columns to add: {', '.join(sorted(FILTERS))}.")
+@click.option("--select", "select", multiple=True, metavar="EXPR",
+              help="Store the kept samples per shard of this where= expression (repeatable), so training "
+                   "processes plan it without reading every shard's attributes.")
+@click.option("--workers", type=int, default=None,
+              help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+@scheduler_option
+@progress_option
+def annotate(out, scorers, select, workers, scheduler, progress):
+    """Score every sample of the dataset OUT and keep the scores beside its shards (attribute tables,
+    one per shard, named in the manifest); the shards themselves are not rewritten.
+
+    Train on a subset without rebuilding: StreamingDataset(OUT, where="text_length and lang == 'en'").
+    A rerun scores only shards that are new, changed, or lack a scorer.
+
+    \b
+    Examples:
+      shardkit annotate out/ --scorers text-length
+      shardkit annotate out/ --select "text_length and text_chars < 20000"
+      shardkit annotate out/ --scorers text-length --scheduler tcp://scheduler:8786
+    """
+    from shardkit.config import AnnotateConfig
+    from shardkit.jobs.annotate import annotate as run_annotate
+
+    result = run_annotate(AnnotateConfig(out=out, scorers=scorers, select=select, workers=workers,
+                                         scheduler=scheduler, progress=progress))
+    click.echo(annotate_summary(result))
+
+
+def annotate_summary(r) -> str:
+    """The one-screen summary of an annotate run."""
+    lines = [f"annotated {r.out}",
+             f"  shards          {r.shards} ({r.written} attribute tables written, {r.shards - r.written} unchanged)"]
+    for name, spec in r.columns.items():
+        lines.append(f"  column          {name:<20} {spec['type']:<8} ({spec['scorer']})")
+    for scorer, n in sorted(r.failed.items()):
+        lines.append(f"  unscored        {n} documents by {scorer} (their {scorer} columns are null; see the log)")
+    for where, kept in r.selections.items():
+        lines.append(f"  selection       {kept} samples: {where}")
+    lines.append(f"  manifest        {'written' if r.manifest_written else 'unchanged'}")
+    lines.append(f"  time            {r.seconds:.1f} s")
+    return "\n".join(lines)

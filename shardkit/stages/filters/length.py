@@ -1,0 +1,42 @@
+"""text-length: a document's length in characters, and whether it lies within bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TextLength:
+    """Keeps documents of at least `min_chars` characters and at most `max_chars` (None: no upper
+    bound), counted after stripping surrounding whitespace: the simplest quality rule, a floor
+    against stubs, and a scorer whose decisions anyone can check by hand."""
+
+    min_chars: int = 100
+    max_chars: int | None = None
+    name = "text-length"
+
+    def __post_init__(self):
+        for field, value in (("min_chars", self.min_chars), ("max_chars", self.max_chars)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"text-length: {field}={value!r}; expected an integer >= 0")
+
+    @property
+    def columns(self) -> dict:
+        import pyarrow as pa
+
+        return {"text_chars": pa.int64(), "text_length": pa.bool_()}
+
+    def score(self, text: str) -> dict:
+        n = len(text.strip())
+        return {"text_chars": n, "text_length": self.keep_chars(n)}
+
+    def keep_chars(self, n: int) -> bool:
+        return n >= self.min_chars and (self.max_chars is None or n <= self.max_chars)
+
+    def keep(self, scores: dict) -> tuple[bool, str | None]:
+        n = scores["text_chars"]
+        if n < self.min_chars:
+            return False, f"text-length: fewer than {self.min_chars} characters"
+        if self.max_chars is not None and n > self.max_chars:
+            return False, f"text-length: more than {self.max_chars} characters"
+        return True, None
