@@ -43,7 +43,7 @@ META = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (`__index_
 def open_source(root: str, rel: str):
     """The one place a source tar is opened (a local path, or a URL: store.open_source: bounded,
     retried reads that resume where they stopped), seekable."""
-    from shardkit import store
+    import shardkit.store as store
 
     return store.open_source(store.join(root, rel))
 
