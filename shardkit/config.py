@@ -87,6 +87,13 @@ class BuildConfig:
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
+    # Curation (checked by stages.filters.Curation): --filter, --filter-option, --lang, --lang-threshold, --mask-pii
+    filter: str | None = None
+    filter_option: tuple[str, ...] = ()
+    lang: str | None = None
+    lang_threshold: float = 0.65
+    mask_pii: bool = False
+    dedup_exact: bool = False
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -293,6 +300,7 @@ class DedupConfig:
     scheduler: str | None = None
     on_error: str = "skip"
     progress: bool = True
+    exact_only: bool = False  # equal normalised texts only, no MinHash (build --dedup-exact)
 
     RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress")
 
@@ -327,11 +335,13 @@ class DedupConfig:
     def lsh_params(self) -> tuple[int, int]:
         """(bands, rows) in effect: the ones given, else datasketch's optimal pair for the threshold
         weighted toward recall (shardkit.duplicates.lsh.optimal_params)."""
+        if self.exact_only:
+            return 0, 0
         return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
 
     def min_shingles(self) -> int:
         """Distinct shingles a text needs to be compared by similarity (fewer: exact equality only)."""
-        return min_shingles(self.threshold)
+        return 1 << 30 if self.exact_only else min_shingles(self.threshold)
 
     def recorded(self) -> dict:
         """The result-affecting part of the config, as written into summary.json: the values in

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardkit.jobs.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
+from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
                                   flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
                                   units_dir)
 from shardkit.config import BuildConfig, DedupConfig
@@ -31,6 +31,7 @@ from shardkit.sources.read import SourceReader, save_atoms
 from shardkit.sources.rows import count_rows, counted
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
+from shardkit.stages.filters import STAT, Curation
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
 from shardkit.duplicates.review import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
@@ -59,6 +60,8 @@ class BuildResult:
     manifest: Manifest | None = field(default=None, repr=False)
     dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
     notes: list[str] = field(default_factory=list)  # what the scan read in a way worth knowing
+    stats: dict = field(default_factory=dict)  # stage counters: curation.<filter>.<rule>, tokens, ...
+    exact_duplicates: int = 0  # removed by --dedup-exact (see OUT/dedup/exact/)
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -231,6 +234,18 @@ def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     return without(inv, removed), result
 
 
+def _exact_dedup(inv: Inventory, cfg: BuildConfig, pending):
+    """--dedup-exact: documents whose normalised texts are equal keep the one with the smallest key,
+    on the dedup step's partition files and hash-range buckets (content digests only, no MinHash)."""
+    dcfg = replace(cfg.dedup_config(), modality="text", exact_only=True)
+    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
+    if execution.mode == "in-process":
+        pending.prefer_local()
+    removed, result = dedup_inventory(inv, _reader(inv), dcfg, pending, os.path.join(cfg.out, STATE_DIR, "dedup-exact"))
+    result.summary["execution"].update(_execution(cfg, pending, execution).record())
+    return without(inv, removed), result
+
+
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
     """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
     encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
@@ -301,6 +316,10 @@ def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> No
     import shutil
 
     remove_unlisted_shards(cfg.out, shards)
+    filtered = os.path.join(cfg.out, FILTERED_DIR)
+    for name in os.listdir(filtered) if os.path.isdir(filtered) else []:  # shards a larger build had
+        if name.startswith("filtered-") and int(name[9:14]) >= n_plans:
+            os.remove(os.path.join(filtered, name))
     done_dir = os.path.join(cfg.out, STATE_DIR, "done")
     for name in os.listdir(done_dir) if os.path.isdir(done_dir) else []:
         if name.startswith("shard-") and int(name[6:11]) >= n_plans:
@@ -333,6 +352,8 @@ class _Plan:
     scanned: Inventory  # as listed (inputs are counted here)
     inv: Inventory  # without --dedup's duplicates
     dedup: object  # DedupResult or None
+    exact: object  # the DedupResult of --dedup-exact, or None
+    curation: object  # stages.filters.Curation (empty: no curation)
     reader: SourceReader
     fields: dict
     unit_fields: dict
@@ -342,9 +363,11 @@ class _Plan:
     reused: dict[int, ShardResult]
 
 
-def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -> _Plan:
+def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, curation) -> _Plan:
     scanned = inv = _scan(cfg, pending, start)
-    dedup_result = None
+    dedup_result = exact = None
+    if cfg.dedup_exact:  # before MinHash, which then signs only distinct texts
+        inv, exact = _exact_dedup(inv, cfg, pending)
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
         execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
@@ -354,10 +377,14 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
         dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+    if curation:  # the filters' options in effect (defaults included) decide what a shard holds
+        blob = json.dumps(curation.record(), sort_keys=True, default=str)
+        config_hash = hashlib.sha256(f"{config_hash}|{blob}".encode()).hexdigest()[:16]
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
     reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused)
+    return _Plan(cfg, scanned, inv, dedup_result, exact, curation, reader, fields, unit_fields, config_hash, tok,
+                 plans, reused)
 
 
 def _build_todo(b: _Plan, pending) -> list[ShardResult]:
@@ -366,7 +393,8 @@ def _build_todo(b: _Plan, pending) -> list[ShardResult]:
     if not todo:
         return []
     ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
-                       bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process)
+                       bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process,
+                       curation=b.curation or None)
     tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
     with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
                       enabled=b.cfg.progress) as bar:
@@ -389,11 +417,12 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if os.path.realpath(cfg.src) == os.path.realpath(cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
+    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii)
     with folder_lock(cfg.out, "shardkit build"):
-        return _build(cfg, dedup)
+        return _build(cfg, dedup, curation)
 
 
-def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
+def _build(cfg: BuildConfig, dedup: DedupConfig | None, curation) -> BuildResult:
     start = time.perf_counter()
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
     # A first build starts the cluster in the background once SRC is listed (the listing says whether
@@ -404,7 +433,7 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     if not rerun and cfg.workers != 0:
         import_in_background()
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
-        b = _prepare(cfg, dcfg, pending, start=not rerun and dcfg is None)
+        b = _prepare(cfg, dcfg, pending, start=not rerun and dcfg is None and not cfg.dedup_exact, curation=curation)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)
 
@@ -428,10 +457,17 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
     if b.dedup is not None:
         build_record["dedup"] = dedup_record(b.dedup.summary, samples)
+    if b.exact is not None:
+        build_record["dedup_exact"] = {"removed": b.exact.summary["removed"], "report": "dedup/exact/summary.json"}
     stats = {}
     for r in results:
         add_stats(stats, r.stats)
-    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=dict(sorted(stats.items())))}
+    curated = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
+    if b.curation:
+        build_record["curation"] = {"filters": b.curation.record(), "counts": curated,
+                                    "filtered": f"{FILTERED_DIR}/filtered-*.parquet"}
+    tok_stats = {k: v for k, v in sorted(stats.items()) if k not in curated}
+    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=tok_stats)}
     classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
     manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
                         build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
@@ -439,9 +475,13 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     write_manifest(cfg.out, manifest)
     if b.dedup is not None:
         _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
+    if b.exact is not None:
+        write_report(os.path.join(cfg.out, "dedup", "exact"), b.exact)
+    exact = len(b.exact.removed_ids) if b.exact is not None else 0
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
-                       b.scanned.samples - b.inv.samples, manifest, b.dedup, b.scanned.notes)
+                       b.scanned.samples - b.inv.samples - exact, manifest, b.dedup, b.scanned.notes,
+                       dict(sorted(stats.items())), exact)
 
 
 def _remove_stale_scan(b: _Plan) -> None:
