@@ -246,6 +246,19 @@ def _exact_dedup(inv: Inventory, cfg: BuildConfig, pending):
     return without(inv, removed), result
 
 
+def _write_exact_report(folder: str, result) -> None:
+    """OUT/dedup/exact/: written when what it reports changed (its timings aside), so that a rerun
+    with nothing changed writes nothing."""
+    try:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        old = None
+    if old is None or {k: v for k, v in old.items() if k != "execution"} != json.loads(json.dumps(
+            {k: v for k, v in result.summary.items() if k != "execution"}, sort_keys=True)):
+        write_report(folder, result)
+
+
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
     """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
     encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
@@ -476,7 +489,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     if b.dedup is not None:
         _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
     if b.exact is not None:
-        write_report(os.path.join(cfg.out, "dedup", "exact"), b.exact)
+        _write_exact_report(os.path.join(cfg.out, "dedup", "exact"), b.exact)
     exact = len(b.exact.removed_ids) if b.exact is not None else 0
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),

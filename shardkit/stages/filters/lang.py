@@ -24,7 +24,10 @@ def identifier():
     """This process's py3langid model (loaded once: ~0.5 s to decompress its 4.6 MB)."""
     with _LOCK:
         if "model" not in _MODEL:
-            from py3langid.langid import MODEL_FILE, LanguageIdentifier
+            try:
+                from py3langid.langid import MODEL_FILE, LanguageIdentifier
+            except ImportError:
+                raise ConfigError("--lang needs the language model package: pip install 'shardkit[lang]'") from None
 
             _MODEL["model"] = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
         return _MODEL["model"]
