@@ -56,8 +56,8 @@ def _build(src, out, **kw):
 
 
 def _filtered(out) -> list[dict]:
-    folder = out / "curation"
-    return pq.read_table(folder).sort_by("key").to_pylist() if folder.is_dir() else []
+    files = sorted((out / "curation").glob("filtered-*.parquet"))
+    return pq.read_table(files).sort_by("key").to_pylist() if files else []
 
 
 def test_filters_lang_pii_and_exact_dups_same_bytes_at_0_and_2_workers(tmp_path):
@@ -146,3 +146,31 @@ def test_cli_summary_counts_each_filter_and_rule(tmp_path):
     assert f"exact dups      {exact} removed" in res.output
     bad = CliRunner().invoke(main, ["build", str(tmp_path / "src"), str(tmp_path / "o2"), "--filter", "gopher"])
     assert bad.exit_code == 1 and "choose among" in bad.output and not (tmp_path / "o2").exists()
+
+
+def _doc(item: int) -> dict:
+    """build_map's function: input i -> a text sample (good, or made to trip a rule)."""
+    texts = [GOOD, "\n".join(SENTENCES[:3]), GERMAN, "\n".join(f"New York {w}." for w in "is big old".split())]
+    return {"__key__": f"doc{item:03d}", "txt": texts[item % len(texts)] + ("" if item < 4 else f" ({item})")}
+
+
+def test_build_map_runs_the_same_filters(tmp_path):
+    from shardkit.jobs.build_map import build_map
+    from shardkit.stages.filters import Curation
+
+    cur = Curation.from_options(FILTERS, lang="en")
+    a = build_map(_doc, list(range(12)), str(tmp_path / "a"), workers=0, curation=cur, inputs_per_shard=5,
+                  progress=False)
+    b = build_map(_doc, list(range(12)), str(tmp_path / "b"), workers=2, curation=cur, inputs_per_shard=5,
+                  progress=False)
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    removed = _filtered(tmp_path / "a")
+    assert a.samples + len(removed) == 12 and a.samples == 3  # only the good documents
+    assert {("lang", "other_language"), ("gopher-quality", "short_doc")} <= {(r["filter"], r["rule"]) for r in removed}
+    assert sum(a.stats.values()) == len(removed) and a.stats == b.stats
+    assert all(r["source"] == repr(int(r["key"][3:])) for r in removed)  # the input, as errors.jsonl names it
+    again = build_map(_doc, list(range(12)), str(tmp_path / "a"), workers=0, curation=cur, inputs_per_shard=5,
+                      progress=False)
+    assert again.stats == a.stats and again.reused_shards == len({s.path.split(".")[0] for s in a.shards})
+    plain = build_map(_doc, list(range(12)), str(tmp_path / "a"), workers=0, inputs_per_shard=5, progress=False)
+    assert plain.samples == 12 and not _filtered(tmp_path / "a")  # curation off: every list goes
