@@ -174,3 +174,17 @@ def test_build_map_runs_the_same_filters(tmp_path):
     assert again.stats == a.stats and again.reused_shards == len({s.path.split(".")[0] for s in a.shards})
     plain = build_map(_doc, list(range(12)), str(tmp_path / "a"), workers=0, inputs_per_shard=5, progress=False)
     assert plain.samples == 12 and not _filtered(tmp_path / "a")  # curation off: every list goes
+
+
+def test_dedup_of_a_raw_folder_runs_the_filters(tmp_path):
+    files = _corpus(tmp_path / "src")
+    res = CliRunner().invoke(main, ["dedup", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "0",
+                                    "--no-progress", "--filter", FILTERS, "--lang", "en,de", "--dedup-exact"])
+    assert res.exit_code == 0, res.output
+    ref = _build(tmp_path / "src", tmp_path / "ref", workers=0, dedup=True, mask_pii=False, format="tar")
+    assert _filtered(tmp_path / "out") == _filtered(tmp_path / "ref") and len(files) == 2
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["samples"] == ref.samples and m["build"]["curation"]["counts"] == {
+        k: v for k, v in ref.stats.items() if k.startswith("curation.")}
+    again = CliRunner().invoke(main, ["dedup", str(tmp_path / "out"), str(tmp_path / "o2"), "--filter", "c4"])
+    assert again.exit_code == 1 and "is a built dataset" in again.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
+from shardkit.cli.curation import curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, scheduler_option, text_field_option)
 
@@ -44,8 +45,9 @@ from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_op
 @scheduler_option
 @on_error_option
 @progress_option
+@curation_options
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
-          partition_size, fmt, text_field, image_field, workers, scheduler, on_error, progress):
+          partition_size, fmt, text_field, image_field, workers, scheduler, on_error, progress, **curation):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.
 
     \b
@@ -67,6 +69,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
       shardkit dedup data/ out/ --threshold 0.7 --verify      # looser, with exact Jaccard checks
       shardkit dedup data/ out/ --modality image --image-distance 6
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786
+      shardkit dedup crawl/ out/ --filter gopher-quality,c4 --lang en --dedup-exact   # a raw folder, curated
     """
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup as run_dedup
@@ -77,7 +80,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
                       image_distance=image_distance, partition_size=partition_size, format=fmt,
                       text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler, on_error=on_error,
                       progress=progress)
-    result = run_dedup(cfg)
+    result = run_dedup(cfg, curation)
     click.echo(summary_text(result))
     click.echo(f"  wrote {out}: {result.summary['output']['samples']} samples in "
                f"{result.summary['output']['shards']} shards; review {out}/dedup/clusters.parquet")
