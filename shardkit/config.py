@@ -94,6 +94,7 @@ class BuildConfig:
     lang_threshold: float = 0.65
     mask_pii: bool = False
     dedup_exact: bool = False
+    dedup_paragraphs: bool = False  # remove lines repeated across documents, the first copy in key order kept
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.

@@ -188,3 +188,42 @@ def test_dedup_of_a_raw_folder_runs_the_filters(tmp_path):
         k: v for k, v in ref.stats.items() if k.startswith("curation.")}
     again = CliRunner().invoke(main, ["dedup", str(tmp_path / "out"), str(tmp_path / "o2"), "--filter", "c4"])
     assert again.exit_code == 1 and "is a built dataset" in again.output
+
+
+def _boilerplate(folder, order=("a.jsonl", "b.jsonl")) -> None:
+    footer = "Copyright 2024 Example Corp. All rights reserved."
+    files = {"a.jsonl": [f"{SENTENCES[i]}\n{footer}\n{SENTENCES[i + 1]}" for i in range(0, 8, 2)],
+             "b.jsonl": [f"{footer}\n\nThe second file's document {i} tells its own story." for i in range(4)]
+             + [f"{footer}\n{SENTENCES[0]}"]}
+    os.makedirs(folder, exist_ok=True)
+    for name in order:
+        with open(os.path.join(folder, name), "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in files[name])
+
+
+def _texts(out) -> dict[str, str]:
+    m = json.loads((out / "manifest.json").read_text())
+    rows = [r for s in m["shards"] if s["format"] == "parquet"
+            for r in pq.read_table(out / s["path"], columns=["__key__", "txt"]).to_pylist()]
+    return {r["__key__"]: r["txt"] for r in rows}
+
+
+@pytest.mark.parametrize("workers,order,partition", [(0, ("a.jsonl", "b.jsonl"), 5000),
+                                                     (2, ("b.jsonl", "a.jsonl"), 3)])
+def test_dedup_paragraphs_keeps_the_first_copy_whatever_workers_order_and_partitions(
+        tmp_path, monkeypatch, workers, order, partition):
+    from shardkit.config import DedupConfig
+
+    monkeypatch.setattr(DedupConfig, "partition_size", partition)
+    _boilerplate(tmp_path / "src", order)
+    r = _build(tmp_path / "src", tmp_path / "out", workers=workers, filter=None, lang=None, mask_pii=False,
+               dedup_exact=False, dedup_paragraphs=True)
+    texts = _texts(tmp_path / "out")
+    footer = "Copyright 2024 Example Corp. All rights reserved."
+    assert [k for k, t in sorted(texts.items()) if footer in t] == ["a/000001"]  # the first copy in key order
+    assert texts["a/000002"] == f"{SENTENCES[2]}\n{SENTENCES[3]}"
+    assert texts["b/000001"] == "\nThe second file's document 0 tells its own story."  # blank lines stay
+    assert "b/000005" not in texts  # its one paragraph left was SENTENCES[0], a copy of a/000001's
+    assert _filtered(tmp_path / "out") == [{"key": "b/000005", "source": "b.jsonl", "source_row": 5,
+                                            "filter": "dedup-paragraphs", "rule": "emptied"}]
+    assert r.stats["curation.dedup-paragraphs.paragraphs"] == 9 and r.stats["curation.dedup-paragraphs.emptied"] == 1

@@ -20,6 +20,9 @@ _OPTIONS = [
                  "PIIFormatter stand-ins), counted in the summary."),
     click.option("--dedup-exact", is_flag=True, help="Keep one of each set of texts equal after normalising (case, "
                  "punctuation, whitespace): the smallest key. Runs before --dedup; report in OUT/dedup/exact/."),
+    click.option("--dedup-paragraphs", is_flag=True, help="Remove paragraphs (non-blank lines) repeated across "
+                 "documents, keeping the copy in the first document in key order (dolma's paragraph dedup, "
+                 "independent of order and workers). Runs after --dedup-exact, before the filters."),
 ]
 
 
@@ -35,7 +38,7 @@ def curation_lines(stats: dict) -> list[str]:
     removed: dict = {}
     for key, n in stats.items():
         parts = key.split(".")
-        if parts[0] == "curation" and parts[1] != "pii":
+        if parts[0] == "curation" and parts[1] != "pii" and key != "curation.dedup-paragraphs.paragraphs":
             removed.setdefault(parts[1], {})[parts[2]] = n
     lines = []
     if removed:
@@ -44,6 +47,9 @@ def curation_lines(stats: dict) -> list[str]:
         for name, rules in removed.items():
             detail = ", ".join(f"{rule} {n}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
             lines.append(f"    {sum(rules.values()):>5}  {name}: {detail}")
+    if stats.get("curation.dedup-paragraphs.paragraphs"):
+        lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed "
+                     "(--dedup-paragraphs)")
     emails, ips = stats.get("curation.pii.email", 0), stats.get("curation.pii.ip", 0)
     if emails or ips:
         lines.append(f"  pii             {emails} email addresses and {ips} IP addresses masked")

@@ -33,6 +33,7 @@ from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
 from shardkit.stages.filters import STAT, Curation
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
+from shardkit.jobs.paragraph_tasks import dedup_paragraphs
 from shardkit.duplicates.review import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
 from shardkit.jobs.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
@@ -259,6 +260,15 @@ def _write_exact_report(folder: str, result) -> None:
         write_report(folder, result)
 
 
+def _paragraphs(inv: Inventory, cfg: BuildConfig, pending):
+    """--dedup-paragraphs: the later copies of each repeated paragraph (jobs/paragraph_tasks.py)."""
+    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
+    if execution.mode == "in-process":
+        pending.prefer_local()
+    return dedup_paragraphs(inv, _reader(inv), DedupConfig.partition_size, pending,
+                            os.path.join(cfg.out, STATE_DIR, "paragraphs"), cfg.progress)
+
+
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
     """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
     encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
@@ -366,6 +376,7 @@ class _Plan:
     inv: Inventory  # without --dedup's duplicates
     dedup: object  # DedupResult or None
     exact: object  # the DedupResult of --dedup-exact, or None
+    paragraphs: object  # the ParagraphDrops of --dedup-paragraphs, or None
     curation: object  # stages.filters.Curation (empty: no curation)
     reader: SourceReader
     fields: dict
@@ -381,6 +392,7 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, c
     dedup_result = exact = None
     if cfg.dedup_exact:  # before MinHash, which then signs only distinct texts
         inv, exact = _exact_dedup(inv, cfg, pending)
+    paragraphs = _paragraphs(inv, cfg, pending) if cfg.dedup_paragraphs else None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
         execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
@@ -390,13 +402,13 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, c
         dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
-    if curation:  # the filters' options in effect (defaults included) decide what a shard holds
-        blob = json.dumps(curation.record(), sort_keys=True, default=str)
+    if curation or paragraphs:  # the filters' options (defaults included) and the paragraphs removed
+        blob = json.dumps([curation.record(), paragraphs and paragraphs.digest], sort_keys=True, default=str)
         config_hash = hashlib.sha256(f"{config_hash}|{blob}".encode()).hexdigest()[:16]
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
     reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    return _Plan(cfg, scanned, inv, dedup_result, exact, curation, reader, fields, unit_fields, config_hash, tok,
+    return _Plan(cfg, scanned, inv, dedup_result, exact, paragraphs, curation, reader, fields, unit_fields, config_hash, tok,
                  plans, reused)
 
 
@@ -407,7 +419,7 @@ def _build_todo(b: _Plan, pending) -> list[ShardResult]:
         return []
     ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
                        bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process,
-                       curation=b.curation or None)
+                       curation=b.curation or None, paragraphs=b.paragraphs)
     tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending))
     with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
                       enabled=b.cfg.progress) as bar:
@@ -446,7 +458,8 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None, curation) -> BuildResult
     if not rerun and cfg.workers != 0:
         import_in_background()
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
-        b = _prepare(cfg, dcfg, pending, start=not rerun and dcfg is None and not cfg.dedup_exact, curation=curation)
+        late = dcfg is not None or cfg.dedup_exact or cfg.dedup_paragraphs  # those steps choose for themselves
+        b = _prepare(cfg, dcfg, pending, start=not rerun and not late, curation=curation)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)
 

@@ -25,6 +25,7 @@ from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import arrays
 from shardkit.stages.filters import curate
+from shardkit.jobs.paragraph_tasks import drop_paragraphs
 from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
@@ -48,6 +49,7 @@ class BuildContext:
     pack: bool  # --seq-len: documents are packed into token rows per shard, in the shard step
     in_memory: bool = False  # every task runs in this process: units hand their tables over as they are
     curation: object = None  # stages.filters.Curation: quality filters, language, PII (None: off)
+    paragraphs: object = None  # jobs.paragraph_tasks.ParagraphDrops of --dedup-paragraphs (None: off)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
         return sample
 
     stages = [lambda refs: map_samples(refs, read, stage="read", log=log, where=lambda r: r.source)]
+    if ctx.paragraphs:  # the filters then judge what is left of each text
+        stages.append(lambda s: drop_paragraphs(s, drops=ctx.paragraphs, stats=result.stats, dropped=result.dropped))
     if ctx.curation:  # before any costly stage: what a filter removes is never decoded or tokenized
         stages.append(lambda s: curate(s, curation=ctx.curation, stats=result.stats, dropped=result.dropped))
     stages += [lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
