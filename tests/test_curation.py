@@ -138,3 +138,31 @@ def test_sentence_count_follows_the_sentencizer():
     assert sentences("No end mark") == 1
     assert sentences("Ends here...") == 1
     assert sentences("") == 0
+
+
+def test_annotate_gives_every_column_and_the_same_verdicts_as_check():
+    cur = Curation.from_options("gopher-quality,gopher-repetition,c4,fineweb", lang="en", mask_pii=True)
+    for _, rule, doc, on, _ in RULE_CASES:
+        if on:
+            continue
+        _, row = cur.annotate(doc)
+        assert set(row) == set(cur.columns)
+        _, rejected = cur.apply(doc, {})
+        first_false = next((f.name for f in cur.steps if f.name not in ("lang", "pii")
+                            and row[f.name.replace("-", "_")] is False), None)
+        if rejected is not None and rejected[0] != "lang":
+            assert first_false == rejected[0]
+
+
+def test_a_text_the_model_fails_on_is_unscored_not_a_crash(monkeypatch):
+    from shardkit.stages.filters import lang as lang_mod
+
+    class Broken:
+        nb_classes = lang_mod.identifier().nb_classes
+
+        def classify(self, text):
+            raise ValueError("bad input")
+
+    monkeypatch.setitem(lang_mod._MODEL, "model", Broken())
+    f = make_filter("lang", {"languages": "en"})
+    assert f.score(GOOD) == {"lang": "und", "lang_score": 0.0} and f.check(GOOD) == (False, "unscored")

@@ -107,6 +107,24 @@ class Curation:
         """Every filter's options in effect (defaults included): part of the build's fingerprint."""
         return {f.name: {k: v for k, v in dataclasses.asdict(f).items()} for f in self.steps}
 
+    @property
+    def columns(self) -> dict:
+        """Every step's attribute columns, in order (what `annotate` returns a value for)."""
+        return {k: v for f in self.steps for k, v in f.columns.items()}
+
+    def annotate(self, text: str) -> tuple[str, dict]:
+        """(the text as edited, every column's value): each step scores the text the previous one
+        left, and its verdict is stored beside its signals; nothing is removed."""
+        row: dict = {}
+        for f in self.steps:
+            scores = f.score(text)
+            row.update(scores)
+            verdict = f.prefix if hasattr(f, "prefix") else None
+            if verdict in f.columns and verdict not in scores:
+                row[verdict] = f.keep(scores)[0]
+            text = f.edit(text)
+        return text, row
+
     def apply(self, text: str, stats: dict) -> tuple[str, tuple[str, str] | None]:
         """(the text as edited, None) or (text, (filter, rule)) for a rejected one; counts into stats."""
         for f in self.steps:

@@ -68,7 +68,10 @@ class Lang(RuleFilter):
         sample = text[:self.max_chars] if self.max_chars else text
         if not any(ch.isalpha() for ch in sample):
             return {"lang": UNDETERMINED, "lang_score": 0.0}
-        lang, prob = identifier().classify(sample)
+        try:
+            lang, prob = identifier().classify(sample)
+        except Exception:  # noqa: BLE001 — whatever the model fails on is one text it cannot score, not a failed build
+            return {"lang": UNDETERMINED, "lang_score": 0.0}
         return {"lang": lang, "lang_score": float(prob)}
 
     def keep(self, scores: dict) -> tuple[bool, str | None]:
