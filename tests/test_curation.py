@@ -166,3 +166,8 @@ def test_a_text_the_model_fails_on_is_unscored_not_a_crash(monkeypatch):
     monkeypatch.setitem(lang_mod._MODEL, "model", Broken())
     f = make_filter("lang", {"languages": "en"})
     assert f.score(GOOD) == {"lang": "und", "lang_score": 0.0} and f.check(GOOD) == (False, "unscored")
+
+
+def test_a_huge_chunk_is_split_in_linear_time():
+    # 200,000 characters without a space: the URL expression alone would take hours on it
+    assert len(words("ab:c" * 50_000)) > 1
