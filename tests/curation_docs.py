@@ -62,7 +62,7 @@ CASES = {
          {"dup_line_char_frac": None}),
         ("top_2_gram", "\n".join(f"New York {w}." for w in "is big old far cold warm loud busy home".split()),
          {"dup_line_frac": None}, {"top_n_grams": ""}),
-        ("dup_5_gram", GOOD + " " + " ".join(SENTENCES[:4]), {"top_n_grams": ""}, {"top_n_grams": "", "dup_n_grams": ""}),
+        ("dup_5_gram", GOOD + " " + " ".join(SENTENCES[:4]), {"top_n_grams": ""}, NO_GRAMS),
     ],
     "c4": [
         ("lorem_ipsum", GOOD + "\nLorem ipsum dolor sit amet, consectetur adipiscing.", {},

@@ -13,7 +13,8 @@ _OPTIONS = [
                  help="Change a threshold, e.g. gopher-quality.min_doc_words=30 or c4.min_num_sentences=3 "
                       "(none turns a limit off); repeat for more."),
     click.option("--lang", default=None, metavar="CODES",
-                 help="Keep texts whose language (py3langid, 97 languages) is one of these ISO 639-1 codes, e.g. en,de."),
+                 help="Keep texts whose language (py3langid, 97 languages) is one of these ISO 639-1 codes, "
+                      "e.g. en,de."),
     click.option("--lang-threshold", type=float, default=0.65, show_default=True,
                  help="The language's probability must exceed this."),
     click.option("--mask-pii", is_flag=True, help="Replace email addresses and public IP addresses (datatrove's "

@@ -8,15 +8,16 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections import namedtuple
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
-                                  flush_durable, make_durable, marker_path, reusable, shard_task, unit_task,
-                                  units_dir)
+from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask,
+                                  add_stats, flush_durable, make_durable, marker_path, reusable, shard_task,
+                                  unit_task, units_dir)
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
@@ -336,7 +337,6 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind, and unit files."""
-    import shutil
 
     remove_unlisted_shards(cfg.out, shards)
     filtered = os.path.join(cfg.out, FILTERED_DIR)
@@ -408,8 +408,8 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, c
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
     reused = {p.id: r for p in plans if (r := reusable(cfg, p.id, p.fingerprint(inv, config_hash))) is not None}
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    return _Plan(cfg, scanned, inv, dedup_result, exact, paragraphs, curation, reader, fields, unit_fields, config_hash, tok,
-                 plans, reused)
+    return _Plan(cfg, scanned, inv, dedup_result, exact, paragraphs, curation, reader, fields, unit_fields,
+                 config_hash, tok, plans, reused)
 
 
 def _build_todo(b: _Plan, pending) -> list[ShardResult]:
@@ -503,6 +503,8 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
         _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
     if b.exact is not None:
         _write_exact_report(os.path.join(cfg.out, "dedup", "exact"), b.exact)
+    else:  # an earlier build's report would describe what this one did not do
+        shutil.rmtree(os.path.join(cfg.out, "dedup", "exact"), ignore_errors=True)
     exact = len(b.exact.removed_ids) if b.exact is not None else 0
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),

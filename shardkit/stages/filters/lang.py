@@ -70,7 +70,7 @@ class Lang(RuleFilter):
             return {"lang": UNDETERMINED, "lang_score": 0.0}
         try:
             lang, prob = identifier().classify(sample)
-        except Exception:  # noqa: BLE001 — whatever the model fails on is one text it cannot score, not a failed build
+        except Exception:  # noqa: BLE001 — a text the model fails on is one it cannot score, not a failed build
             return {"lang": UNDETERMINED, "lang_score": 0.0}
         return {"lang": lang, "lang_score": float(prob)}
 
