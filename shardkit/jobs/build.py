@@ -337,7 +337,6 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind, and unit files."""
-
     remove_unlisted_shards(cfg.out, shards)
     filtered = os.path.join(cfg.out, FILTERED_DIR)
     for name in os.listdir(filtered) if os.path.isdir(filtered) else []:  # shards a larger build had
