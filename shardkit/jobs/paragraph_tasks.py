@@ -65,8 +65,8 @@ def entries_task(part: Part, source) -> dict:
     """Stage 1 (kept when an earlier run wrote it)."""
     if not os.path.exists(part.path):
         arrays, meta = partition_entries(_texts(part, source))
-        keys = list(source.names(list(part.pieces[:1])))
-        meta["first_key"] = keys[0][0] if keys else ""
+        first = next(iter(source.names(list(part.pieces[:1]))), ("",))
+        meta["first_key"] = first[0]
         save_arrays(part.path, arrays, meta)
     f = ArrayFile(part.path)
     return dict(f.meta, counts=np.diff(f["bounds"]).tolist())
