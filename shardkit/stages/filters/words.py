@@ -29,16 +29,26 @@ _UNITS = ("km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm 
 _AFTER_NUMBER = re.compile(r"(?<=[0-9])(?:%s)$" % "|".join(
     sorted((re.escape(u) for u in _UNITS + list(_CURRENCY)), key=len, reverse=True)))
 
-_LOWER = "a-zß-öø-ÿα-ωа-яё"
-_UPPER = "A-ZÀ-ÖØ-ÞΑ-ΩА-ЯЁ"
+# Scripts without case count as both lower and upper case in spaCy's classes (a period after a
+# Hangul or CJK character splits off as after a lowercase one).
+_UNCASED = ("\u0591-\u05F4\uFB1D-\uFB4F\u0620-\u064A\u066E-\u06D5\u06E5-\u06FF\u0750-\u077F\u08A0-\u08BD"
+            "\uFB50-\uFBB1\uFBD3-\uFD3D\uFD50-\uFDC7\uFDF0-\uFDFB\uFE70-\uFEFC\u0900-\u097F\u0980-\u09FF"
+            "\u0B80-\u0BFF\u0C00-\u0C7F\u0C80-\u0CFF\u0D80-\u0DFF\u1200-\u137F\u1100-\u11FF\uAC00-\uD7AF"
+            "\u3040-\u309F\u30A0-\u30FFー\u3400-\u4DBF\u4E00-\u9FFF")
+_LOWER = "a-zß-öø-ÿα-ωа-яё" + _UNCASED
+_UPPER = "A-ZÀ-ÖØ-ÞΑ-ΩА-ЯЁ" + _UNCASED
+_LOWERISH = re.compile(f"[{_LOWER}]")
+# spaCy's letters also take in CJK symbols and punctuation ('、', '。' among them) and compatibility blocks.
+_ALPHA = r"(?:[^\W\d_]|[\u2E80-\u2EFF\u2F00-\u2FDF\u2FF0-\u2FFF\u3000-\u303F\u31C0-\u31EF\u3200-\u33FF\uF900-\uFAFF\uFE30-\uFE4F])"
+_ALNUM = r"(?:[^\W_]|[\u2E80-\u2EFF\u2F00-\u2FDF\u2FF0-\u2FFF\u3000-\u303F\u31C0-\u31EF\u3200-\u33FF\uF900-\uFAFF\uFE30-\uFE4F])"
 _QUOTE_CLASS = re.escape(_QUOTES)
 
 
 def _icon_class() -> str:
-    """A regex class of the 'other symbol' characters (emoji, arrows, box drawing) but the degree sign."""
+    """A regex class of the 'other symbol' characters (emoji, arrows, box drawing, the degree sign)."""
     ranges, start, prev = [], None, None
     for cp in range(0x80, 0x1FB00):
-        if unicodedata.category(chr(cp)) == "So" and cp != 0xB0:
+        if unicodedata.category(chr(cp)) == "So":
             if start is None:
                 start = cp
             elif cp != prev + 1:
@@ -53,12 +63,13 @@ _INFIX = re.compile(
     rf"\.\.+|…|[{_icon_class()}]"
     r"|(?<=[0-9])[+\-*^](?=[0-9-])"
     rf"|(?<=[{_LOWER}{_QUOTE_CLASS}])\.(?=[{_UPPER}{_QUOTE_CLASS}])"
-    r"|(?<=[^\W\d_]),(?=[^\W\d_])"
-    r"|(?<=[^\W_])(?:---|--|——|-|–|—|~)(?=[^\W\d_])"
-    r"|(?<=[^\W_])[:<>=/](?=[^\W\d_])")
+    rf"|(?<={_ALPHA}),(?={_ALPHA})"
+    rf"|(?<={_ALNUM})(?:---|--|——|-|–|—|~)(?={_ALPHA})"
+    rf"|(?<={_ALNUM})[:<>=/](?={_ALPHA})")
 _URL = re.compile(
     r"^(?:[\w+\-.]{2,}://)?(?:\S+(?::\S*)?@)?"
-    r"(?:(?:[1-9]\d?|1\d\d|2[01]\d|22[0-3])(?:\.(?:1?\d{1,2}|2[0-4]\d|25[0-5])){3}"
+    r"(?:(?!(?:10|127)(?:\.\d{1,3}){3})(?!(?:169\.254|192\.168)(?:\.\d{1,3}){2})"
+    r"(?!172\.(?:1[6-9]|2\d|3[0-1])(?:\.\d{1,3}){2})(?:[1-9]\d?|1\d\d|2[01]\d|22[0-3])(?:\.(?:1?\d{1,2}|2[0-4]\d|25[0-5])){3}"
     r"|(?:(?:[A-Za-z0-9\u00a1-\uffff][A-Za-z0-9\u00a1-\uffff_-]{0,62})?[A-Za-z0-9\u00a1-\uffff]\.)+"
     rf"[{_LOWER}]{{2,63}})(?::\d{{2,5}})?(?:[/?#]\S*)?$")
 
@@ -75,7 +86,7 @@ _WHOLE = set(
     ":-o :-p :-x :-| :-} :/ :0 :1 :3 :> :D :O :P :X :] :o :o) :p :x :| :} ;) ;-) ;-D ;D ;_; </3 <3 <33 <333 "
     "=( =) =/ =3 =D =[ =] =| >:( >:o ><(((*> @_@ O_O O_o V_V XD XDD [-: [: [= \\\") ]= ^_^ ^__^ ^___^ o_0 "
     "o_O o_o v_v xD xDD ¯\\(ツ)/¯ ಠ_ಠ ಠ︵ಠ (._.) ._. 0.0 0.o <.< >.< >.> O.O O.o o.0 o.O o.o V.V v.v "
-    ":'( :') :'-( :'-) :’( :’) :’-( :’-)".split())
+    ":'( :') :'-( :'-) :’( :’) :’-( :’-) <space> ‘s ‘S".split())
 _WHOLE |= {c + "." for c in "abcdefghijklmnopqrstuvwxyz"}
 _SPLIT = {f"{h}{m}": (str(h), m) for h in range(1, 13) for m in ("a.m.", "p.m.", "am", "pm")}
 _SPLIT |= {"cannot": ("can", "not"), "gonna": ("gon", "na"), "gotta": ("got", "ta"), "'s": ("'s",)}
@@ -86,8 +97,9 @@ for _w, _cut in (("im", 1), ("ive", 1), ("youre", 3), ("youve", 3), ("youll", 3)
                  ("theyve", 4), ("theyll", 4), ("theyd", 4), ("thats", 4), ("whats", 4), ("whos", 3), ("hes", 2),
                  ("shes", 3), ("wheres", 5), ("theres", 5), ("weve", 2), ("itll", 2), ("itd", 2), ("shouldve", 6),
                  ("couldve", 5), ("wouldve", 5), ("mustve", 4), ("mightve", 5), ("id", 1), ("wed", 2), ("hed", 2),
-                 ("ima", 1), ("yall", 1)):
+                 ("yall", 1)):
     _SPLIT[_w] = (_w[:_cut], _w[_cut:])
+_SPLIT["ima"] = ("i", "m", "a")
 _SPLIT.update({w[0].upper() + w[1:]: (p[0][0].upper() + p[0][1:],) + p[1:] for w, p in list(_SPLIT.items())
                if w[0].isalpha()})
 _CONTRACTION = re.compile(r"^([A-Za-z]+?)(n['’]t)?(['’](?:re|ve|ll|d|m|s|S))?$")
@@ -107,7 +119,7 @@ _CACHE_LIMIT = 1 << 18  # chunks remembered per process (words repeat: most look
 
 
 def _icon(ch: str) -> bool:
-    return ch != "°" and unicodedata.category(ch) == "So"
+    return unicodedata.category(ch) == "So"
 
 
 def _prefix(s: str) -> int:
@@ -134,7 +146,7 @@ def _suffix(s: str) -> int:
             return dots
         if n >= 2:
             b = s[-2]
-            if b.isdigit() or b.islower() or b in _BEFORE_PERIOD:
+            if b.isdigit() or b.islower() or b in _BEFORE_PERIOD or _LOWERISH.match(b):
                 return 1
             if n >= 3 and b.isupper() and s[-3].isupper():
                 return 1
