@@ -88,8 +88,15 @@ class BuildConfig:
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
     timeout: float = 15.0  # SRC/OUT on a store: seconds to connect, and at most between two reads with data
     retries: int = 2  # SRC/OUT on a store: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2 s …)
-    filter: str | None = None  # comma-separated scorers (stages.filters.FILTERS): drop what they refuse
-    annotate: bool = False  # keep every sample; store the scores of --filter and --dedup as attribute tables
+    # Curation (checked by stages.filters.Curation): --filter, --filter-option, --lang, --lang-threshold, --mask-pii
+    filter: str | None = None  # comma-separated filters (stages.filters.FILTERS): drop what they refuse
+    filter_option: tuple[str, ...] = ()
+    lang: str | None = None
+    lang_threshold: float = 0.65
+    mask_pii: bool = False
+    dedup_exact: bool = False
+    dedup_paragraphs: bool = False  # remove lines repeated across documents, the first copy in key order kept
+    annotate: bool = False  # keep every sample; store the scores of the filters and --dedup as attribute tables
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
@@ -131,12 +138,8 @@ class BuildConfig:
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
         remote_policy(self)  # --timeout, --retries
-        if self.annotate and not (self.filter or self.dedup):
-            raise ConfigError("--annotate keeps every sample and stores the scores of --filter and --dedup: add "
-                              "--filter NAMES and/or --dedup")
-        if (self.filter or self.annotate) and self.tokenizer:
-            raise ConfigError("--filter/--annotate score documents' text, which a --tokenizer build does not keep: "
-                              "build the text with them first, then tokenize what where= keeps")
+        if self.annotate:
+            _check_annotate(self)
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 
@@ -301,6 +304,7 @@ class DedupConfig:
     progress: bool = True
     timeout: float = 15.0  # SRC/OUT on a store, as BuildConfig's
     retries: int = 2
+    exact_only: bool = False  # equal normalised texts only, no MinHash (build --dedup-exact)
 
     RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress", "timeout", "retries")
 
@@ -334,11 +338,13 @@ class DedupConfig:
 
     def lsh_params(self) -> tuple[int, int]:
         """(bands, rows) in effect: the ones given, else the optimal pair weighted toward recall."""
+        if self.exact_only:
+            return 0, 0
         return (self.bands, self.rows) if self.bands else optimal_lsh_params(self.threshold, self.num_perm)
 
     def min_shingles(self) -> int:
         """Distinct shingles a text needs to be compared by similarity (fewer: exact equality only)."""
-        return min_shingles(self.threshold)
+        return 1 << 30 if self.exact_only else min_shingles(self.threshold)
 
     def recorded(self) -> dict:
         """The result-affecting config for summary.json: values in effect (bands, rows), never a null."""
@@ -354,6 +360,21 @@ class DedupConfig:
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
                            dedup_verify=self.verify, image_distance=self.image_distance, timeout=self.timeout,
                            retries=self.retries)
+
+
+def _check_annotate(cfg: BuildConfig) -> None:
+    """--annotate keeps every sample as read and stores scores: it needs something to score, and no
+    step that edits or removes what it would score."""
+    if not (cfg.filter or cfg.lang or cfg.dedup):
+        raise ConfigError("--annotate keeps every sample and stores the scores of --filter, --lang and --dedup: add "
+                          "--filter NAMES, --lang and/or --dedup")
+    if cfg.tokenizer:
+        raise ConfigError("--annotate scores documents' text, which a --tokenizer build does not keep: build the "
+                          "text with it first, then tokenize what where= keeps")
+    if cfg.mask_pii or cfg.dedup_exact:
+        raise ConfigError("--annotate keeps every sample unchanged: --mask-pii (it edits the stored text) and "
+                          "--dedup-exact (it removes) do not combine with it; --dedup marks exact duplicates too "
+                          "(attribute exact_dup), and PII counts are scored with --filter pii")
 
 
 def remote_policy(cfg):

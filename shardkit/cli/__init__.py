@@ -12,6 +12,7 @@ import click
 
 from shardkit._version import __version__
 from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
+from shardkit.cli.curation import curation_lines, curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
                                   text_field_option, timeout_option)
@@ -280,6 +281,7 @@ def _parse_size(ctx, param, value):
 @click.option("--augment-seed", type=int, default=0, show_default=True,
               help="Variant k of a sample is seeded by (seed, key, k): the same bytes on every build.")
 @click.option("--half", is_flag=True, help="Store float .npy arrays (field array) as float16: half the bytes.")
+@curation_options
 @click.option("--allow-empty", is_flag=True, help="Write an empty dataset when SRC holds no sample (else an error).")
 @click.option("--map", "map", default=None, metavar="MODULE:FUNCTION",
               help="Run your function on each sample after the built-in stages: it gets a sample dict "
@@ -314,6 +316,7 @@ def build(src, out, **options):
       shardkit build features/ out/ --half
       shardkit build raw/ out/ --image-size 256 --map my_pipeline:add_caption   (my_pipeline.py on PYTHONPATH)
       shardkit build corpus/ out/ --filter text-length --dedup --annotate   (then where="text_length and not duplicate")
+      shardkit build crawl/ out/ --filter gopher-quality,gopher-repetition,c4,fineweb --lang en --dedup-exact
     """
     from shardkit.config import BuildConfig
     from shardkit.jobs.build import build as run_build
@@ -351,6 +354,9 @@ def build_summary(r) -> str:
     if attributes:
         lines.append(f"  attributes      {', '.join(attributes['columns'])} (train on a subset: "
                      "StreamingDataset(OUT, where=...))")
+    if getattr(r, "exact_duplicates", 0):
+        lines.append(f"  exact dups      {r.exact_duplicates} removed (review dedup/exact/clusters.parquet)")
+    lines += curation_lines(getattr(r, "stats", {}))
     if r.utf8_replaced:
         lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
     tok = r.manifest.extra.get("tokenizer") if r.manifest else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
+from shardkit.cli.curation import curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
                                   text_field_option, timeout_option)
@@ -47,8 +48,10 @@ from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_op
 @retries_option
 @on_error_option
 @progress_option
+@curation_options
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
-          partition_size, fmt, text_field, image_field, workers, scheduler, timeout, retries, on_error, progress):
+          partition_size, fmt, text_field, image_field, workers, scheduler, timeout, retries, on_error, progress,
+          **curation):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.
 
     \b
@@ -72,6 +75,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
       shardkit dedup data/ out/ --modality image --image-distance 6
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786
       shardkit dedup s3://bucket/raw s3://bucket/dedup --scheduler tcp://scheduler:8786
+      shardkit dedup crawl/ out/ --filter gopher-quality,c4 --lang en --dedup-exact   # a raw folder, curated
     """
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup as run_dedup
@@ -82,7 +86,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
                       image_distance=image_distance, partition_size=partition_size, format=fmt,
                       text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler,
                       on_error=on_error, progress=progress, timeout=timeout, retries=retries)
-    result = run_dedup(cfg)
+    result = run_dedup(cfg, curation)
     click.echo(summary_text(result))
     click.echo(f"  wrote {out}: {result.summary['output']['samples']} samples in "
                f"{result.summary['output']['shards']} shards; review {out}/dedup/clusters.parquet")

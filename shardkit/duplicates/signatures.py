@@ -42,6 +42,7 @@ class SignatureParams:
     modality: str = "auto"
     image_hash: str = "phash"
     keep_sets: bool = False  # store shingle sets for exact-Jaccard --verify
+    exact_only: bool = False  # content digests only: no shingles, no MinHash (exact duplicates alone)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ class _Rows:
         tok, per_text, symbolic = token_hashes(texts)
         self.text_digests.append(content_digests(tok, per_text, symbolic))
         self.symbolic.append(symbolic)
+        if self.params.exact_only:  # a text with a token has content to compare; nothing is signed
+            self.counts.append(np.minimum(per_text, 1).astype(np.int32))
+            return
         hashes, offsets = shingles_of(tok, per_text, self.params.ngram)
         counts = distinct_counts(hashes, offsets, MAX_MIN_SHINGLES)  # exact up to any min_shingles
         nonempty = np.flatnonzero(counts > 0)
@@ -203,7 +207,10 @@ def _text_arrays(rows: _Rows, n: int) -> tuple[dict, dict]:
     distinct[text_rows] = counts
     sig_row = np.full(n, -1, np.int32)
     sig_row[text_rows[nonempty]] = np.arange(len(nonempty), dtype=np.int32)
-    arrays = {"distinct_shingles": distinct, "sig_row": sig_row, "signatures": np.concatenate(rows.signatures)}
+    signatures = np.concatenate(rows.signatures) if rows.signatures else np.empty((0, rows.params.num_perm), np.uint32)
+    if rows.params.exact_only:
+        sig_row[:] = -1
+    arrays = {"distinct_shingles": distinct, "sig_row": sig_row, "signatures": signatures}
     if rows.params.keep_sets:
         arrays["set_offsets"] = np.concatenate([[0], np.cumsum([len(x) for x in rows.sets])]).astype(np.int64)
         arrays["set_values"] = np.concatenate(rows.sets) if rows.sets else np.empty(0, np.uint32)

@@ -16,9 +16,9 @@ import numpy as np
 
 import shardkit.store as store
 from shardkit.jobs import durable
-from shardkit.jobs.build_tasks import (STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask, add_stats,
-                                       flush_durable, make_durable, marker, reused_shards, shard_task, unit_task,
-                                       units_dir)
+from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask,
+                                       add_stats, flush_durable, make_durable, marker, reused_shards, shard_task,
+                                       unit_task, units_dir)
 from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
@@ -36,7 +36,9 @@ from shardkit.sources.rows import count_rows, counted
 from shardkit.sources.tar_rows import first_images
 from shardkit.stages.arrays import array_spec
 from shardkit.stages.augment import variant_fields
+from shardkit.stages.filters import STAT, Curation
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
+from shardkit.jobs.paragraph_tasks import dedup_paragraphs
 from shardkit.duplicates.review import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
 from shardkit.jobs.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
@@ -65,6 +67,8 @@ class BuildResult:
     manifest: Manifest | None = field(default=None, repr=False)
     dedup: object = field(default=None, repr=False)  # the DedupResult of --dedup
     notes: list[str] = field(default_factory=list)  # what the scan read in a way worth knowing
+    stats: dict = field(default_factory=dict)  # stage counters: curation.<filter>.<rule>, tokens, ...
+    exact_duplicates: int = 0  # removed by --dedup-exact (see OUT/dedup/exact/)
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -241,6 +245,42 @@ def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
     return (inv if cfg.annotate else without(inv, removed)), result  # --annotate: marked, not removed
 
 
+def _exact_dedup(inv: Inventory, cfg: BuildConfig, pending):
+    """--dedup-exact: documents whose normalised texts are equal keep the one with the smallest key,
+    on the dedup step's partition files and hash-range buckets (content digests only, no MinHash)."""
+    dcfg = replace(cfg.dedup_config(), modality="text", exact_only=True)
+    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
+    if execution.mode == "in-process":
+        pending.prefer_local()
+    removed, result = dedup_inventory(inv, _reader(inv), dcfg, pending, store.join(cfg.out, STATE_DIR, "dedup-exact"))
+    result.summary["execution"].update(_execution(cfg, pending, execution).record())
+    return without(inv, removed), result
+
+
+def _write_exact_report(folder: str, result) -> None:
+    """OUT/dedup/exact/: written when what it reports changed (its timings aside), so that a rerun
+    with nothing changed writes nothing."""
+    try:
+        old = json.loads(store.read(store.join(folder, "summary.json")))
+    except (OSError, ValueError, RemoteError):
+        old = None
+    if old is None or {k: v for k, v in old.items() if k != "execution"} != json.loads(json.dumps(
+            {k: v for k, v in result.summary.items() if k != "execution"}, sort_keys=True)):
+        write_report(folder, result)
+
+
+def _paragraphs(inv: Inventory, cfg: BuildConfig, pending):
+    """--dedup-paragraphs: the later copies of each repeated paragraph (jobs/paragraph_tasks.py)."""
+    if store.is_url(cfg.out):
+        raise ConfigError(f"--dedup-paragraphs keeps its working files in OUT/.shardkit on a local disk, and OUT "
+                          f"{cfg.out!r} is on a store: build into a local folder, then copy it")
+    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
+    if execution.mode == "in-process":
+        pending.prefer_local()
+    return dedup_paragraphs(inv, _reader(inv), DedupConfig.partition_size, pending,
+                            os.path.join(cfg.out, STATE_DIR, "paragraphs"), cfg.progress)
+
+
 def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
     """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
     encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
@@ -315,6 +355,7 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind, and unit files."""
     durable.remove_unlisted(cfg.out, shards)
+    durable.remove_markers(cfg.out, FILTERED_DIR, "filtered-", n_plans)  # lists of what --filter removed
     durable.remove_markers(cfg.out, f"{STATE_DIR}/done", "shard-", n_plans)
     store.remove_tree(units_dir(cfg))
 
@@ -343,6 +384,9 @@ class _Plan:
     scanned: Inventory  # as listed (inputs are counted here)
     inv: Inventory  # without --dedup's duplicates
     dedup: object  # DedupResult or None
+    exact: object  # the DedupResult of --dedup-exact, or None
+    paragraphs: object  # the ParagraphDrops of --dedup-paragraphs, or None
+    curation: object  # stages.filters.Curation (empty: no curation)
     reader: SourceReader
     fields: dict
     unit_fields: dict
@@ -353,9 +397,12 @@ class _Plan:
     marks: dict  # build --dedup --annotate: shard id -> its clustered samples (curate.dedup_marks)
 
 
-def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -> _Plan:
+def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, curation) -> _Plan:
     scanned = inv = _scan(cfg, pending, start)
-    dedup_result = None
+    dedup_result = exact = None
+    if cfg.dedup_exact:  # before MinHash, which then signs only distinct texts
+        inv, exact = _exact_dedup(inv, cfg, pending)
+    paragraphs = _paragraphs(inv, cfg, pending) if cfg.dedup_paragraphs else None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
         execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
@@ -365,12 +412,16 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool) -
         dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
     reader = _reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+    if curation or paragraphs:  # the filters' options (defaults included) and the paragraphs removed
+        blob = json.dumps([curation.record(), paragraphs and paragraphs.digest], sort_keys=True, default=str)
+        config_hash = hashlib.sha256(f"{config_hash}|{blob}".encode()).hexdigest()[:16]
     plans = plan_shards(inv, cfg.shard_size, cfg.max_samples_per_shard)
     marks = curate.dedup_marks(plans, reader, dedup_result) if cfg.annotate and dedup_result else {}
     reused = reused_shards(cfg, [(p.id, curate.marked(p.fingerprint(inv, config_hash), marks.get(p.id)))
                                  for p in plans])
     log.info("%d inputs, %d shards planned, %d reused", scanned.inputs, len(plans), len(reused))
-    return _Plan(cfg, scanned, inv, dedup_result, reader, fields, unit_fields, config_hash, tok, plans, reused, marks)
+    return _Plan(cfg, scanned, inv, dedup_result, exact, paragraphs, curation, reader, fields, unit_fields,
+                 config_hash, tok, plans, reused, marks)
 
 
 def _build_todo(b: _Plan, pending) -> list[ShardResult]:
@@ -379,7 +430,8 @@ def _build_todo(b: _Plan, pending) -> list[ShardResult]:
     if not todo:
         return []
     ctx = BuildContext(b.cfg, b.fields, b.unit_fields, b.config_hash, b.reader,
-                       bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process)
+                       bool(b.tok is not None and b.cfg.seq_len), in_memory=pending.in_process,
+                       curation=None if b.cfg.annotate else b.curation or None, paragraphs=b.paragraphs)
     tasks = _shard_tasks(todo, b.inv, b.cfg, b.config_hash, _workers(b.cfg, pending), b.marks)
     with progress_bar(len(b.plans), initial=len(b.reused), desc="build", unit="shard",
                       enabled=b.cfg.progress) as bar:
@@ -404,13 +456,13 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
+    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii)
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
     with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
-        return _build(cfg, dedup)
+        return _build(cfg, dedup, curation)
 
 
-
-def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
+def _build(cfg: BuildConfig, dedup: DedupConfig | None, curation) -> BuildResult:
     start = time.perf_counter()
     dcfg = dedup or (cfg.dedup_config() if cfg.dedup else None)
     # A first build starts the cluster in the background once SRC is listed (the listing says whether
@@ -421,7 +473,8 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None) -> BuildResult:
     if not rerun and cfg.workers != 0:
         import_in_background()
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
-        b = _prepare(cfg, dcfg, pending, start=not rerun and dcfg is None)
+        late = dcfg is not None or cfg.dedup_exact or cfg.dedup_paragraphs  # those steps choose for themselves
+        b = _prepare(cfg, dcfg, pending, start=not rerun and not late, curation=curation)
         results = list(b.reused.values()) + _build_todo(b, pending)
     return _finish(b, results, start)
 
@@ -447,10 +500,17 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
         build_record["dedup"] = dedup_record(b.dedup.summary, samples)
         if cfg.annotate:  # marked in the attribute `duplicate`, not removed
             build_record["dedup"].update(removed=0, marked=b.dedup.summary["removed"], source_samples=samples)
+    if b.exact is not None:
+        build_record["dedup_exact"] = {"removed": b.exact.summary["removed"], "report": "dedup/exact/summary.json"}
     stats = {}
     for r in results:
         add_stats(stats, r.stats)
-    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=dict(sorted(stats.items())))}
+    curated = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
+    if b.curation:
+        build_record["curation"] = {"filters": b.curation.record(), "counts": curated,
+                                    "filtered": f"{FILTERED_DIR}/filtered-*.parquet"}
+    tok_stats = {k: v for k, v in sorted(stats.items()) if k not in curated}
+    extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=tok_stats)}
     classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
     manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
                         build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
@@ -459,9 +519,15 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     write_manifest(cfg.out, manifest)
     if b.dedup is not None:
         _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
+    if b.exact is not None:
+        _write_exact_report(store.join(cfg.out, "dedup", "exact"), b.exact)
+    else:  # an earlier build's report would describe what this one did not do
+        store.remove_tree(store.join(cfg.out, "dedup", "exact"))
+    exact = len(b.exact.removed_ids) if b.exact is not None else 0
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
-                       b.scanned.samples - b.inv.samples, manifest, b.dedup, b.scanned.notes)
+                       b.scanned.samples - b.inv.samples - exact, manifest, b.dedup, b.scanned.notes,
+                       dict(sorted(stats.items())), exact)
 
 
 def _remove_stale_scan(b: _Plan) -> None:

@@ -47,6 +47,7 @@ class MapResult:
     reused_shards: int
     seconds: float
     manifest: object = field(default=None, repr=False)
+    stats: dict = field(default_factory=dict)  # curation counters: curation.<filter>.<rule>, curation.pii.<kind>
 
 
 # ---------------------------------------------------------------------------------------- fingerprints
@@ -137,7 +138,7 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
               worker_pool: str = "auto", format: str = "tar", shard_size: int = 256 * 2**20,
               max_samples_per_shard: int | None = None, encode: str = "png", quality: int = 90,
               fields: dict | None = None, inputs_per_shard: int = 1000, on_error: str = "skip",
-              progress: bool = True) -> MapResult:
+              progress: bool = True, curation=None) -> MapResult:
     """Run `fn(input)` over `inputs` (any sequence: paths, URLs, rows, ids) and write what it returns
     (a sample dict as ShardWriter takes, an iterable of them, or None to skip) as a shardkit dataset.
 
@@ -148,13 +149,16 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
     and `max_samples_per_shard`. An input whose fn raises is recorded in errors.jsonl (its repr,
     the exception's last line) and counted; `on_error="fail"` stops at the first. A rerun reuses
     the shards of groups whose inputs, fn (its code and its module's source) and options did not change.
+    `curation` (a `shardkit.stages.filters.Curation`, e.g. `Curation.from_options("gopher-quality,c4",
+    lang="en")`) runs on each sample's `txt` as the build's --filter does: removed samples are counted
+    in `MapResult.stats` and listed in OUT/curation/filtered-GGGGG.parquet.
 
     >>> build_map(load_and_resize, sorted(glob.glob("photos/*.jpg")), "out", encode="jpeg")
     """
     options = {"workers": workers, "scheduler": scheduler, "worker_pool": worker_pool, "format": format,
                "shard_size": shard_size, "max_samples_per_shard": max_samples_per_shard, "encode": encode,
                "quality": quality, "fields": fields, "inputs_per_shard": inputs_per_shard, "on_error": on_error,
-               "progress": progress}
+               "progress": progress, "curation": curation}
     return run_build_map(fn, inputs, out, options)
 
 
@@ -163,7 +167,7 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
     built-in stages of `shardkit build --map`), listed first in errors.jsonl."""
     o = dict(workers=None, scheduler=None, worker_pool="auto", format="tar", shard_size=256 * 2**20,
              max_samples_per_shard=None, encode="png", quality=90, fields=None, inputs_per_shard=1000,
-             on_error="skip", progress=True)
+             on_error="skip", progress=True, curation=None)
     unknown = sorted(set(options) - set(o))
     if unknown:
         raise ConfigError(f"build_map: unknown option(s) {unknown}; valid: {', '.join(o)}")
@@ -183,7 +187,7 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
     out = store.location(out, "build_map(out)", write=True)
     store.makedirs(store.join(out, "shards"))
     run = _Run(o["workers"], o["scheduler"], o["worker_pool"], o["fields"], o["inputs_per_shard"], o["on_error"],
-               o["progress"], tuple(prior))
+               o["progress"], tuple(prior), o["curation"] or None)
     with out_lock(out, "build_map"):
         return _build_map(fn, inputs, out, cfg, run)
 
@@ -198,14 +202,16 @@ class _Run:
     on_error: str
     progress: bool
     prior: tuple = ()
+    curation: object = None
 
 
 def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
     start = time.perf_counter()
     durable.retire_manifest(out)
     fields = run.fields if run.fields is not None else first_fields(fn, inputs, cfg)
+    curation = run.curation.record() if run.curation else None
     base = hashlib.sha256(json.dumps([function_fingerprint(fn), repr(cfg), fields, run.inputs_per_shard,
-                                      run.on_error], sort_keys=True).encode()).hexdigest()
+                                      run.on_error, curation], sort_keys=True, default=str).encode()).hexdigest()
     groups = _groups(inputs, run.inputs_per_shard, base)
     reused = markers(out, groups)
     todo = [g for g in groups if g.index not in reused]
@@ -219,10 +225,17 @@ def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
                      "fingerprint": base[:16], "inputs": len(inputs), "inputs_per_shard": run.inputs_per_shard,
                      "format": cfg.format, "shard_size": cfg.shard_size,
                      "max_samples_per_shard": cfg.max_samples_per_shard, "encode": cfg.encode, "quality": cfg.quality}}
+    stats: dict = {}
+    for r in results:
+        for k, v in r.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    if curation:
+        build["curation"] = {"filters": curation, "counts": dict(sorted(stats.items())),
+                             "filtered": "curation/filtered-*.parquet"}
     manifest = finish(out, fields, infos, build, rejections)
     reused_shards = sum(len({s.path.split(".")[0] for s in r.shards}) for r in reused.values())
     return MapResult(out, len(inputs), manifest.samples, infos, rejections, reused_shards,
-                     time.perf_counter() - start, manifest)
+                     time.perf_counter() - start, manifest, dict(sorted(stats.items())))
 
 
 def first_fields(fn, inputs, cfg: WriterConfig) -> dict:
@@ -256,7 +269,7 @@ def _run_groups(fn, inputs, out, cfg, run: _Run, fields, todo: list[Group], coun
             for j, n in enumerate(group_sizes):
                 items.append(Unit(g.index, j, a, tuple(inputs[a:a + n])))
                 a += n
-        ctx = MapContext(fn, out, fields, cfg, run.on_error, in_memory=pending.in_process)
+        ctx = MapContext(fn, out, fields, cfg, run.on_error, in_memory=pending.in_process, curation=run.curation)
         with progress_bar(total, initial=reused, desc="build_map", unit="shard", enabled=run.progress) as bar:
             done = run_tasks(run_unit, items, client=pending, bar=bar, name=f"map-{base[:12]}", shared=(ctx,),
                              then=Then(run_group, todo, members))
@@ -323,3 +336,4 @@ def _remove_stale(out: str, n_groups: int) -> None:
     """Markers of groups past the last (a previous run had more inputs) and leftover unit files."""
     durable.remove_markers(out, f"{STATE}/done", "group-", n_groups)
     store.remove_tree(store.join(out, STATE, "units"))
+    durable.remove_markers(out, "curation", "filtered-", n_groups)  # lists of what --filter removed

@@ -17,18 +17,21 @@ import shardkit.store as store
 from shardkit.config import BuildConfig, remote_policy
 from shardkit.contract import AttributeInfo, ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
-from shardkit.jobs import curate, durable
+from shardkit.jobs import curate as attributes, durable
 from shardkit.jobs.durable import STATE_DIR
 from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader
 from shardkit.stages import compose, map_samples
 from shardkit.stages.arrays import arrays
+from shardkit.stages.filters import curate
+from shardkit.jobs.paragraph_tasks import drop_paragraphs
 from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
 from shardkit.writers import get_table_writer, get_writer
 from shardkit.writers.parquet import samples_table, table_samples
 
+FILTERED_DIR = "curation"  # OUT/curation/filtered-NNNNN.parquet: what the curation filters removed, per shard
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
 
 
@@ -43,6 +46,8 @@ class BuildContext:
     reader: SourceReader
     pack: bool  # --seq-len: documents are packed into token rows per shard, in the shard step
     in_memory: bool = False  # every task runs in this process: units hand their tables over as they are
+    curation: object = None  # stages.filters.Curation: quality filters, language, PII (None: off)
+    paragraphs: object = None  # jobs.paragraph_tasks.ParagraphDrops of --dedup-paragraphs (None: off)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class UnitResult:
     path: str | None = None  # the unit's table file
     table: object = None  # or the table itself (BuildContext.in_memory)
     linked: list = field(default_factory=list)  # files read by path from Parquet rows: [path, size, mtime_ns]
+    dropped: list = field(default_factory=list)  # samples a curation filter removed: (key, source, row, filter, rule)
 
 
 @dataclass
@@ -135,7 +141,7 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | No
         result = ShardResult.from_json(result)
     except (KeyError, TypeError, ValueError):
         return None
-    if not curate.unchanged(cfg.out, result.attributes):  # `shardkit annotate` may have rewritten it since
+    if not attributes.unchanged(cfg.out, result.attributes):  # `shardkit annotate` may have rewritten it since
         return None
     return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
 
@@ -176,8 +182,12 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
         result.utf8_replaced += sample.meta.get("utf8_replaced", 0)
         return sample
 
-    stages = [lambda refs: map_samples(refs, read, stage="read", log=log, where=lambda r: r.source),
-              lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
+    stages = [lambda refs: map_samples(refs, read, stage="read", log=log, where=lambda r: r.source)]
+    if ctx.paragraphs:  # the filters then judge what is left of each text
+        stages.append(lambda s: drop_paragraphs(s, drops=ctx.paragraphs, stats=result.stats, dropped=result.dropped))
+    if ctx.curation:  # before any costly stage: what a filter removes is never decoded or tokenized
+        stages.append(lambda s: curate(s, curation=ctx.curation, stats=result.stats, dropped=result.dropped))
+    stages += [lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
               lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
     if TOKENS_FIELD in ctx.fields and not ctx.pack:
         stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
@@ -263,21 +273,43 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
         infos = [get_writer(fmt)(samples, store.staged(cfg.out), shard.id, ctx.fields) for fmt in formats] \
             if samples else []
     else:
-        table, filtered = curate.before_write(table, cfg)  # --filter
-        log.items.extend(filtered)
         infos = [get_table_writer(fmt)(table, store.staged(cfg.out), shard.id, ctx.fields, durable=False)
                  for fmt in formats] if len(table) else []
+    write_filtered(cfg.out, shard.id, [d for p in parts for d in p.dropped])
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats,
                          linked=sorted({tuple(link) for p in parts for link in p.linked}),
-                         attributes=None if ctx.pack else curate.after_write(table, infos, cfg, shard.marks, shard.id))
+                         attributes=None if ctx.pack else attributes.after_write(table, infos, cfg, shard.marks, shard.id))
     units = [p.path for p in parts if p.path]
     if store.is_url(cfg.out):  # uploaded before the step returns: a lost worker never takes a shard's files along
         make_durable(cfg, shard, result, units)
     else:
         _in_background(make_durable, cfg, shard, result, units)
     return result
+
+
+def filtered_path(out: str, shard_id: int) -> str:
+    return store.join(out, FILTERED_DIR, f"filtered-{shard_id:05d}.parquet")
+
+
+def write_filtered(out: str, shard_id: int, dropped: list) -> None:
+    """OUT/curation/filtered-NNNNN.parquet: the shard's samples a filter removed, one row each (key,
+    source, source_row, filter, rule), in key order; none (and an earlier one removed) when none was."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = filtered_path(out, shard_id)
+    if not dropped:
+        store.remove(path)
+        return
+    dropped = sorted(dropped, key=lambda d: d[0])
+    names = ("key", "source", "source_row", "filter", "rule")
+    types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string())
+    table = pa.table({n: pa.array([d[i] for d in dropped], t) for i, (n, t) in enumerate(zip(names, types))})
+    store.makedirs(store.join(out, FILTERED_DIR))
+    with store.writer(path) as f:  # a local folder (temp, then rename) or a store
+        pq.write_table(table, f, compression="zstd")
 
 
 def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> ShardResult:

@@ -1,6 +1,6 @@
-"""What a build does with scores: `--filter` drops the samples its scorers refuse; `--annotate` keeps
-every sample and writes, beside each shard, the attribute table of its scores and (with `--dedup`)
-of the dedup step's clusters, which the manifest then names.
+"""What a build does with scores under `--annotate` (a `--filter` build drops in its work units:
+stages.filters.curate): every sample is kept, and beside each shard goes the attribute table of its
+scores and (with `--dedup`) of the dedup step's clusters, which the manifest then names.
 
 The scoring modules are imported only by builds that use them: a plain build's tasks start without
 pyarrow's compute functions and the readers' modules (~0.2 s per process).
@@ -15,15 +15,18 @@ import numpy as np
 
 from shardkit.config import BuildConfig
 from shardkit.contract import key_hash
-from shardkit.errors import Rejection
 from shardkit.stages.attributes import DEDUP
 
 
 def scorers_of(cfg: BuildConfig) -> list:
-    """The scorers --filter names (ConfigError for an unknown name, listing the valid ones)."""
-    from shardkit.stages.attributes import make_scorers
+    """What --annotate scores: the filters of --filter and --lang, built with their --filter-option
+    values, in the order a --filter build runs them (stages.filters.Curation); ConfigError for an
+    unknown name or option, or a column declared twice."""
+    from shardkit.stages.attributes import check_columns
+    from shardkit.stages.filters import Curation
 
-    return make_scorers(cfg.filter) if cfg.filter else []
+    return check_columns(list(Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold,
+                                                    cfg.mask_pii).steps))
 
 
 def fingerprints(cfg: BuildConfig) -> dict:
@@ -75,16 +78,6 @@ def marked(fingerprint_: str, marks) -> str:
     if not marks:
         return fingerprint_
     return hashlib.sha256(f"{fingerprint_}|{marks!r}".encode()).hexdigest()
-
-
-def before_write(table, cfg: BuildConfig) -> tuple:
-    """--filter without --annotate: (the rows to write, a Rejection per row dropped, stage 'filter')."""
-    if not cfg.filter or cfg.annotate:
-        return table, []
-    from shardkit.jobs.annotate_tasks import filter_table
-
-    kept, dropped = filter_table(table, scorers_of(cfg))
-    return kept, [Rejection(where, "filter", rule) for where, rule in dropped]
 
 
 def after_write(table, infos: list, cfg: BuildConfig, marks, shard_id: int):

@@ -167,9 +167,12 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     return result
 
 
-def dedup(cfg: DedupConfig) -> DedupResult:
+def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
     """`shardkit dedup SRC OUT`: SRC a raw folder or a built dataset; OUT a dataset without the duplicates,
-    with OUT/dedup/clusters.parquet and OUT/dedup/summary.json."""
+    with OUT/dedup/clusters.parquet and OUT/dedup/summary.json.
+
+    `curation`: BuildConfig's curation fields (filter, filter_option, lang, lang_threshold, mask_pii,
+    dedup_exact) for a raw SRC, whose build runs them as `shardkit build` does."""
     from shardkit.jobs.build import build
     from shardkit.manifest import MANIFEST_NAME
 
@@ -181,5 +184,8 @@ def dedup(cfg: DedupConfig) -> DedupResult:
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
     with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
         if store.exists(store.join(cfg.src, MANIFEST_NAME)):
+            if any(v for k, v in (curation or {}).items() if k != "lang_threshold"):  # a flag that curates
+                raise ConfigError(f"{cfg.src} is a built dataset: the curation flags run while building; give "
+                                  "dedup the raw folder, or run build_map(..., curation=...) over the dataset")
             return dedup_dataset(cfg)
-        return build(cfg.build_config(), dedup=cfg).dedup
+        return build(replace(cfg.build_config(), **(curation or {})), dedup=cfg).dedup

@@ -130,7 +130,8 @@ def _fingerprint(item) -> str:
 
 
 def signature_params(cfg: DedupConfig) -> sigmod.SignatureParams:
-    return sigmod.SignatureParams(cfg.num_perm, cfg.seed, cfg.ngram, cfg.modality, cfg.image_hash, cfg.verify)
+    return sigmod.SignatureParams(cfg.num_perm, cfg.seed, cfg.ngram, cfg.modality, cfg.image_hash, cfg.verify,
+                                  cfg.exact_only)
 
 
 def _params(cfg: DedupConfig) -> str:

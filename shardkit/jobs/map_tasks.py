@@ -7,11 +7,12 @@ The client side (groups, fingerprints, the run, the manifest) is shardkit/jobs/b
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import shardkit.store as store
 from shardkit.jobs import durable
-from shardkit.jobs.build_tasks import _in_background, flush_durable  # noqa: F401 — the build's fsync thread
+from shardkit.jobs.build_tasks import _in_background, add_stats, flush_durable, write_filtered  # noqa: F401 — the build's fsync thread
+from shardkit.stages.filters import curate
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.writers.user_samples import BadSample, WriterConfig, to_sample
@@ -32,6 +33,7 @@ class MapContext:
     writer: WriterConfig
     on_error: str
     in_memory: bool  # every task runs in this process: units hand their tables over as they are
+    curation: object = None  # stages.filters.Curation run on each sample's text (None: off)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class UnitOutput:
     rejections: list
     table: object = None
     path: str | None = None
+    dropped: list = field(default_factory=list)  # (key, input, None, filter, rule) the curation removed
+    stats: dict = field(default_factory=dict)  # curation counters
 
 
 @dataclass
@@ -68,10 +72,11 @@ class GroupResult:
     shards: list[ShardInfo]
     rejections: list[Rejection]
     reused: bool = False
+    stats: dict = field(default_factory=dict)  # curation counters
 
     def to_json(self) -> dict:
         return {"index": self.index, "shards": [s.to_dict() for s in self.shards],
-                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections]}
+                "rejections": [[r.path, r.stage, r.reason] for r in self.rejections], "stats": self.stats}
 
 
 def samples_of(out) -> list:
@@ -98,16 +103,20 @@ def run_unit(unit: Unit, ctx: MapContext) -> UnitOutput:
     rejected whole, with its repr and the exception's last line."""
     from shardkit.writers.parquet import samples_table
 
-    log, samples = RejectionLog(ctx.on_error), []
+    log, samples, dropped, stats = RejectionLog(ctx.on_error), [], [], {}
     for offset, item in enumerate(unit.inputs):
         try:
             made = [to_sample(s, ctx.fields, ctx.writer) for s in samples_of(ctx.fn(item))]
         except Exception as e:  # noqa: BLE001 — the user's function: any failure is this input's
             log.reject(repr(item)[:REPR_CHARS], "map", _last_line(e))
             continue
+        if ctx.curation:
+            mine: list = []
+            made = list(curate(made, curation=ctx.curation, stats=stats, dropped=mine))
+            dropped += [(d[0], repr(item)[:REPR_CHARS], None, *d[3:]) for d in mine]
         samples += made
     table = samples_table(samples, ctx.fields)
-    result = UnitOutput(table.num_rows, log.items)
+    result = UnitOutput(table.num_rows, log.items, dropped=dropped, stats=stats)
     if ctx.in_memory:
         result.table = table
     else:
@@ -132,7 +141,11 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
     for key in dups:
         rejections.append(Rejection(key, "map", f"duplicate key: {key!r} was given by an earlier input, kept"))
     shards = _write_parts(table, group.index, ctx)
-    result = GroupResult(group.index, shards, rejections)
+    write_filtered(ctx.out, group.index, [d for p in parts for d in p.dropped])  # none: an earlier list goes
+    stats: dict = {}
+    for p in parts:
+        add_stats(stats, p.stats)
+    result = GroupResult(group.index, shards, rejections, stats=stats)
     # The fsyncs, then the marker, then the unit files' removal, on this process's fsync thread (the
     # build's): the next tasks run meanwhile, and the client waits for them all before the manifest.
     # On a store, before the step returns (as the build's shard step): a lost worker takes no upload along.
@@ -236,7 +249,7 @@ def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | No
         return None
     try:
         return GroupResult(group.index, [ShardInfo.from_dict(s) for s in d["shards"]],
-                           [Rejection(*r) for r in d["rejections"]], reused=True)
+                           [Rejection(*r) for r in d["rejections"]], reused=True, stats=d.get("stats", {}))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -53,7 +53,12 @@ def make_scorers(names, options: dict | None = None) -> list:
     if bad or not names:
         raise ConfigError(f"scorers {bad or names!r}: expected a comma-separated list of {', '.join(sorted(FILTERS))} "
                           "(--filter / --scorers)")
-    scorers = [FILTERS[n](**(options or {}).get(n, {})) for n in names]
+    return check_columns([FILTERS[n](**(options or {}).get(n, {})) for n in names])
+
+
+def check_columns(scorers: list) -> list:
+    """The scorers, once their columns are checked: known types, no column twice (nor one the dedup
+    step or shardkit fills)."""
     seen: dict[str, str] = {c: "the dedup step" for c in DEDUP_COLUMNS}
     seen.update({c: "shardkit" for c in RESERVED})
     for s in scorers:

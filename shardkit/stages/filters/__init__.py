@@ -1,15 +1,167 @@
-"""Document scorers: each gives a document's signals and a keep/drop verdict. Registry: FILTERS.
+"""Document scorers and curation filters: quality rules (Gopher, C4, FineWeb), language identification,
+PII masking and a text-length rule, each an object built from its options (registry: FILTERS).
 
-A scorer built by `FILTERS[name](**options)` has `name`, `columns` ({column: pyarrow type}: its
-signals and, for a filter, one bool verdict column), `score(text) -> {column: value}` (pure and
-deterministic: the same text gives the same values in any process) and `keep(scores) -> (bool,
-rule or None)`; optionally `edit(text)`, the text the next scorer sees. A bool column `score` leaves
-out is the verdict, `keep`'s answer. `build --filter` drops what `keep` refuses; `build --annotate`
-and `shardkit annotate` store the values as attribute columns, so `where=` can choose at training time.
+Every filter has `name`, `columns` ({column: pyarrow type}: its signals and, for a filter that
+decides, one bool verdict column), `score(text)` (its signals: pure, deterministic: the same text
+gives the same values in any process), `keep(scores) -> (kept, rule or None)`, `check(text)` (the
+same verdict, stopping at the first rule that rejects) and `edit(text)` (the text the next step
+sees: C4 keeps only its kept lines, PII masks addresses; the others return it unchanged).
+`build --filter` runs them in a fixed order per text (Curation) and drops what they refuse;
+`build --annotate` and `shardkit annotate` store the values as attribute columns instead, so that
+`where=` can choose at training time.
 """
 
 from __future__ import annotations
 
-from shardkit.stages.filters.length import TextLength
+import dataclasses
+from dataclasses import dataclass
 
-FILTERS = {"text-length": TextLength}
+from shardkit.contract import decode_text
+from shardkit.errors import ConfigError
+from shardkit.stages.filters.c4 import C4, FineWeb
+from shardkit.stages.filters.gopher import GopherQuality, GopherRepetition
+from shardkit.stages.filters.lang import Lang
+from shardkit.stages.filters.length import TextLength
+from shardkit.stages.filters.pii import PII
+
+FILTERS = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetition, "c4": C4, "fineweb": FineWeb,
+           "lang": Lang, "pii": PII, "text-length": TextLength}
+STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
+
+
+def _value(text: str, default, name: str):
+    """An option's value from its text, typed by the option's default."""
+    low = text.strip().lower()
+    try:
+        if low in ("none", "off") and not isinstance(default, bool):
+            return None
+        if isinstance(default, bool):
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return low in ("true", "1", "yes")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, tuple) and default and isinstance(default[0], str):
+            return tuple(w.strip() for w in text.split(",") if w.strip())
+        if isinstance(default, tuple):
+            return text  # pairs such as '2:0.2,3:0.18', parsed by the filter
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--filter-option {name}={text}: expected a value like {default!r}") from None
+
+
+def parse_options(items) -> dict[str, dict]:
+    """('gopher-quality.min_doc_words=30', ...) -> {'gopher-quality': {'min_doc_words': 30}}."""
+    out: dict = {}
+    for item in items:
+        head, sep, text = str(item).partition("=")
+        name, dot, option = head.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"--filter-option {item!r}: expected FILTER.OPTION=VALUE, e.g. "
+                              "gopher-quality.min_doc_words=30")
+        cls = FILTERS.get(name)
+        if cls is None:
+            raise ConfigError(f"--filter-option {item!r}: no filter {name!r}; choose one of {', '.join(FILTERS)}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if option not in fields:
+            raise ConfigError(f"--filter-option {item!r}: {name} has no option {option!r}; its options: "
+                              f"{', '.join(fields)}")
+        out.setdefault(name, {})[option] = _value(text, fields[option].default, head)
+    return out
+
+
+def make_filter(name: str, options: dict | None = None):
+    """FILTERS[name] built from its options; a ConfigError names a bad filter, option or value."""
+    if name not in FILTERS:
+        raise ConfigError(f"--filter {name!r}: no such filter; choose among {', '.join(FILTERS)}")
+    try:
+        return FILTERS[name](**(options or {}))
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"--filter-option for {name}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Curation:
+    """The filters a build runs, in order: language first (the cheapest reject), then the quality
+    filters as given, PII masking last (it edits what is kept, never decides)."""
+
+    steps: tuple
+
+    @classmethod
+    def from_options(cls, names, options=(), lang=None, lang_threshold=0.65, mask_pii=False) -> "Curation":
+        """The build's curation from its flags (--filter, --filter-option, --lang, --lang-threshold, --mask-pii)."""
+        wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names or ()) if n.strip()]
+        opts = parse_options(options)
+        if lang:
+            opts.setdefault("lang", {}).update(languages=lang, threshold=lang_threshold)
+            wanted.append("lang")
+        if mask_pii:
+            wanted.append("pii")
+        order = sorted(dict.fromkeys(wanted), key=lambda n: (n != "lang", n == "pii", wanted.index(n)))
+        unused = sorted(set(opts) - set(order))
+        if unused:
+            raise ConfigError(f"--filter-option for {', '.join(unused)}, which is not run: add it to --filter")
+        return cls(tuple(make_filter(n, opts.get(n)) for n in order))
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def record(self) -> dict:
+        """Every filter's options in effect (defaults included): part of the build's fingerprint."""
+        return {f.name: {k: v for k, v in dataclasses.asdict(f).items()} for f in self.steps}
+
+    @property
+    def columns(self) -> dict:
+        """Every step's attribute columns, in order (what `annotate` returns a value for)."""
+        return {k: v for f in self.steps for k, v in f.columns.items()}
+
+    def annotate(self, text: str) -> tuple[str, dict]:
+        """(the text as edited, every column's value): each step scores the text the previous one
+        left, and its verdict is stored beside its signals; nothing is removed."""
+        row: dict = {}
+        for f in self.steps:
+            scores = f.score(text)
+            row.update(scores)
+            verdict = f.prefix if hasattr(f, "prefix") else None
+            if verdict in f.columns and verdict not in scores:
+                row[verdict] = f.keep(scores)[0]
+            text = f.edit(text)
+        return text, row
+
+    def apply(self, text: str, stats: dict) -> tuple[str, tuple[str, str] | None]:
+        """(the text as edited, None) or (text, (filter, rule)) for a rejected one; counts into stats."""
+        for f in self.steps:
+            if f.name == "pii":
+                for column, n in f.score(text).items():
+                    if n:
+                        stats[f"{STAT}.{column.replace('_', '.', 1)}"] = stats.get(
+                            f"{STAT}.{column.replace('_', '.', 1)}", 0) + n
+            else:
+                kept, rule = f.check(text)
+                if not kept:
+                    key = f"{STAT}.{f.name}.{rule}"
+                    stats[key] = stats.get(key, 0) + 1
+                    return text, (f.name, rule)
+            text = f.edit(text)
+        return text, None
+
+
+def curate(samples, *, curation: Curation, stats: dict, dropped: list):
+    """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
+    `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass."""
+    for sample in samples:
+        value = sample.fields.get("txt")
+        if value is None:
+            yield sample
+            continue
+        text, _ = decode_text(value)
+        edited, rejected = curation.apply(text, stats)
+        if rejected is not None:
+            meta = sample.meta
+            dropped.append((sample.key, meta.get("source_path"), meta.get("source_row"), *rejected))
+            continue
+        if edited != text:
+            sample.fields["txt"] = edited
+        yield sample

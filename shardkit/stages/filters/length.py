@@ -33,6 +33,13 @@ class TextLength:
     def keep_chars(self, n: int) -> bool:
         return n >= self.min_chars and (self.max_chars is None or n <= self.max_chars)
 
+    def check(self, text: str) -> tuple[bool, str | None]:
+        """keep(score(text)): what a build with --filter text-length runs (stages.filters.Curation)."""
+        return self.keep(self.score(text))
+
+    def edit(self, text: str) -> str:
+        return text  # decides, never edits
+
     def keep(self, scores: dict) -> tuple[bool, str | None]:
         n = scores["text_chars"]
         if n < self.min_chars:

@@ -1,0 +1,57 @@
+"""The build's curation flags (--filter, --lang, --mask-pii, --dedup-exact) and its summary lines."""
+
+from __future__ import annotations
+
+import click
+
+_OPTIONS = [
+    click.option("--filter", "filter", default=None, metavar="NAMES",
+                 help="Curation filters run on each text, in order: gopher-quality, gopher-repetition, c4, fineweb "
+                      "(Gopher/C4/FineWeb rules at datatrove's defaults). Removed samples are counted per filter and "
+                      "rule, and listed in OUT/curation/filtered-NNNNN.parquet."),
+    click.option("--filter-option", "filter_option", multiple=True, metavar="FILTER.OPTION=VALUE",
+                 help="Change a threshold, e.g. gopher-quality.min_doc_words=30 or c4.min_num_sentences=3 "
+                      "(none turns a limit off); repeat for more."),
+    click.option("--lang", default=None, metavar="CODES",
+                 help="Keep texts whose language (py3langid, 97 languages) is one of these ISO 639-1 codes, "
+                      "e.g. en,de."),
+    click.option("--lang-threshold", type=float, default=0.65, show_default=True,
+                 help="The language's probability must exceed this."),
+    click.option("--mask-pii", is_flag=True, help="Replace email addresses and public IP addresses (datatrove's "
+                 "PIIFormatter stand-ins), counted in the summary."),
+    click.option("--dedup-exact", is_flag=True, help="Keep one of each set of texts equal after normalising (case, "
+                 "punctuation, whitespace): the smallest key. Runs before --dedup; report in OUT/dedup/exact/."),
+    click.option("--dedup-paragraphs", is_flag=True, help="Remove paragraphs (non-blank lines) repeated across "
+                 "documents, keeping the copy in the first document in key order (dolma's paragraph dedup, "
+                 "independent of order and workers). Runs after --dedup-exact, before the filters."),
+]
+
+
+def curation_options(fn):
+    """Add the curation flags to a command (each maps onto a BuildConfig field of the same name)."""
+    for option in reversed(_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def curation_lines(stats: dict) -> list[str]:
+    """What each curation filter removed, by rule, and what PII masking replaced."""
+    removed: dict = {}
+    for key, n in stats.items():
+        parts = key.split(".")
+        if parts[0] == "curation" and parts[1] != "pii" and key != "curation.dedup-paragraphs.paragraphs":
+            removed.setdefault(parts[1], {})[parts[2]] = n
+    lines = []
+    if removed:
+        total = sum(sum(r.values()) for r in removed.values())
+        lines.append(f"  filtered        {total} removed (listed in curation/filtered-*.parquet)")
+        for name, rules in removed.items():
+            detail = ", ".join(f"{rule} {n}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
+            lines.append(f"    {sum(rules.values()):>5}  {name}: {detail}")
+    if stats.get("curation.dedup-paragraphs.paragraphs"):
+        lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed "
+                     "(--dedup-paragraphs)")
+    emails, ips = stats.get("curation.pii.email", 0), stats.get("curation.pii.ip", 0)
+    if emails or ips:
+        lines.append(f"  pii             {emails} email addresses and {ips} IP addresses masked")
+    return lines
