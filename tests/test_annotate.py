@@ -57,7 +57,7 @@ def test_annotate_adds_columns_without_rewriting_shards(corpus):
     shards = files(out, "shards")
     result = run(out)
     assert files(out, "shards") == shards and result.written == result.shards == len(load_manifest(out).shards_of())
-    kept = sorted(k for k, t in texts.items() if TextLength().keep_chars(len(t.strip())))
+    kept = sorted(k for k, t in texts.items() if TextLength().keep({"text_chars": len(t.strip())})[0])
     assert [s["__key__"] for s in StreamingDataset(out, where="text_length", shuffle=False)] == kept
     # The same tables, byte for byte, as `build --annotate` writes in its shard steps.
     built = make(tmp, "built", filter="text-length", annotate=True, format="both")
@@ -281,7 +281,7 @@ def test_cli_annotate_and_its_errors(corpus):
                                        "--select", "text_length"])
     assert result.exit_code == 0, result.output
     assert "text_length          bool" in result.output and "samples: text_length" in result.output
-    for args, says in ((["--scorers", "nope"], "expected a comma-separated list of text-length"),
+    for args, says in ((["--scorers", "nope"], "expected a comma-separated list of c4, fineweb"),
                        ([], "nothing to do"), (["--select", "lang == 'en'"], "no attribute column 'lang'")):
         bad = CliRunner().invoke(main, ["annotate", out, "--workers", "0", *args])
         assert bad.exit_code == 1 and says in bad.output, bad.output

@@ -43,7 +43,7 @@ def built(tmp, name, **options):
 def corpus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("attributes")
     texts = write_corpus(tmp / "raw")
-    kept = {k for k, t in texts.items() if TextLength().keep_chars(len(t.strip()))}  # the rule, by hand
+    kept = {k for k, t in texts.items() if TextLength().keep({"text_chars": len(t.strip())})[0]}  # the rule, by hand
     assert 0.3 < len(kept) / DOCS < 0.9
     return {"filtered": built(tmp, "filtered", filter="text-length"),
             "annotated": built(tmp, "annotated", filter="text-length", annotate=True, format="both"),

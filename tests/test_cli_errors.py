@@ -140,26 +140,25 @@ def test_output_cut_short_by_its_reader_is_quiet(tmp_path):
 
 
 def test_debug_lines_reach_the_stderr_of_each_command_in_one_process(monkeypatch, tmp_path):
-    """--debug logs to sys.stderr as it is when a line is written: a second command in the same
-    process (another CliRunner here) gets its own lines, not the first one's closed stream."""
-    import contextlib
-    import io
+    """--debug logs to sys.stderr as it is when a line is written: each command in one process (another
+    CliRunner here) gets its own lines, not the first one's closed stream; and --debug is the command's
+    alone: the next command without it shows none (no handler left behind)."""
     import logging
 
     from click.testing import CliRunner
 
+    from shardkit.datagen import raw_folder
+
     logger = logging.getLogger("shardkit")
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logger, "level", logger.level)
-    for i in range(2):
-        run = CliRunner().invoke(main, ["--debug", "sample", str(tmp_path / f"s{i}"), "--images-per-class", "1",
-                                        "--documents", "1", "--no-bad"])
+    raw_folder(str(tmp_path / "raw"), images_per_class=1, documents=1, bad=False)
+    for i, debug in enumerate((True, True, False)):
+        run = CliRunner().invoke(main, ["--debug"] * debug + ["build", str(tmp_path / "raw"), str(tmp_path / f"o{i}"),
+                                                              "--workers", "0", "--no-progress"])
         assert run.exit_code == 0, run.output
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            logger.info("line %d", i)
-        assert err.getvalue() == f"shardkit: line {i}\n"
-    assert len(logger.handlers) == 1  # one handler, however many commands ran
+        assert ("shardkit.build: " in run.stderr) == debug, run.stderr
+        assert logger.handlers == []
 
 
 @pytest.mark.parametrize("command", ["build", "dedup"])

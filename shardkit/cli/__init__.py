@@ -119,6 +119,25 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def _show_logs():
+    """--debug: shardkit's INFO lines (what a job decided and why, e.g. its worker pool) on stderr, and
+    the Dask workers' warnings; returns the function that undoes it."""
+    from shardkit.jobs import cluster
+
+    logger, level, workers = logging.getLogger("shardkit"), logging.getLogger("shardkit").level, cluster.worker_log_level
+    cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+    def undo():
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        cluster.worker_log_level = workers
+    return undo
+
+
 class _Group(click.Group):
     """Turns every failure into one line on stderr and a documented exit status; --debug (or
     SHARDKIT_DEBUG=1) shows the traceback instead."""
@@ -132,18 +151,9 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         debug = ctx.params.get("debug") or os.environ.get("SHARDKIT_DEBUG")
-        if debug:
-            from shardkit.jobs import cluster
-
-            cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
-            logger = logging.getLogger("shardkit")  # what a job decided and why (e.g. its worker pool)
-            if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-                handler = _StderrHandler()
-                handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-                logger.addHandler(handler)
-                logger.setLevel(logging.INFO)
         from shardkit.jobs import cluster
 
+        shown = _show_logs() if debug else None
         cluster.quiet_on_stop = True  # a stop's Dask teardown noise stays hidden: the command says one line
         try:
             try:
@@ -151,6 +161,8 @@ class _Group(click.Group):
             finally:
                 _COMMAND["over"] = True
                 cluster.quiet_on_stop = False
+                if shown is not None:  # --debug is this command's: a later command in this process shows no INFO
+                    shown()
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # the reader of our output went away (`shardkit show ... | head`): not an error
@@ -287,11 +299,8 @@ def _parse_size(ctx, param, value):
               help="Run your function on each sample after the built-in stages: it gets a sample dict "
                    "(__key__, encoded image bytes, cls, txt, json, numpy arrays) and returns one, a list, or None "
                    "to drop it; a sample whose function raises goes to errors.jsonl. Same bytes for any --workers.")
-@click.option("--filter", "filter", default=None, metavar="NAMES",
-              help="Drop the documents these scorers refuse (comma-separated; see `shardkit annotate --help` for "
-                   "the list); each is recorded in errors.jsonl with its rule.")
 @click.option("--annotate", is_flag=True,
-              help="Keep every sample and store the scores of --filter (and --dedup's clusters) in attribute "
+              help="Keep every sample and store the scores of --filter and --lang (and --dedup's clusters) in attribute "
                    "tables beside the shards; choose at training time: StreamingDataset(OUT, where=...).")
 def build(src, out, **options):
     """Turn a raw folder SRC into shards + manifest in OUT (each a local folder or a URL: s3://, gs://, ...).

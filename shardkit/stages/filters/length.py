@@ -27,11 +27,7 @@ class TextLength:
         return {"text_chars": pa.int64(), "text_length": pa.bool_()}
 
     def score(self, text: str) -> dict:
-        n = len(text.strip())
-        return {"text_chars": n, "text_length": self.keep_chars(n)}
-
-    def keep_chars(self, n: int) -> bool:
-        return n >= self.min_chars and (self.max_chars is None or n <= self.max_chars)
+        return {"text_chars": len(text.strip())}  # the verdict column text_length is keep()'s answer
 
     def check(self, text: str) -> tuple[bool, str | None]:
         """keep(score(text)): what a build with --filter text-length runs (stages.filters.Curation)."""
