@@ -14,7 +14,7 @@ from throttled import Store
 from shardkit.errors import ShardError
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
-from shardkit.reader import cache as cache_module
+from shardkit.reader import download as download_module
 from shardkit.reader.dataset import StreamingDataset
 
 
@@ -51,7 +51,7 @@ def shard_gets(counter: Counter) -> dict:
 
 
 def test_large_shards_come_as_parallel_ranged_gets(data, store, tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_module, "PART", 8192)  # ~40 KB shards -> 5-6 ranged GETs each
+    monkeypatch.setattr(download_module, "PART", 8192)  # ~40 KB shards -> 5-6 ranged GETs each
     root, _ = data
     _, local = read(root, tmp_path / "unused")
     ds, remote = read(store.url, tmp_path / "cache", connections=4)
@@ -69,7 +69,7 @@ def test_large_shards_come_as_parallel_ranged_gets(data, store, tmp_path, monkey
 
 
 def test_a_store_that_ignores_range_is_read_with_plain_gets(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_module, "PART", 8192)
+    monkeypatch.setattr(download_module, "PART", 8192)
     root, _ = data
     store = Store(root, latency=0.0, rate=None, ranges=False)
     try:

@@ -164,7 +164,7 @@ def test_exactly_once_and_resume_at_another_world_size_from_s3_with_fetch_ahead(
 def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
     import s3fs
 
-    from shardkit.reader import cache as cache_module
+    from shardkit.reader import download as download_module
 
     root, url, _ = s3
     ranges, real = [], s3fs.S3FileSystem._cat_file
@@ -174,7 +174,7 @@ def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
         return await real(self, path, version_id=version_id, start=start, end=end)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
-    monkeypatch.setattr(cache_module, "PART", 8192)
+    monkeypatch.setattr(download_module, "PART", 8192)
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
     same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))
     tar = [(start, end) for path, start, end in ranges if path.endswith("data-00001.tar")]

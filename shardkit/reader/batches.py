@@ -15,7 +15,8 @@ from shardkit.errors import ChecksumMismatch, ShardError
 from shardkit.fs import is_remote, join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
-from shardkit.reader.cache import RangeIgnored, ShardCache
+from shardkit.reader.cache import ShardCache
+from shardkit.reader.download import RangeIgnored
 from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate

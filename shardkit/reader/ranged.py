@@ -15,7 +15,7 @@ import numpy as np
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ShardError
 from shardkit.fs import RemoteError, filesystem, with_retries
-from shardkit.reader.cache import RangeIgnored
+from shardkit.reader.download import RangeIgnored
 from shardkit.reader.shards import TarShard, _index_bytes
 
 
