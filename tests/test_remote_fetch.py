@@ -221,9 +221,9 @@ def test_network_advice_needs_the_network_to_be_most_of_the_wait():
 
 
 def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path, monkeypatch):
-    import shardkit.reader.batches as batches
+    import shardkit.reader.remote as remote
 
-    monkeypatch.setattr(batches, "RANGED_FROM", 100_000)  # the 4 shards of this batch: ~600 KB
+    monkeypatch.setattr(remote, "RANGED_FROM", 100_000)  # the 4 shards of this batch: ~600 KB
     root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
     store = Store(root, latency=0.01, rate=5e4)  # ~150 KB shards: ~3 s each; a sample: ~0.06 s
     try:

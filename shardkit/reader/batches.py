@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 
 import numpy as np
@@ -12,23 +11,16 @@ import torch
 from shardkit.config import FLOAT_DTYPES, StreamConfig
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ChecksumMismatch, ShardError
-from shardkit.fs import is_remote, join
+from shardkit.fs import join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
-from shardkit.reader.cache import ShardCache
-from shardkit.reader.download import RangeIgnored
-from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate
+from shardkit.reader.remote import Remote
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard, open_shard
 
 log = logging.getLogger(__name__)
 DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (its index in the mixture)
-# A first batch reads its samples by range when the shards it needs that are not cached yet hold
-# more than this: 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range
-# reads costs (an index and a sample per shard, mostly round trips). Below it (JPEG shards of a
-# few MB), whole shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
-RANGED_FROM = 64 << 20
 MAX_OPEN_SHARDS = 64  # per process; a shuffle block spans a few shards, so this rarely evicts
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
@@ -87,12 +79,9 @@ class BatchReader:
         self.float_dtype = config.dtype if config.dtype in FLOAT_DTYPES else None
         self.bad = torch.zeros(len(shards), dtype=torch.uint8).share_memory_()
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
-        self.net = NetStats()  # bytes fetched and time waited on the network, every worker's
         self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
-        self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
-        self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
-        self._pid = os.getpid()  # threads, pools and locks made here are this process's only
-        self._ranged_left = 0  # batches still read by range where their shards are not cached yet
+        self._row_groups = None  # made in the process that reads
+        self.remote = Remote(shards, self.offsets, specs, config, tokens, _tagged)
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -111,7 +100,7 @@ class BatchReader:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
                 batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
-                self._ranged_left = max(0, self._ranged_left - 1)
+                self.remote._ranged_left = max(0, self.remote._ranged_left - 1)
                 return batch
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
@@ -133,9 +122,9 @@ class BatchReader:
         n = len(rows)
         groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
         needed = dict.fromkeys(shard_idx.tolist())
-        if self.fetcher is not None:  # all of this batch's shards download at once, not one by one
-            self.fetcher.want([s for s in needed if s not in self._readers])
-        ranged = self._read_by_range(needed, shard_idx, rows) if self._ranged_left else {}
+        if self.remote.fetcher is not None:  # all of this batch's shards download at once, not one by one
+            self.remote.fetcher.want([s for s in needed if s not in self._readers])
+        ranged = self.remote._read_by_range(needed, shard_idx, rows, self._readers, self.bad) if self.remote._ranged_left else {}
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
@@ -224,115 +213,23 @@ class BatchReader:
         reader = self._reader(s)
         return _guard(s, lambda: reader.values(field, [row])[0]) if reader.has(field) else None
 
-    def cache(self, s: int) -> ShardCache:
-        """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
-        return self._cache_of(int(self.shards.part(s)))
+    @property
+    def net(self):
+        return self.remote.net
 
-    def _cache_of(self, p: int) -> ShardCache:
-        self._forked()
-        if p not in self._caches:
-            self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
-                                         self.config.remote_policy(), self.config.connections, self.net.fetched)
-        return self._caches[p]
-
-    def _forked(self) -> None:
-        """In a process forked from the one that made them (DataLoader workers under fork), the
-        fetcher, the caches' connection pools and the counters' lock are copies without their
-        threads (a lock may even be copied held): drop them, they are made again here."""
-        if self._pid != os.getpid():
-            self._pid, self.fetcher, self._caches, self._ranged_left = os.getpid(), None, {}, 0
-            self.net.forked()
+    def cache(self, s: int):
+        return self.remote.cache(s)
 
     def start_fetching(self, batches, ranged: int = 0) -> None:
-        """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
-        the epoch, computed in the fetch thread) first read them; local shards are left alone.
-        The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
-        self._forked()
-        self.stop_fetching()
-        if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
-            return
-        self._ranged_left = ranged
-        for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
-            self._cache_of(p)
-        order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
-        # Whole shards download while the first batch is read by range. Starting them after it was
-        # tried: the second batch then waited for all of them, and an epoch of 2,090 raw images ran
-        # at ~0.65x the samples/s (two bench/remote_bench.py runs, not interleaved, shared VM).
-        self.fetcher = Fetcher(self._prefetch, self._reserve, ShardCache.release, order, self.config.fetch_ahead,
-                               skip=set(self._readers))
-
-    def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
-        """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
-        all at once (each is an index and a few samples, mostly round trips)."""
-        todo = [s for s in needed if s not in self._readers and not self.bad[s] and self._can_range(s)]
-        if sum(self._nbytes(s) for s in todo) < RANGED_FROM:  # whole shards come about as soon
-            return {}
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(s: int):
-            try:
-                return self._ranged(s, rows[shard_idx == s])
-            except RangeIgnored:  # read whole from now on
-                self.cache(s).ranges = False
-                return None
-            except ShardError as e:
-                raise _tagged(e, s)
-
-        with ThreadPoolExecutor(len(todo), thread_name_prefix="shardkit-first") as pool:
-            got = timed(self.net, lambda: list(pool.map(one, todo)))
-        return dict(zip(todo, got))
-
-    def _can_range(self, s: int) -> bool:
-        shard, cache = self.shards[s], self.cache(s)
-        return (cache.remote and cache.ranges is not False and shard.format == "tar" and bool(shard.index)
-                and self.tokens is None and self.config.checksums and not cache.has(shard.path))
-
-    def _ranged(self, s: int, rows: np.ndarray):
-        from shardkit.reader.ranged import RangedTar
-
-        cache, shard = self.cache(s), self.shards[s]
-        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
-        try:
-            reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
-        finally:
-            pin.release()
-        self.net.ranged(len(reader.mm))
-        return reader
+        self.remote.start_fetching(batches, ranged, skip=set(self._readers))
 
     def stop_fetching(self) -> None:
-        self._ranged_left = 0
-        if self.fetcher is not None:
-            self.fetcher.close()
-            self.fetcher = None
-
-    def _prefetch(self, s: int):
-        return self.cache(s).pin_shard(self.shards[s], wait=False)
-
-    def _reserve(self, s: int) -> str | None:
-        """Room in its cache for shard s and its index (ShardCache.reserve)."""
-        return self.cache(s).reserve(self._nbytes(s))
-
-    def _nbytes(self, s: int) -> int:
-        shard = self.shards[s]
-        return shard.bytes + ((shard.index.get("bytes") or 0) if shard.index else 0)
-
-    def _pinned(self, s: int):
-        """Shard s's files pinned: from the fetcher when it started them, else fetched here; the
-        time it takes for a remote shard is time waited on the network."""
-        cache, shard = self.cache(s), self.shards[s]
-        if not cache.remote:
-            return cache.pin_shard(shard)
-
-        def get():
-            got = self.fetcher.take(s) if self.fetcher is not None else None
-            return got if got is not None else cache.pin_shard(shard)
-
-        return timed(self.net, get)
+        self.remote.stop_fetching()
 
     def _open(self, s: int):
         """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
         shard = self.shards[s]
-        pinned, url = self._pinned(s), self.shards.url(s)
+        pinned, url = self.remote._pinned(s), self.shards.url(s)
         if self.cache(s).remote:  # checked when fetched: a later mismatch is damage to this copy
             url = f"{url} (cached copy {pinned.path}: delete it to fetch the shard again)"
         try:
@@ -356,8 +253,7 @@ class BatchReader:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_readers"], state["_caches"], state["_row_groups"] = OrderedDict(), {}, None
-        state["fetcher"] = None
+        state["_readers"], state["_row_groups"] = OrderedDict(), None
         return state
 
 
