@@ -67,18 +67,31 @@ def test_remote_streams_the_same_as_local(served, tmp_path):
 
 
 def test_corrupt_remote_shard_fails_its_checksum(served, tmp_path):
+    """Checked reads (the default) check every value against its xxh3, so a fetched copy needs no
+    sha256 pass: a damaged value is a ChecksumMismatch naming shard and key. Unchecked reads check
+    the whole file's sha256 as it is fetched, and a corrupt copy never enters the cache."""
+    import tarfile
+
+    from shardkit.errors import ChecksumMismatch
+
     root, url, _, _ = served
     path = os.path.join(root, "shards", "data-00002.tar")
+    with tarfile.open(path) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".raw"))
     data = bytearray(open(path, "rb").read())
-    data[700] ^= 0xFF  # same size, one byte flipped inside a member
+    data[member.offset_data + 3] ^= 0xFF  # same size, one byte flipped inside a value
     open(path, "wb").write(bytes(data))
-    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+    key = member.name.split(".")[0]
+    with pytest.raises(ChecksumMismatch, match=f"shard {url}/shards/data-00002.tar .*field 'raw' .*{key!r}"):
         batches(url, tmp_path / "cache", workers=0, shuffle=False)
+    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar: .* the remote "
+                                         "copy is corrupt"):
+        batches(url, tmp_path / "unchecked", workers=0, shuffle=False, checksums=False)
     # Nothing unverified is left under the final name: a retry fetches again and fails again.
-    assert not list((tmp_path / "cache").rglob("data-00002.tar"))
-    assert list((tmp_path / "cache").rglob("data-00002.tar.idx.parquet"))  # the index was fine
+    assert not list((tmp_path / "unchecked").rglob("data-00002.tar"))
+    assert list((tmp_path / "unchecked").rglob("data-00002.tar.idx.parquet"))  # the index was fine
     with pytest.raises(ShardError, match="checksum mismatch"):
-        batches(url, tmp_path / "cache", workers=0, shuffle=False)
+        batches(url, tmp_path / "unchecked", workers=0, shuffle=False, checksums=False)
 
 
 def test_a_damaged_cached_copy_says_to_delete_it_and_refetches_once_deleted(served, tmp_path):
@@ -118,7 +131,7 @@ def test_cache_limit_evicts_least_recently_used(served, tmp_path):
     held = sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file() and
                not f.name.endswith(".lock"))
     assert held <= biggest + 1 and len(list((tmp_path / "cache").rglob("*.idx.parquet"))) == 1
-    assert ds.reader.cache(0).fetched == 8  # each file once: the order was sequential, so no refetch
+    assert ds.reader.remote.cache(0).fetched == 8  # each file once: the order was sequential, so no refetch
 
 
 def test_read_shard_samples_remote(served):
@@ -304,7 +317,7 @@ def test_copy_deleted_behind_the_cache_is_fetched_again(served, tmp_path, monkey
     monkeypatch.setattr(dataset, "open_shard", open_after_delete)
     ds, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)
     assert sorted(k for b in got for k in b["__key__"]) == sorted(expected)
-    assert gets["/shards/data-00000.tar"] == 2 and ds.reader.cache(0).fetched == 9
+    assert gets["/shards/data-00000.tar"] == 2 and ds.reader.remote.cache(0).fetched == 9
 
 
 def test_a_discarded_dataset_unpins_its_files(served, tmp_path):

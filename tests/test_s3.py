@@ -94,14 +94,25 @@ def test_s3_streams_the_same_samples_as_local_and_caches_them(s3, tmp_path):
 
 
 def test_a_changed_object_fails_its_checksum(s3, tmp_path):
+    """A value changed on the store: a checked read names its shard and key; an unchecked read
+    (whole-file sha256 as it is fetched) names the remote copy corrupt and keeps nothing."""
+    import io
+    import tarfile
+
+    from shardkit.errors import ChecksumMismatch
+
     _, url, fs = s3
     key = f"{BUCKET}/sets/demo/shards/data-00002.tar"
     data = bytearray(fs.cat(key))
-    data[700] ^= 0xFF  # same size, one byte flipped inside a member
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".raw"))
+    data[member.offset_data + 3] ^= 0xFF  # same size, one byte flipped inside a value
     fs.pipe(key, bytes(data))
-    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+    with pytest.raises(ChecksumMismatch, match=f"shard {url}/shards/data-00002.tar .*{member.name.split('.')[0]!r}"):
         read(url, tmp_path / "cache", workers=0, shuffle=False)
-    assert not list((tmp_path / "cache").rglob("data-00002.tar"))  # nothing unverified kept
+    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+        read(url, tmp_path / "unchecked", workers=0, shuffle=False, checksums=False)
+    assert not list((tmp_path / "unchecked").rglob("data-00002.tar"))  # nothing unverified kept
 
 
 def test_credentials_come_from_the_named_profile(s3, tmp_path, monkeypatch):

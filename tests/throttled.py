@@ -1,6 +1,7 @@
 """A throttled object store on 127.0.0.1 for tests and bench/remote_bench.py: files of a folder over
 HTTP with a delay before the first byte, a bandwidth cap per connection, Range requests, counters
-of GETs and bytes sent, and a kill switch (a store that disappears mid-transfer)."""
+of GETs and bytes sent, bodies cut short on request (`cut`), and a kill switch (a store that
+disappears mid-transfer)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Store:
         self.gets, self.range_gets = Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
         self.dead = threading.Event()
+        self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
         self._lock = threading.Lock()
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
@@ -54,6 +56,22 @@ class Store:
     def shard_bytes(self) -> int:
         """Bytes sent of files under /shards/ (shards and their index sidecars)."""
         return sum(n for p, n in self.sent.items() if p.startswith("/shards/"))
+
+    def cut(self, path: str, times: float = 1, length: bool = True) -> None:
+        """The next `times` GETs of `path` (all of them: float('inf')) send half the body asked for,
+        then close the connection: with the full Content-Length (`length`), or without one, as a
+        server that streams its answer and dies."""
+        with self._lock:
+            self._cuts[path] = [times, length]
+
+    def _cutting(self, path: str):
+        """(cut this answer?, send Content-Length?), counting the cut down."""
+        with self._lock:
+            plan = self._cuts.get(path)
+            if not plan or plan[0] <= 0:
+                return False, True
+            plan[0] -= 1
+            return True, plan[1]
 
     def kill(self) -> None:
         """The store disappears: transfers in progress break off, new connections are refused."""
@@ -99,13 +117,21 @@ class Store:
                     self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
                 else:
                     self.send_response(200)
-                self.send_header("Content-Length", str(end - start))
+                cut, length = store._cutting(self.path) if body else (False, True)
+                if length:
+                    self.send_header("Content-Length", str(end - start))
+                else:
+                    self.send_header("Connection", "close")
                 self.send_header("Accept-Ranges", "bytes" if store.ranges else "none")
                 self.end_headers()
                 if body:  # counted before the send: a client may have it all before the send returns
                     store.count(self.path, m is not None)
                     store.count_sent(self.path, end - start)
-                    store.count_sent(self.path, self._send(path, start, end) - (end - start))  # a cut send
+                    stop = start + (end - start) // 2 if cut else end
+                    store.count_sent(self.path, self._send(path, start, stop) - (end - start))  # a cut send
+                    if cut or not length:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
 
             def _send(self, path: str, start: int, end: int) -> int:
                 began, sent = time.monotonic(), 0

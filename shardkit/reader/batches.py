@@ -79,9 +79,9 @@ class BatchReader:
         self.float_dtype = config.dtype if config.dtype in FLOAT_DTYPES else None
         self.bad = torch.zeros(len(shards), dtype=torch.uint8).share_memory_()
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
-        self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
+        self.readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files): the open shards
         self._row_groups = None  # made in the process that reads
-        self.remote = Remote(shards, self.offsets, specs, config, tokens, _tagged)
+        self.remote = Remote(shards, config, tokens, _tagged)  # where a shard's files come from
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -99,9 +99,7 @@ class BatchReader:
         while True:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
-                batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
-                self.remote._ranged_left = max(0, self.remote._ranged_left - 1)
-                return batch
+                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
@@ -120,16 +118,15 @@ class BatchReader:
     def _build(self, shard_idx: np.ndarray, rows: np.ndarray, epoch: int, alloc, cross: bool,
                shared: bool) -> dict:
         n = len(rows)
-        groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
         needed = dict.fromkeys(shard_idx.tolist())
-        if self.remote.fetcher is not None:  # all of this batch's shards download at once, not one by one
-            self.remote.fetcher.want([s for s in needed if s not in self._readers])
-        ranged = self.remote._read_by_range(needed, shard_idx, rows, self._readers, self.bad) if self.remote._ranged_left else {}
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
+        self._open_all({s: rows[shard_idx == s] for s in needed})
+        groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
+        for s in needed:
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, ranged.get(s) or self._reader(s), pos, rows[pos]))
+            groups.append((s, self.readers[s][0], pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -173,102 +170,84 @@ class BatchReader:
             raise _tagged(ShardError(f"shard {self.shards.url(s)}: cannot decode field "
                                      f"{name!r} of an image in it ({e}); rebuild the dataset"), s) from e
 
-    def _reader(self, s: int):
-        if s in self._readers:
-            self._readers.move_to_end(s)
-            return self._readers[s][0]
+    def _open_all(self, needs: dict) -> None:
+        """Open the shards of `needs` ({shard: the rows read of it}) that are not open, or are open
+        over rows read by range (these rows may not be among them): their files come from
+        `remote`, all at once. At most MAX_OPEN_SHARDS stay open, the least recently read closed."""
+        ask = {s: r for s, r in needs.items() if s not in self.readers or self.readers[s][1].partial is not None}
         if self._row_groups is None:  # created lazily, in the process that reads: caches are per process
             self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
+        got = self.remote.pinned(ask) if ask else {}
+        try:
+            for s, pinned in list(got.items()):
+                entry = self.readers.get(s)
+                if entry is None or entry[1] is not pinned:
+                    if entry is not None:  # its whole file came: the rows read by range go
+                        self.close(s)
+                    self.readers[s] = (self._open(s, pinned, ask[s]), pinned)
+                del got[s]
+        finally:
+            for s, pinned in got.items():  # not opened (another failed first): unpinned now
+                if self.readers.get(s, (None, None))[1] is not pinned:
+                    self.remote.closed(s, pinned)
+        for s in needs:
+            self.readers.move_to_end(s)
+        while len(self.readers) > MAX_OPEN_SHARDS and next(iter(self.readers)) not in needs:
+            self.close(next(iter(self.readers)))
+
+    def shard(self, s: int, rows=()):
+        """The open reader of shard s (opened as a batch would open it: through the shard cache,
+        its checks made), where `rows` can be read; for ds[i], ds.get and the shard's keys."""
+        self._open_all({s: np.asarray(rows, np.int64)})
+        return self.readers[s][0]
+
+    def _open(self, s: int, pinned, rows):
+        """A reader of shard s over `pinned` (its files stay in the cache until close(s) unpins
+        them). A cached copy deleted behind the cache's back is fetched again, once."""
         url = self.shards.url(s)
         try:
             try:
-                self._readers[s] = self._open(s)
+                return self._reader_of(s, pinned)
             except FileNotFoundError:
-                if not self.cache(s).remote:
+                if not self.remote.cache(s).remote:
                     raise
-                # The cache pins what it hands out; a copy deleted behind its back is fetched again, once.
-                self._readers[s] = self._open(s)
+                pinned = self.remote.pinned({s: rows})[s]
+                return self._reader_of(s, pinned)
         except ShardError as e:
             raise _tagged(e, s)
         except FileNotFoundError as e:
             raise _tagged(missing_shard(url, e), s) from e
         except OSError as e:
             raise _tagged(ShardError(f"cannot open shard {url}: {e}"), s) from e
-        if len(self._readers) > MAX_OPEN_SHARDS:
-            self.close(next(iter(self._readers)))
-        return self._readers[s][0]
 
-    def is_open(self, s: int) -> bool:
-        """Whether shard s is open here (and its cached files pinned)."""
-        return s in self._readers
-
-    def shard_keys(self, s: int) -> list[str]:
-        """The sorted keys of shard s (the tar index's key column, the Parquet shard's), opened as a
-        batch would open it: through the shard cache, its checks made."""
-        return _guard(s, lambda: self._reader(s).keys)
-
-    def stored(self, s: int, field: str, row: int):
-        """The stored value of `field` at `row` of shard s (encoded bytes, int, str, dict; None where
-        the sample lacks it), checksum-checked, undecoded."""
-        reader = self._reader(s)
-        return _guard(s, lambda: reader.values(field, [row])[0]) if reader.has(field) else None
-
-    @property
-    def net(self):
-        return self.remote.net
-
-    def cache(self, s: int):
-        return self.remote.cache(s)
-
-    def start_fetching(self, batches, ranged: int = 0) -> None:
-        self.remote.start_fetching(batches, ranged, skip=set(self._readers))
-
-    def stop_fetching(self) -> None:
-        self.remote.stop_fetching()
-
-    def _open(self, s: int):
-        """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
-        shard = self.shards[s]
-        pinned, url = self.remote._pinned(s), self.shards.url(s)
-        if self.cache(s).remote:  # checked when fetched: a later mismatch is damage to this copy
+    def _reader_of(self, s: int, pinned):
+        shard, url = self.shards[s], self.shards.url(s)
+        if pinned.partial is not None:
+            url = f"{url} (rows read by range)"
+        elif self.remote.cache(s).remote:  # complete when fetched: a later mismatch may be damage to this copy
             url = f"{url} (cached copy {pinned.path}: delete it to fetch the shard again)"
         try:
             if self.tokens is not None and self.tokens.packed:
                 reader = self.tokens.open(pinned.path, shard, url, self._row_groups)
             else:
                 reader = open_shard(pinned.path, shard, self.specs, url, index_path=pinned.index,
-                                    cache=self._row_groups, checks=self.config.checksums)
+                                    cache=self._row_groups, checks=self.config.checksums, partial=pinned.partial)
         except BaseException:
-            pinned.release()
+            self.remote.closed(s, pinned)
             raise
         pinned.release_index()
-        return reader, pinned
+        return reader
 
     def close(self, s: int) -> None:
         """Close shard s here and unpin its cached files (they may be evicted now)."""
-        entry = self._readers.pop(s, None)
+        entry = self.readers.pop(s, None)
         if entry is not None:
-            entry[1].release()
-            self.cache(s).evict()  # what the pin held over cache_limit may go now
+            self.remote.closed(s, entry[1])
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_readers"], state["_row_groups"] = OrderedDict(), None
+        state["readers"], state["_row_groups"] = OrderedDict(), None
         return state
-
-
-def last_uses(batches, offsets: np.ndarray) -> dict[int, list[int]]:
-    """Batch index -> shards read for the last time in that batch, over an iterator of id arrays:
-    one pass, O(shards touched) memory. Closing those shards then unpins their cached copies, so
-    under a cache_limit a worker holds about the shards of its current shuffle block."""
-    last: dict[int, int] = {}
-    for j, ids in enumerate(batches):
-        for s in np.unique(locate(np.asarray(ids, np.int64), offsets)[0]).tolist():
-            last[s] = j
-    out: dict[int, list[int]] = {}
-    for s, j in last.items():
-        out.setdefault(j, []).append(s)
-    return out
 
 
 def _keys(groups, n: int) -> list:

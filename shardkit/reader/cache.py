@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
@@ -30,6 +29,7 @@ LOCK = ".lock"
 EVICTOR_LOCK = ".evictor.lock"  # one evictor at a time per cache folder
 RESERVE = ".reserve-"  # room held for a fetch ahead: .reserve-{pid}-{id}, counted, never evicted while pid lives
 TMP = ".tmp-"
+FAILED = ".failed"  # beside a file whose last fetch failed: when, in which process, and why
 ATTEMPTS = 3  # pin tries when evictors keep removing a freshly fetched file (cache far too small)
 
 
@@ -74,10 +74,11 @@ class Pin:
 
 
 class PinnedShard:
-    """Local paths of a shard and its index sidecar, pinned until released."""
+    """Local paths of a shard and its index sidecar, pinned until released. `partial`: in place of
+    `path`, some rows of the shard read by range (reader.ranged), for a TarShard to read."""
 
-    def __init__(self, path: str, index: str | None, pins: tuple[Pin, Pin]):
-        self.path, self.index, self._pins = path, index, pins
+    def __init__(self, path: str | None, index: str | None, pins: tuple[Pin, Pin], partial=None):
+        self.path, self.index, self._pins, self.partial = path, index, pins, partial
 
     def release_index(self) -> None:
         """The index is read whole when the shard opens: after that it may go."""
@@ -89,58 +90,41 @@ class PinnedShard:
 
 
 class ShardCache:
-    """Local paths for shard files: the file itself when local, a verified cached copy when remote.
+    """Local paths for shard files: the file itself when local, a cached copy when remote.
 
-    A cached copy appears under its final name only after its checksum passed, so existence
-    means verified. `cache_limit` bounds the bytes in this dataset's cache folder, plus the
-    files that readers have pinned at that moment (each DataLoader worker pins the shards of
-    its current shuffle block and those fetched ahead for it; the dataset unpins a shard after
-    its last batch of the epoch). Every GET runs on a pool of `connections` threads, made in
-    the process that fetches; `on_fetch(nbytes)` is told each verified file.
+    A cached copy appears under its final name only after it was fetched whole and checked (its
+    size always; its sha256 unless every value read from it is checked against its own checksum),
+    so existence means complete. `cache_limit` bounds the bytes in this dataset's cache folder,
+    plus the files that readers have pinned at that moment (each DataLoader worker pins the shards
+    of its current shuffle block and those fetched ahead for it; the dataset unpins a shard after
+    its last batch of the epoch). A large file's GETs run on `pool` (the process's connections);
+    `on_fetch(nbytes)` is told each file fetched. A fetch that failed is recorded beside the file,
+    and a process that started before the failure (`since`, seconds since the epoch) and waited on
+    it fails at once with the same error instead of trying again.
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 policy: RemotePolicy | None = None, connections: int = 8, on_fetch=None):
+                 policy: RemotePolicy | None = None, pool=None, on_fetch=None):
         self.root, self.remote, self.limit = str(root), is_remote(root), cache_limit
-        self.policy = policy or RemotePolicy()
-        self.connections, self.on_fetch = connections, on_fetch
-        self.dir = None
+        self.policy, self.pool, self.on_fetch = policy or RemotePolicy(), pool, on_fetch
+        self.base, self.dir = cache_dir or default_cache_dir(), None
         if self.remote:
-            tag = hashlib.sha256(self.root.encode()).hexdigest()[:16]
-            self.dir = os.path.join(cache_dir or default_cache_dir(), tag)
+            self.dir = os.path.join(self.base, hashlib.sha256(self.root.encode()).hexdigest()[:16])
         self.fetched = 0
         self.ranges = None  # whether the store honours Range requests: learnt from the first large file
-        self._pool = self._member_pool = None
-        self._pool_lock = threading.Lock()
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        """The connections: every GET of a file into this cache runs on one of these threads."""
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-get")
-            return self._pool
-
-    @property
-    def member_pool(self) -> ThreadPoolExecutor:
-        """Connections of their own for a batch's samples read by range (reader.ranged), so that they
-        do not queue behind the parts of whole shards: 4x as many, since a sample's GET (150 KB) is
-        mostly the store's latency, and a first batch of 64 samples then takes 2 round trips, not 8."""
-        with self._pool_lock:
-            if self._member_pool is None:
-                self._member_pool = ThreadPoolExecutor(4 * self.connections, thread_name_prefix="shardkit-range")
-            return self._member_pool
+        self.since = time.time()
 
     def has(self, rel: str) -> bool:
-        """Whether file `rel` is in the cache now (verified: only checked copies have final names)."""
+        """Whether file `rel` is in the cache now (complete: only checked copies have final names)."""
         return not self.remote or os.path.exists(os.path.join(self.dir, rel))
 
     def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True,
-            direct: bool = False) -> tuple[str, Pin] | None:
+            direct: bool = False, verify=True) -> tuple[str, Pin] | None:
         """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
         `wait=False`: None at once when another process is fetching the file (or evicting it).
         `direct`: fetched by this thread, not queued on the connections (a small index sidecar: its
-        lock is held while it downloads, and a reader waiting on it must not wait for whole shards)."""
+        lock is held while it downloads, and a reader waiting on it must not wait for whole shards).
+        `verify`: check the fetched file's sha256 (reader.download)."""
         if not self.remote:
             return join(local_path(self.root), rel), Pin()
         dest = os.path.join(self.dir, rel)
@@ -165,29 +149,53 @@ class ShardCache:
                 time.sleep(pause)
                 pause = min(2 * pause, 0.5)
                 continue
-            try:
-                if not os.path.exists(dest):
-                    _remove_stale_temps(dest)
-                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy,
-                                      None if direct else self.pool, self.ranges)
-                    self.ranges = self.ranges if learnt is None else learnt
-                    self.fetched += 1
-                    if self.on_fetch is not None:
-                        self.on_fetch(os.path.getsize(dest))
-                # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                    return dest, Pin(fd)
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
+            got = self._fill(fd, rel, (sha256, nbytes, verify), direct)
+            if got is not None:
+                return got
             evicted += 1
         raise ShardError(f"cannot keep {join(self.root, rel)} in the cache: other processes evicted it "
                          f"{ATTEMPTS} times before it could be opened; cache_limit={self.limit} bytes is too "
                          "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
+
+    def _fill(self, fd: int, rel: str, expect: tuple, direct: bool) -> tuple[str, Pin] | None:
+        """With `fd` (rel's lock) held exclusively: fetch `rel` unless another process just did, then
+        turn the lock into a pin. None (fd closed) when an evictor took the file in between."""
+        dest = os.path.join(self.dir, rel)
+        try:
+            if not os.path.exists(dest):
+                self._fetch(rel, dest, expect, direct)
+            # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(dest + LOCK).st_ino:
+                return dest, Pin(fd)
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
+    def _fetch(self, rel: str, dest: str, expect: tuple, direct: bool) -> None:
+        """Download `rel` into `dest`, its lock held exclusively. A failure is recorded beside it for
+        the processes waiting on the same file: those that started before it fail at once."""
+        recorded = _failure(dest, self.since)
+        if recorded is not None:
+            raise ShardError(recorded)
+        _remove_stale_temps(dest)
+        sha256, nbytes, verify = expect
+        try:
+            learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy, None if direct else self.pool,
+                              self.ranges, verify, self.base)
+        except ShardError as e:
+            _record_failure(dest, e)
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(dest + FAILED)
+        self.ranges = self.ranges if learnt is None else learnt
+        self.fetched += 1
+        if self.on_fetch is not None:
+            self.on_fetch(os.path.getsize(dest))
 
     def reserve(self, nbytes: int) -> str | None:
         """Room in the cache for a fetch ahead of `nbytes`: a reservation file of that size (sparse)
@@ -216,21 +224,20 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(reservation)
 
-    def held(self) -> int:
-        """Bytes in this cache's folder now (fetches in progress count at their full size)."""
-        return _listing(self.dir)[1] if os.path.isdir(self.dir) else 0
-
-    def pin_shard(self, shard: ShardInfo, wait: bool = True) -> PinnedShard | None:
+    def pin_shard(self, shard: ShardInfo, wait: bool = True, checked=None) -> PinnedShard | None:
         """A shard and its index, local and pinned; over cache_limit, unpinned copies are evicted.
-        `wait=False`: None at once when another process is fetching either file."""
+        `wait=False`: None at once when another process is fetching either file. `checked(path,
+        index)`: whether every value read from the fetched file will be checked against its own
+        checksum (then its sha256 is not computed: one check per byte); None: check the sha256."""
         index, index_pin = None, Pin()
         if shard.index:
             got = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), wait, direct=True)
             if got is None:
                 return None
             index, index_pin = got
+        verify = True if checked is None else (lambda path: not checked(path, index))
         try:
-            got = self.pin(shard.path, shard.sha256, shard.bytes, wait)
+            got = self.pin(shard.path, shard.sha256, shard.bytes, wait, verify=verify)
         except BaseException:
             index_pin.release()
             raise
@@ -239,20 +246,6 @@ class ShardCache:
             return None
         self.evict()
         return PinnedShard(got[0], index, (got[1], index_pin))
-
-    def close(self) -> None:
-        """Stop this cache's connection threads (made again if it fetches later)."""
-        with self._pool_lock:
-            pools, self._pool, self._member_pool = (self._pool, self._member_pool), None, None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-
-    def __getstate__(self):
-        return dict(self.__dict__, _pool=None, _member_pool=None, _pool_lock=None)
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _pool_lock=threading.Lock())
 
     def evict(self) -> int:
         """Delete least recently used copies that no process pins until the folder fits
@@ -302,6 +295,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _record_failure(dest: str, error: ShardError) -> None:
+    with contextlib.suppress(OSError):  # a disk too full for this: the others try for themselves
+        with open(dest + FAILED, "w") as f:
+            json.dump({"time": time.time(), "pid": os.getpid(), "error": str(error)}, f)
+
+
+def _failure(dest: str, since: float) -> str | None:
+    """The error of a fetch of `dest` that failed since `since` (in any process), else None."""
+    try:
+        with open(dest + FAILED) as f:
+            record = json.load(f)
+        if record["time"] >= since:
+            return (f"{record['error']} (failed {time.time() - record['time']:.0f} s ago in process {record['pid']}, "
+                    "which shares this cache; tried again from the next epoch)")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def _remove_stale_temps(dest: str) -> None:
     """Delete the temp files of fetches of `dest` that a killed process left behind. Called with
     dest's lock held exclusively, so no live fetch of dest owns one; without a cache_limit nothing
@@ -319,7 +331,7 @@ def _listing(folder: str) -> tuple[list[tuple[int, int, str]], int]:
     files, total = [], 0
     for dirpath, _, names in os.walk(folder):
         for name in names:
-            if name.endswith(LOCK):
+            if name.endswith((LOCK, FAILED)):
                 continue
             path = os.path.join(dirpath, name)
             with contextlib.suppress(FileNotFoundError):
@@ -334,11 +346,7 @@ def fetch_to_temp(root: str, shard: ShardInfo, policy: RemotePolicy | None = Non
     """Fetch one remote shard (and its index) into a temp folder, checked; removed on exit."""
     tmp = tempfile.mkdtemp(prefix="shardkit-fetch-")
     try:
-        cache = ShardCache(root, cache_dir=tmp, policy=policy)
-        try:
-            pinned = cache.pin_shard(shard)
-        finally:
-            cache.close()
+        pinned = ShardCache(root, cache_dir=tmp, policy=policy).pin_shard(shard)
         try:
             yield pinned.path, pinned.index
         finally:

@@ -1,144 +1,223 @@
-"""Remote reading for one BatchReader: the shard caches, fetching ahead, a first batch read by range."""
+"""The remote side of reading, one per reading process: the shard caches, the connections, fetching
+ahead, rows read by range, the network counters, and every decision that depends on whether a
+dataset is remote or its cache bounded. A BatchReader asks it for the pinned files of a batch's
+shards, and tells it when it closes one; the epoch's batches come in through `start`.
+
+What it makes (threads, pools, locks, mappings) belongs to one process: in a forked or spawned
+DataLoader worker it is made again on first use.
+"""
 
 from __future__ import annotations
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from shardkit.errors import ShardError
-from shardkit.fs import is_remote
-from shardkit.reader.cache import ShardCache
-from shardkit.reader.download import RangeIgnored
-from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
+from shardkit.fs import RangeIgnored, is_remote
+from shardkit.reader import ranged
+from shardkit.reader.cache import PinnedShard, ShardCache
+from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
+from shardkit.reader.order import shard_offsets
+from shardkit.reader.shards import values_checked
 
-# A first batch reads its samples by range when the shards it needs that are not cached yet hold
-# more than this: 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range
-# reads costs (an index and a sample per shard, mostly round trips). Below it (JPEG shards of a
-# few MB), whole shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
+# A batch reads the rows of shards not cached yet by range when those shards hold more than this:
+# 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an
+# index and a GET per run of rows, mostly round trips). Below it (JPEG shards of a few MB), whole
+# shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
 RANGED_FROM = 64 << 20
+# Rows read by range are downloaded twice (their whole shard follows), so an epoch reads at most this
+# share of a worker's bytes by range, and at most RANGED_MAX bytes (they are held in memory until
+# their shard is whole): the first batches, which would otherwise wait for every shard they touch.
+RANGED_SHARE = 0.1
+RANGED_MAX = 256 << 20
 
 
 class Remote:
-    """The remote side of a BatchReader's reads (made in the reader's constructor; its caches,
-    threads and pools are made again in a forked process)."""
+    """Pinned local files for a batch's shards (`pinned`), from a shared cache when the dataset is
+    remote. Between `start(batches, samples)` and `stop()` it fetches the epoch's shards ahead in
+    plan order, reads rows by range while their shards download, and says after each batch which
+    shards are read no more (`finished`); outside an epoch (ds[i], ds.get) it reads rows by range."""
 
-    def __init__(self, shards, offsets, specs, config, tokens, tagged):
-        self.shards, self.offsets, self.specs, self.config, self.tokens = shards, offsets, specs, config, tokens
-        self._tagged = tagged
-        self.net = NetStats()  # bytes fetched and time waited on the network, every worker's
-        self._caches = {}  # dataset -> ShardCache, made in the process that reads
-        self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
-        self._pid = os.getpid()  # threads, pools and locks made here are this process's only
-        self._ranged_left = 0  # batches still read by range where their shards are not cached yet
+    def __init__(self, shards, config, tokens=None, tag=None):
+        self.shards, self.config, self.tokens, self._tag = shards, config, tokens, tag or _untagged
+        self.offsets = shard_offsets(shards.samples)
+        self.remote = any(is_remote(r) for r in shards.roots)
+        self.bounded = self.remote and config.cache_limit is not None  # close shards after their last use
+        self.per_sample = sum(int(np.sum(t.nbytes)) for t in shards.tables) / max(1, int(np.sum(shards.samples)))
+        self.net = NetStats()  # bytes fetched, time waited and CPU spent on the network, every worker's
+        self._pid = None  # the process the state below belongs to (made by _forked)
+
+    def _forked(self) -> None:
+        """Per-process state, made afresh in a process other than the one that made it: a forked
+        worker's copies of threads, pools and locks are not its own (a lock may even be copied held)."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self.net.forked()
+        self._caches: dict[int, ShardCache] = {}
+        self._walk = self._fetcher = None
+        self._held: set[int] = set()  # shards handed out whole and not closed: not fetched again
+        self._budget = None  # bytes this epoch may still read by range (None: no limit, outside an epoch)
+        self._since = time.time()
+        # Threads are started on first use. Rows read by range get connections of their own, 4x as
+        # many: a row's GET is mostly the store's latency, and it must not queue behind 4 MiB parts.
+        self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
+        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(4 * self.config.connections,
+                                                                   thread_name_prefix="shardkit-range"), self.net),
+                                       self.config.remote_policy(), self._tag)
 
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
-        return self._cache_of(int(self.shards.part(s)))
-
-    def _cache_of(self, p: int) -> ShardCache:
         self._forked()
+        p = int(self.shards.part(s))
         if p not in self._caches:
-            self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
-                                         self.config.remote_policy(), self.config.connections, self.net.fetched)
+            c = self.config
+            self._caches[p] = ShardCache(self.shards.roots[p], c.cache_dir, c.cache_limit, c.remote_policy(),
+                                         self._pool, self.net.fetched)
+            self._caches[p].since = self._since
         return self._caches[p]
 
-    def _forked(self) -> None:
-        """In a process forked from the one that made them (DataLoader workers under fork), the
-        fetcher, the caches' connection pools and the counters' lock are copies without their
-        threads (a lock may even be copied held): drop them, they are made again here."""
-        if self._pid != os.getpid():
-            self._pid, self.fetcher, self._caches, self._ranged_left = os.getpid(), None, {}, 0
-            self.net.forked()
-
-    def start_fetching(self, batches, ranged: int = 0, skip=()) -> None:
-        """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
-        the epoch, computed in the fetch thread) first read them; local shards are left alone.
-        The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
+    def start(self, batches, samples: int) -> None:
+        """A worker's epoch begins: `batches()` gives its batches (arrays of ids) on a plan of the
+        walk's own (its order caches blocks: not for two threads), `samples` how many it reads."""
         self._forked()
-        self.stop_fetching()
-        if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
+        self.stop()
+        if not self.remote:
             return
-        self._ranged_left = ranged
-        for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
-            self._cache_of(p)
-        order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
-        # Whole shards download while the first batch is read by range. Starting them after it was
-        # tried: the second batch then waited for all of them, and an epoch of 2,090 raw images ran
-        # at ~0.65x the samples/s (two bench/remote_bench.py runs, not interleaved, shared VM).
-        self.fetcher = Fetcher(self._prefetch, self._reserve, ShardCache.release, order, self.config.fetch_ahead,
-                               skip=skip)
+        self._since = time.time()  # fetches that failed before this are tried again
+        for first in self.shards.first[:-1].tolist():  # made here: the fetch threads only look them up
+            self.cache(first).since = self._since
+        self._budget = min(RANGED_SHARE * samples * self.per_sample, RANGED_MAX)
+        if not self.config.fetch_ahead and not self.bounded:
+            return
+        self._walk = EpochWalk(batches(), self.offsets)
+        if self.config.fetch_ahead:
+            order = (s for s in self._walk.first_uses() if is_remote(self.shards.root(s)))
+            self._fetcher = Fetcher(lambda s: on_cpu(self.net, lambda: self._fetch(s, wait=False)),
+                                    lambda s: self.cache(s).reserve(nbytes(self.shards[s])), ShardCache.release, order,
+                                    self.config.fetch_ahead, skip=set(self._held))
 
-    def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray, skip=(), bad=()) -> dict:
-        """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
-        all at once (each is an index and a few samples, mostly round trips)."""
-        todo = [s for s in needed if s not in skip and not bad[s] and self._can_range(s)]
-        if sum(self._nbytes(s) for s in todo) < RANGED_FROM:  # whole shards come about as soon
-            return {}
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(s: int):
+    def pinned(self, needs: dict) -> dict:
+        """{shard: PinnedShard} for {shard: rows a batch reads of it}: the whole file (local, or a
+        cached copy), or, for a remote shard still downloading, those rows read by range. All the
+        batch's remote shards at once; the time it takes is time waited on the network."""
+        self._forked()
+        remote = [s for s in needs if self.cache(s).remote]
+        out = {s: self.cache(s).pin_shard(self.shards[s]) for s in needs if s not in remote}
+        if remote:
+            start = time.perf_counter()
+            if self._fetcher is not None:  # all of this batch's shards download at once, not one by one
+                self._fetcher.want([s for s in remote if not self.cache(s).has(self.shards[s].path)])
             try:
-                return self._ranged(s, rows[shard_idx == s])
-            except RangeIgnored:  # read whole from now on
-                self.cache(s).ranges = False
-                return None
-            except ShardError as e:
-                raise self._tagged(e, s)
+                out.update(on_cpu(self.net, lambda: self._by_range({s: needs[s] for s in remote})))
+                for s in remote:
+                    if s in out:
+                        continue
+                    try:  # whole: from the fetcher when it started it, else fetched here
+                        got = self._fetcher.take(s) if self._fetcher is not None else None
+                        out[s] = got if got is not None else self._fetch(s)
+                    except ShardError as e:
+                        raise self._tag(e, s)
+                    self._held.add(s)
+            finally:
+                self.net.waited(time.perf_counter() - start)
+                self.net.loop()
+        return out
 
-        with ThreadPoolExecutor(len(todo), thread_name_prefix="shardkit-first") as pool:
-            got = timed(self.net, lambda: list(pool.map(one, todo)))
-        return dict(zip(todo, got))
+    def finished(self, j: int) -> list[int]:
+        """Shards read for the last time by batch j of the epoch (or before), to close: under a
+        cache_limit that unpins them. Closing needs the whole epoch walked (in a thread): until
+        then, none."""
+        return self._walk.finished(j) if self._walk is not None and self.bounded else []
 
-    def _can_range(self, s: int) -> bool:
-        shard, cache = self.shards[s], self.cache(s)
-        return (cache.remote and cache.ranges is not False and shard.format == "tar" and bool(shard.index)
-                and self.tokens is None and self.config.checksums and not cache.has(shard.path))
+    def closed(self, s: int, pinned: PinnedShard) -> None:
+        """The reader closed shard s, opened from `pinned`: unpinned, it may be evicted now."""
+        pinned.release()
+        self._forked()
+        self._held.discard(s)
+        self._rows.drop(s, pinned)
+        if self.bounded:
+            self.cache(s).evict()
 
-    def _ranged(self, s: int, rows: np.ndarray):
-        from shardkit.reader.ranged import RangedTar
+    def stop(self) -> None:
+        """The epoch's reading ended (or stopped early): fetch nothing more for it."""
+        if self._pid != os.getpid():
+            return
+        self._budget = None
+        for part in (self._fetcher, self._walk):
+            if part is not None:
+                part.close()
+        self._walk = self._fetcher = None
 
-        cache, shard = self.cache(s), self.shards[s]
-        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
-        try:
-            reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
-        finally:
-            pin.release()
-        self.net.ranged(len(reader.mm))
-        return reader
-
-    def stop_fetching(self) -> None:
-        self._ranged_left = 0
-        if self.fetcher is not None:
-            self.fetcher.close()
-            self.fetcher = None
-
-    def _prefetch(self, s: int):
-        return self.cache(s).pin_shard(self.shards[s], wait=False)
-
-    def _reserve(self, s: int) -> str | None:
-        """Room in its cache for shard s and its index (ShardCache.reserve)."""
-        return self.cache(s).reserve(self._nbytes(s))
-
-    def _nbytes(self, s: int) -> int:
+    def _fetch(self, s: int, wait: bool = True) -> PinnedShard | None:
         shard = self.shards[s]
-        return shard.bytes + ((shard.index.get("bytes") or 0) if shard.index else 0)
+        checked = None
+        if self.config.checksums and self.tokens is None:  # values checked on read: no sha256 pass
+            checked = lambda path, index: values_checked(shard, path, index)  # noqa: E731
+        return self.cache(s).pin_shard(shard, wait, checked)
 
-    def _pinned(self, s: int):
-        """Shard s's files pinned: from the fetcher when it started them, else fetched here; the
-        time it takes for a remote shard is time waited on the network."""
-        cache, shard = self.cache(s), self.shards[s]
-        if not cache.remote:
-            return cache.pin_shard(shard)
+    def _by_range(self, needs: dict) -> dict:
+        """{shard: PinnedShard of rows read by range} for the shards of `needs` whose rows are read
+        so: rows of a tar shard not cached yet, for a lookup (always) or while it downloads (when the
+        shards waited for are large, within the epoch's budget). Indexes first, then rows: two round
+        trips."""
+        rows = self._rows
 
-        def get():
-            got = self.fetcher.take(s) if self.fetcher is not None else None
-            return got if got is not None else cache.pin_shard(shard)
+        def rangeable(s: int) -> bool:
+            shard, cache = self.shards[s], self.cache(s)
+            return (cache.ranges is not False and shard.format == "tar" and bool(shard.index) and self.tokens is None
+                    and self.config.checksums and s not in rows.unchecked and not cache.has(shard.path))
 
-        return timed(self.net, get)
+        todo = {s: r for s, r in needs.items() if rangeable(s)}
+        ready = {s for s in todo if rows.ready(s, todo[s])}
+        if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
+            cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
+            waiting = sum(nbytes(self.shards[s]) for s in needs if not self.cache(s).has(self.shards[s].path))
+            if waiting < RANGED_FROM or cost > self._budget:
+                todo = {s: todo[s] for s in ready}
+        if not todo:
+            return {}
+        try:
+            got, fetched = rows.read([(s, self.cache(s), self.shards[s], self.shards.url(s), r) for s, r in todo.items()])
+        except RangeIgnored:  # the store sends whole files: read whole from now on
+            for s in todo:
+                self.cache(s).ranges = False
+            return {}
+        if self._budget is not None:
+            self._budget -= fetched
+        self.net.ranged(fetched)
+        return got
+
+    def stats(self) -> dict:
+        """io_stats(): bytes and files fetched, seconds waited on the network and the remote path's
+        CPU seconds, over every worker of this dataset so far."""
+        return self.net.totals()
+
+    def __getstate__(self):  # what a spawned worker gets: no threads, pools or pins
+        return {k: v for k, v in self.__dict__.items() if k in ("shards", "config", "tokens", "_tag", "offsets",
+                                                                "remote", "bounded", "per_sample", "net")} | {"_pid": None}
 
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_caches"], state["fetcher"] = {}, None
-        return state
+def _untagged(error: ShardError, s: int) -> ShardError:
+    return error
+
+
+def nbytes(shard) -> int:
+    """A shard's bytes with its index sidecar's: what fetching it whole puts in the cache."""
+    return shard.bytes + ((shard.index.get("bytes") or 0) if shard.index else 0)
+
+
+class _Counted:
+    """A thread pool whose tasks' CPU time is counted as the remote path's (NetStats.cpu)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, net: NetStats):
+        self.pool, self.net = pool, net
+
+    def submit(self, fn, *args):
+        return self.pool.submit(on_cpu, self.net, lambda: fn(*args))
+
+    def map(self, fn, items):
+        return self.pool.map(lambda item: on_cpu(self.net, lambda: fn(item)), items)
