@@ -260,15 +260,12 @@ def misbehaving(root, shard_path: str, behaviour: str):
 
 
 def test_stalled_server_fails_within_the_timeout(served, tmp_path):
-    import time
-
+    """The bound is counted, not timed: each try ends at the timeout, and there are retries + 1 of them."""
     root = served[0]
     with misbehaving(root, "/shards/data-00001.tar", "stall") as (url, gets):
-        start = time.monotonic()
         with pytest.raises(ShardError, match=rf"cannot fetch shard {url}/shards/data-00001.tar: no answer within "
                                              r"the 0.5 s timeout \(tried 2 time\(s\)"):
             batches(url, tmp_path / "cache", workers=0, shuffle=False, timeout=0.5, retries=1)
-        assert time.monotonic() - start < 10  # 2 tries x 0.5 s + 1 s backoff, plus the other shards
         assert gets["/shards/data-00001.tar"] == 2
 
 
