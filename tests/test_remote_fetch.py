@@ -306,3 +306,54 @@ def test_workers_forked_after_the_main_process_fetched_make_their_own_connection
     assert ds[3]["__key__"]  # the main process fetched: its cache has connection threads now
     got = keys_of(make_loader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork"))
     assert sorted(got) == sorted(expected)
+
+
+def read_rows_by_range_while_shards_download(monkeypatch) -> None:
+    """Every batch may read by range the rows of shards not cached yet (here shards are small)."""
+    import shardkit.reader.remote as remote
+
+    monkeypatch.setattr(remote, "RANGED_FROM", 1)
+    monkeypatch.setattr(remote, "RANGED_SHARE", 1.0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_exactly_once_and_resume_with_rows_read_by_range(data, tmp_path, monkeypatch):
+    read_rows_by_range_while_shards_download(monkeypatch)
+    root, expected = data
+    store = Store(root, latency=0.05, rate=2e5)  # ~15 KB shards: ~0.1 s each, so early rows come by range
+    try:
+        exactly_once_and_resume(store.url, tmp_path / "cache", monkeypatch, expected)
+    finally:
+        store.close()
+    assert sum(n for p, n in store.range_gets.items() if p.endswith(".tar")) > 0  # rows were read by range
+    whole = {p: store.gets[p] - store.range_gets[p] for p in store.gets if p.endswith(".tar")}
+    assert set(whole.values()) == {1}  # and each shard was fetched whole once, for the rest
+
+
+def test_a_shard_that_stops_mid_download_while_its_rows_are_read_is_a_clear_error(tmp_path, monkeypatch):
+    from shardkit.reader import download
+
+    read_rows_by_range_while_shards_download(monkeypatch)
+    monkeypatch.setattr(download, "PART", 16384)
+    root, _ = make_dataset(tmp_path / "data", 200, shards=2, fields=("raw", "cls", "txt"), size=(32, 32))
+    local = {k: (raw, c, t) for b in read(root, tmp_path / "unused")[1]
+             for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"])}
+    store = Store(root, latency=0.01, rate=1e5)  # ~300 KB shards in 16 KB parts: ~3 s each
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=64, retries=1,
+                              connections=1)
+        it = iter(make_loader(ds, batch_size=5, num_workers=0))
+        got = [next(it)]  # read by range: the shards are still downloading
+        assert cached(tmp_path / "cache") == set()
+        store.cut("/shards/data-00001.tar", times=float("inf"))  # from now on every GET of it breaks off
+        with pytest.raises(ShardError, match=rf"cannot fetch shard {store.url}/shards/data-00001.tar: the body broke "
+                                             r"off before its end .*\(tried 2 time\(s\)"):
+            for batch in it:
+                got.append(batch)
+    finally:
+        store.close()
+    keys = keys_of(got)
+    assert len(keys) == len(set(keys))  # nothing yielded twice
+    for b in got:  # and nothing wrong
+        for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"]):
+            assert torch.equal(raw, local[k][0]) and int(c) == int(local[k][1]) and t == local[k][2]

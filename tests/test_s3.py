@@ -171,6 +171,20 @@ def test_exactly_once_and_resume_at_another_world_size_from_s3_with_fetch_ahead(
     assert len(cached) == 8
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("s3_delay", [0.05])
+def test_exactly_once_and_resume_from_s3_with_rows_read_by_range(s3, tmp_path, monkeypatch):
+    from factory import make_dataset
+    from test_remote_fetch import exactly_once_and_resume, read_rows_by_range_while_shards_download
+
+    read_rows_by_range_while_shards_download(monkeypatch)
+    root, url, _ = s3
+    _, expected = make_dataset(tmp_path / "again", 36, shards=4, fields=("raw", "cls", "txt"))  # the same samples
+    loaders = exactly_once_and_resume(url, tmp_path / "cache", monkeypatch, expected)
+    fetched = sum(loader.source.io_stats()["bytes_fetched"] for loader in loaders)
+    assert fetched > sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)  # rows by range, then whole
+
+
 @pytest.mark.parametrize("s3_delay", [0.02])
 def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
     import s3fs

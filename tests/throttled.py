@@ -33,7 +33,7 @@ class Store:
     def __init__(self, root: str, latency: float = 0.05, rate: float | None = 25e6, ranges: bool = True,
                  port: int = 0):
         self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
-        self.gets, self.range_gets = Counter(), Counter()
+        self.gets, self.range_gets, self.heads = Counter(), Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
         self.dead = threading.Event()
         self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
@@ -52,6 +52,10 @@ class Store:
     def count_sent(self, path: str, nbytes: int) -> None:
         with self._lock:
             self.sent[path] += nbytes
+
+    def requests(self) -> int:
+        """Requests answered so far (GETs with their bodies, and HEADs): the store's round trips."""
+        return sum(self.gets.values()) + sum(self.heads.values())
 
     def shard_bytes(self) -> int:
         """Bytes sent of files under /shards/ (shards and their index sidecars)."""
@@ -93,6 +97,8 @@ class Store:
                 pass
 
             def do_HEAD(self):
+                with store._lock:
+                    store.heads[self.path] += 1
                 self._answer(body=False)
 
             def do_GET(self):
