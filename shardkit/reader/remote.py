@@ -21,7 +21,7 @@ from shardkit.reader import ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
-from shardkit.reader.shards import values_checked
+from shardkit.reader.values import values_checked
 
 # A batch reads the rows of shards not cached yet by range when those shards hold more than this:
 # 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an

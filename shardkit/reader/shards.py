@@ -54,11 +54,9 @@ def read_index(path: str, shard: ShardInfo, url: str, checks: bool = True):
 
 
 class TarShard:
-    """One tar shard, memory-mapped; members are found through the index sidecar's offsets.
-
-    `partial`: in place of the file at `path`, a buffer the shard's size holding only the rows
-    read so far by range (reader.ranged); those are all a reader asks it for. Their values are
-    checked against their checksums as any are; the member headers, in the parts not read, are not."""
+    """One tar shard, memory-mapped; members are found through the index sidecar's offsets. `partial`:
+    in place of `path`, a buffer the shard's size holding the rows read by range (reader.ranged), the
+    only ones asked for; their values are checked as any are, the headers between them are not."""
 
     def __init__(self, path: str | None, shard: ShardInfo, specs: dict, index_path: str | None, url: str,
                  checks: bool = True, partial=None):
@@ -389,26 +387,6 @@ def read_shard_columns(root: str, manifest: Manifest, shard: ShardInfo) -> tuple
                                     index_path=index_path))
     except FileNotFoundError as e:
         raise missing_shard(url, e) from e
-
-
-def values_checked(shard: ShardInfo, path: str, index_path: str | None) -> bool:
-    """Whether every value of this shard file records its own checksum (`<field>.xxh3` for each
-    field: in the tar's index sidecar, in the Parquet file), so that a checked read needs no
-    whole-file sha256 as well. False for shards written before checksums, and packed token rows."""
-    import pyarrow.parquet as pq
-
-    try:
-        if shard.format == "tar":
-            names = pq.read_schema(index_path).names if index_path else []
-            fields = [n[:-len(".offset")] for n in names if n.endswith(".offset")]
-        elif shard.format == "parquet":
-            names = pq.read_schema(path).names
-            fields = [n for n in names if not n.startswith("__") and not n.endswith(CHECKSUM_SUFFIX)]
-        else:
-            return False
-    except Exception:  # an unreadable file: let the sha256 say what is wrong with it
-        return False
-    return bool(fields) and all(f + CHECKSUM_SUFFIX in names for f in fields)
 
 
 def missing_shard(url: str, error: FileNotFoundError) -> ShardError:
