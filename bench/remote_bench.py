@@ -6,8 +6,8 @@ rate and WebDataset over the same store, in one run, interleaved.
     .venv/bin/python bench/remote_bench.py --profile           # where the remote path's CPU goes
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
-connection, Range requests, no cap on connections. Data: photo-like images (bench/loader_bench.py's
-generator) cropped to 224^2, as raw uint8 (--n-raw, 2,000) and as JPEG (--n-jpeg, 12,000), in tar
+connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
+generator, as bench/loader_bench.py uses), as raw uint8 (--n-raw, 2,000) and JPEG q90 (--n-jpeg, 12,000), in tar
 shards cut as `shardkit build` cuts them: the default --shard-size (256 MB, at most 10,000 samples)
 and 16 MB. Each run is one shuffled epoch from a fresh cache, make_loader(batch_size=64,
 num_workers=2) (WebDataset: its own loader with 2 workers, shuffle(1000)), a fresh loader each
@@ -80,12 +80,21 @@ def wds_loader(url: str, root: str, field: str):
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=min(WORKERS, len(urls)))
 
 
-def prepare(work: str, n_raw: int, n_jpeg: int, sizes) -> dict:
-    """{(kind, size): dataset root}: the images of loader_bench's generator (made once, kept in
-    `work`), cut into tar shards by bytes and count as `shardkit build` cuts them."""
-    from multiprocessing import Pool
+def _image(args) -> tuple[bytes, bytes | None]:
+    """Image i at 224^2 from loader_bench's photo-like generator: (JPEG q90, raw uint8 or None)."""
+    import numpy as np
 
-    from loader_bench import _prepared, _source_image
+    from shardkit.datagen import _jpeg, photo_like
+
+    i, raw = args
+    im = photo_like(np.random.default_rng([0, i]), 224, 224)
+    return _jpeg(im, 90), np.asarray(im).tobytes() if raw else None
+
+
+def prepare(work: str, n_raw: int, n_jpeg: int, sizes) -> dict:
+    """{(kind, size): dataset root}: photo-like 224^2 images (made once, kept in `work`), cut into
+    tar shards by bytes and count as `shardkit build` cuts them (--shard-size, 10,000 samples)."""
+    from multiprocessing import Pool
 
     from shardkit.manifest import Manifest, write_manifest
     from shardkit.sample import Sample
@@ -95,25 +104,23 @@ def prepare(work: str, n_raw: int, n_jpeg: int, sizes) -> dict:
              for size in sizes}
     if all(os.path.exists(os.path.join(r, "manifest.json")) for r in roots.values()):
         return roots
-    folder = os.path.join(work, "folder")
-    n = max(n_raw, n_jpeg)
     with Pool(2) as pool:
-        paths = sorted(pool.map(_source_image, [(folder, i, 10) for i in range(n)], chunksize=16))
-        prepared = pool.map(_prepared, paths, chunksize=16)
-    keys = [os.path.relpath(p, folder)[:-4] for p in paths]
+        images = pool.map(_image, [(i, i < n_raw) for i in range(max(n_raw, n_jpeg))], chunksize=64)
+    keys = [f"class_{i % 10:02d}/{i:06d}" for i in range(len(images))]
     for (kind, size), root in roots.items():
         name, col, count = ("jpg", 0, n_jpeg) if kind == "jpeg" else ("raw", 1, n_raw)
         spec = {"kind": "image", "encoding": "jpeg"} if kind == "jpeg" else \
             {"kind": "image", "encoding": "raw", "dtype": "uint8", "shape": [224, 224, 3]}
         fields = {name: spec, "cls": {"kind": "int", "dtype": "int64"}}
         limit, most = SIZES[size]
+        order = sorted(range(count), key=lambda i: keys[i])
         infos, shard, held = [], [], 0
-        for i in range(count):
-            value = prepared[i][col]
+        for i in order:
+            value = images[i][col]
             if shard and (held + len(value) > limit or len(shard) >= most):
                 infos.append(get_writer("tar")(shard, root, len(infos), fields))
                 shard, held = [], 0
-            shard.append(Sample(keys[i], {name: value, "cls": int(keys[i].split("/")[0][-2:])}))
+            shard.append(Sample(keys[i], {name: value, "cls": i % 10}))
             held += len(value)
         infos.append(get_writer("tar")(shard, root, len(infos), fields))
         write_manifest(root, Manifest(samples=count, fields=fields, shards=infos,
@@ -188,47 +195,28 @@ def report(runs: dict, roots: dict, rounds: int) -> None:
                   f"{http[0] / goal:.2f} (target >= 1), http / webdataset = {http[0] / wds[0]:.2f} (target >= 3)")
 
 
-def profile(roots: dict, store, cache: str) -> None:
-    """One http epoch per dataset in this process (num_workers=0) with its threads' CPU by role, and
-    the reader thread's cProfile: where the remote path's CPU goes. The store runs in a subprocess."""
+def profile(roots: dict, store: str, cache: str) -> None:
+    """Where the remote path's CPU goes: per dataset, one epoch read locally and one over http in
+    this process (num_workers=0, the store in a subprocess), the process's CPU per sample for each,
+    the remote path's own CPU (io_stats()['fetch_cpu_s']: fetch threads and the event loop), and
+    the reading thread's cProfile over http."""
     import cProfile
     import pstats
-    import threading
 
     for (kind, size), root in roots.items():
-        url = f"{store}/{os.path.basename(root)}"
-        before = _thread_cpu()
-        prof = cProfile.Profile()
-        ds, loader = shardkit_loader(url, cache, workers=0)
-        t0 = time.process_time()
-        prof.enable()
-        n = sum(len(b["__key__"]) for b in loader)
-        prof.disable()
-        total = time.process_time() - t0
-        after = _thread_cpu()
-        roles: dict[str, float] = {}
-        for name, cpu in after.items():
-            role = name.rstrip("_0123456789").rstrip("-")
-            roles[role] = roles.get(role, 0.0) + cpu - before.get(name, 0.0)
-        print(f"\n{kind} {size}: {n} samples, process CPU {1000 * total / n:.2f} ms/sample; by thread "
-              f"(ms/sample): " + ", ".join(f"{k} {1000 * v / n:.3f}" for k, v in sorted(roles.items(), key=lambda x: -x[1])
-                                           if v > 0.0005 * n))
-        print(f"  io_stats: {ds.io_stats()}")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-        del threading
-
-
-def _thread_cpu() -> dict:
-    """CPU seconds of each live thread of this process, by thread name (one clock per thread)."""
-    import threading
-
-    out = {}
-    for t in threading.enumerate():
-        try:
-            out[f"{t.name}_{t.ident}"] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
-        except (OSError, AttributeError):
-            pass
-    return out
+        cpu = {}
+        for where, src, c in (("local", root, None), ("http", f"{store}/{os.path.basename(root)}", cache)):
+            ds, loader = shardkit_loader(src, c, workers=0)
+            prof = cProfile.Profile()
+            t0 = time.process_time()
+            prof.enable()
+            n = sum(len(b["__key__"]) for b in loader)
+            prof.disable()
+            cpu[where] = 1000 * (time.process_time() - t0) / n
+        print(f"\n{kind} {size}: {n} samples; process CPU per sample: local {cpu['local']:.3f} ms, http "
+              f"{cpu['http']:.3f} ms ({cpu['http'] / cpu['local']:.2f}x); the remote path's own: "
+              f"{1000 * ds.io_stats()['fetch_cpu_s'] / n:.3f} ms ({ds.io_stats()})")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
 def main() -> None:

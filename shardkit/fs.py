@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -22,6 +23,10 @@ EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
              ValueError, TypeError)
+# Protocol -> get(url, start, end, timeout) -> bytes: a client of its own for that protocol's bytes in
+# place of fsspec's (shardkit.reader.http_ranges registers one for http and https). No retries, no checks:
+# read_range and read_bytes add them.
+RANGE_GETS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ class DiskError(ShardkitError):
 
 def _cut(error: BaseException) -> bool:
     """A body that broke off mid-transfer (short, or cut by the connection): a fault that may pass."""
-    if isinstance(error, ShortBody):
+    if isinstance(error, (ShortBody, http.client.IncompleteRead)):
         return True
     aiohttp = sys.modules.get("aiohttp")  # only there when an http(s) store was read
     return aiohttp is not None and isinstance(error, (aiohttp.ClientPayloadError,
@@ -229,10 +234,10 @@ def read_bytes(url: str, policy: RemotePolicy | None = None, nbytes: int | None 
         with open(local_path(url), "rb") as f:
             return f.read()
     policy = policy or RemotePolicy()
-    fs, path = filesystem(url, policy)
+    read = _reader(url, policy)
 
     def get() -> bytes:
-        data = fs.cat_file(path)
+        data = read(0, None)
         if nbytes is not None and len(data) < nbytes:
             raise ShortBody(f"the body ended after {len(data)} of {nbytes} bytes")
         return data
@@ -245,10 +250,10 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
     byte range. A shorter body (cut off) is retried; a longer one means the store ignored Range
     (RangeIgnored, not retried: the caller reads the file whole)."""
     policy = policy or RemotePolicy()
-    fs, path = filesystem(url, policy)
+    read = _reader(url, policy)
 
     def get() -> bytes:
-        data = fs.cat_file(path, start=start, end=end)
+        data = read(start, end)
         if len(data) < end - start:
             raise ShortBody(f"asked bytes {start}-{end - 1}, the body ended after {len(data)} bytes")
         if len(data) > end - start:
@@ -256,6 +261,16 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
         return data
 
     return with_retries(url, policy, get)
+
+
+def _reader(url: str, policy: RemotePolicy):
+    """read(start, end) -> bytes of `url` (end None: to its end), without retries: the protocol's own
+    client where one is registered (RANGE_GETS), else fsspec's."""
+    own = RANGE_GETS.get(url.split("://", 1)[0])
+    if own is not None:
+        return lambda start, end: own(url, start, end, policy.timeout)
+    fs, path = filesystem(url, policy)
+    return lambda start, end: fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
 
 
 def tmp_name(path: str | os.PathLike) -> str:

@@ -290,13 +290,22 @@ def test_missing_file_is_not_retried(served, tmp_path):
     assert gets["/shards/data-00003.tar"] == 1
 
 
-def test_missing_http_extra_names_the_install(served, tmp_path, monkeypatch):
+def test_http_needs_no_extra_unless_the_store_ignores_range(served, tmp_path, monkeypatch):
+    """shardkit reads http(s) bytes on its own connections (reader/http_ranges.py); only a large file
+    from a server that ignores Range (http.server here) is streamed through fsspec's client, which
+    needs aiohttp: that says which extra to install."""
     import sys
+
+    from shardkit.errors import ConfigError
+    from shardkit.reader import download
 
     url = served[1]
     monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if `pip install shardkit` without [http]
-    with pytest.raises(ManifestError, match=r"http:// needs a package that is not installed .* pip install 'shardkit\[http\]'"):
-        StreamingDataset(url, cache_dir=str(tmp_path / "cache"))
+    _, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)  # shards of one GET each
+    assert sorted(k for b in got for k in b["__key__"]) == sorted(served[3])
+    monkeypatch.setattr(download, "PART", 1024)  # now each shard is read in parts, and Range is ignored
+    with pytest.raises(ConfigError, match=r"http:// needs a package that is not installed .* pip install 'shardkit\[http\]'"):
+        batches(url, tmp_path / "fresh", workers=0, shuffle=False)
 
 
 def test_copy_deleted_behind_the_cache_is_fetched_again(served, tmp_path, monkeypatch):

@@ -175,20 +175,24 @@ class Fetcher:
     """Fetches shards ahead of one worker's reads. `pin(s)` fetches shard s if needed and returns
     it pinned (None when another process is fetching it); `reserve(s)` holds room for s in the
     cache (None when there is none now), and `release(reservation)` gives it back once s landed;
-    `order` yields shard indexes in first-use order; `skip`: shards already open."""
+    `order` yields shard indexes in first-use order; `skip`: shards already open. Nothing starts
+    before the first `want` (the reader's first batch): its own GETs go first."""
 
     def __init__(self, pin, reserve, release, order, ahead: int, skip=()):
         self._pin, self._reserve, self._release, self._order, self.ahead = pin, reserve, release, iter(order), ahead
         self._started: dict[int, Future] = {}  # fetched or fetching, not yet taken by the reader
         self._taken: set[int] = set(skip)
         self._cond = threading.Condition()
-        self._closed = False
+        self._closed = self._going = False
         self._pool = ThreadPoolExecutor(MAX_FETCHES, thread_name_prefix="shardkit-fetch")
         self._planner = threading.Thread(target=self._plan, name="shardkit-fetch-plan", daemon=True)
         self._planner.start()
 
     def _plan(self) -> None:
         """Start shards in first-use order while the window and the cache have room."""
+        with self._cond:
+            while not self._going and not self._closed:
+                self._cond.wait()
         for s in self._order:
             while True:
                 with self._cond:
@@ -222,6 +226,8 @@ class Fetcher:
         with self._cond:
             for s in shards:
                 self._start(int(s))
+            self._going = True
+            self._cond.notify_all()
 
     def take(self, s: int):
         """Shard s pinned, once its fetch is done (its error raised here); None when this fetcher

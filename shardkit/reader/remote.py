@@ -17,7 +17,7 @@ import numpy as np
 
 from shardkit.errors import ShardError
 from shardkit.fs import RangeIgnored, is_remote
-from shardkit.reader import ranged
+from shardkit.reader import http_ranges, ranged  # noqa: F401  (http_ranges: fs reads http(s) with it)
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
@@ -65,7 +65,7 @@ class Remote:
         # Threads are started on first use. Rows read by range get connections of their own, 4x as
         # many: a row's GET is mostly the store's latency, and it must not queue behind 4 MiB parts.
         self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
-        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(4 * self.config.connections,
+        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(8 * self.config.connections,
                                                                    thread_name_prefix="shardkit-range"), self.net),
                                        self.config.remote_policy(), self._tag)
 
@@ -109,10 +109,11 @@ class Remote:
         out = {s: self.cache(s).pin_shard(self.shards[s]) for s in needs if s not in remote}
         if remote:
             start = time.perf_counter()
-            if self._fetcher is not None:  # all of this batch's shards download at once, not one by one
-                self._fetcher.want([s for s in remote if not self.cache(s).has(self.shards[s].path)])
             try:
+                # Rows read by range go first: a first batch's GETs must not queue behind whole shards.
                 out.update(on_cpu(self.net, lambda: self._by_range({s: needs[s] for s in remote})))
+                if self._fetcher is not None:  # then all of this batch's shards at once, not one by one
+                    self._fetcher.want([s for s in remote if not self.cache(s).has(self.shards[s].path)])
                 for s in remote:
                     if s in out:
                         continue
