@@ -139,8 +139,9 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
 
 
 def _small(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool, ranges: bool | None) -> None:
-    """A file of at most one PART (or any file, without a pool): one GET of the whole file."""
-    if not nbytes or ranges is False:  # streamed: its size is not known, or it may be large
+    """A file of at most one PART (or any file, without a pool): one GET of the whole file, held in
+    memory when it is at most one PART, else streamed into the file."""
+    if not nbytes or nbytes > PART or ranges is False:
         _stream(url, into, nbytes, policy, pool)
         return
     get = lambda: read_bytes(url, policy, nbytes)  # noqa: E731

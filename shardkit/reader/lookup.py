@@ -1,10 +1,11 @@
 """Random access on one dataset: a sample by its global index or by its key, read as streaming reads it.
 
-Both go through the dataset's BatchReader, so a looked-up sample is decoded, checksum-checked
-(check_digests) and cached exactly as a streamed one: a tar sample is sliced out of the mapped shard
-by its index sidecar's offsets, a Parquet value by its page offsets (or its row group), a remote
-shard comes through the shard cache. Nothing reads a whole shard for one sample, apart from the
-shard's keys (the index sidecar's key column, a Parquet shard's key column) when a key is looked up.
+Both go through the dataset's BatchReader, so a looked-up sample is decoded and checksum-checked
+(check_digests) exactly as a streamed one: a tar sample is sliced out of the mapped shard by its
+index sidecar's offsets, a Parquet value by its page offsets (or its row group). Nothing reads a
+whole shard for one sample, apart from the shard's keys (the index sidecar's key column, a Parquet
+shard's key column) when a key is looked up. A remote tar sample is read by range (its index,
+cached, then its bytes: reader.ranged); a remote Parquet shard comes whole through the shard cache.
 """
 
 from __future__ import annotations
