@@ -23,7 +23,7 @@ EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
              ValueError, TypeError)
-# Protocol -> get(url, start, end, timeout) -> bytes: a client of its own for that protocol's bytes in
+# Protocol -> get(url, start, end, timeout, into) -> bytes: a client of its own for that protocol's bytes in
 # place of fsspec's (shardkit.reader.http_ranges registers one for http and https). No retries, no checks:
 # read_range and read_bytes add them.
 RANGE_GETS: dict = {}
@@ -245,15 +245,16 @@ def read_bytes(url: str, policy: RemotePolicy | None = None, nbytes: int | None 
     return with_retries(url, policy, get)
 
 
-def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = None) -> bytes:
+def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = None, into=None):
     """Bytes [start, end) of a remote file, with `policy`'s timeouts and retries: the one GET of a
     byte range. A shorter body (cut off) is retried; a longer one means the store ignored Range
-    (RangeIgnored, not retried: the caller reads the file whole)."""
+    (RangeIgnored, not retried: the caller reads the file whole). `into`: a writable buffer of
+    end - start bytes the body is read into (no bytes object made), returned filled."""
     policy = policy or RemotePolicy()
     read = _reader(url, policy)
 
-    def get() -> bytes:
-        data = read(start, end)
+    def get():
+        data = read(start, end, into)
         if len(data) < end - start:
             raise ShortBody(f"asked bytes {start}-{end - 1}, the body ended after {len(data)} bytes")
         if len(data) > end - start:
@@ -264,13 +265,22 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
 
 
 def _reader(url: str, policy: RemotePolicy):
-    """read(start, end) -> bytes of `url` (end None: to its end), without retries: the protocol's own
-    client where one is registered (RANGE_GETS), else fsspec's."""
+    """read(start, end, into=None) -> bytes of `url` (end None: to its end; `into`: a buffer to read
+    them into, returned as filled), without retries: the protocol's own client where one is
+    registered (RANGE_GETS), else fsspec's."""
     own = RANGE_GETS.get(url.split("://", 1)[0])
     if own is not None:
-        return lambda start, end: own(url, start, end, policy.timeout)
+        return lambda start, end, into=None: own(url, start, end, policy.timeout, into)
     fs, path = filesystem(url, policy)
-    return lambda start, end: fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
+
+    def read(start, end, into=None):
+        data = fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
+        if into is None or len(data) != len(into):
+            return data
+        into[:] = data
+        return into
+
+    return read
 
 
 def tmp_name(path: str | os.PathLike) -> str:

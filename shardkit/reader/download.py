@@ -23,6 +23,17 @@ PART = 4 << 20
 PROBE = 64 << 10  # the range that finds out whether a store honours Range
 
 
+_local = threading.local()
+
+
+def _buffer(nbytes: int) -> memoryview:
+    """This thread's buffer for a part (reused: a part is read into it, then written in place)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _local.buf = bytearray(max(nbytes, PART))
+    return memoryview(buf)[:nbytes]
+
+
 class Into:
     """Where a download writes: the temp file's descriptor, and what a failed write names (the
     cache folder, the URL)."""
@@ -84,7 +95,7 @@ def _parts(url: str, into: Into, nbytes: int, pool, policy: RemotePolicy, probe:
         if failed.is_set():  # another part failed for good: do not start this one
             return
         try:
-            into.write(read_range(url, start, end, policy), start)
+            into.write(read_range(url, start, end, policy, _buffer(end - start)), start)
         except BaseException:
             failed.set()
             raise

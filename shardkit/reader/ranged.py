@@ -146,7 +146,7 @@ class RangedRows:
     def _get(self, get) -> int:
         s, url, lo, hi = get
         try:
-            self.landed[s].buf[lo:hi] = read_range(url, lo, hi, self.policy)
+            read_range(url, lo, hi, self.policy, memoryview(self.landed[s].buf)[lo:hi])
         except RemoteError as e:
             raise self.tag(ShardError(f"cannot fetch shard {url}: {e.detail}"), s) from e
         return hi - lo
