@@ -93,6 +93,18 @@ def test_s3_streams_the_same_samples_as_local_and_caches_them(s3, tmp_path):
     same(read(url, tmp_path / "cache", workers=0), local)  # the shards come from the verified cache
 
 
+def test_one_sample_from_s3_by_range(s3, tmp_path):
+    """ds[i] and ds.get on s3:// read the sample's range and its shard's index, never the shard."""
+    root, url, _ = s3
+    local = StreamingDataset(root, shuffle=False)
+    ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"))
+    for i in (0, 17, 35):
+        got, want = ds.get(local[i]["__key__"]), local[i]
+        assert got["__key__"] == want["__key__"] and torch.equal(got["raw"], want["raw"]) and got["txt"] == want["txt"]
+    assert not list((tmp_path / "cache").rglob("*.tar"))  # no shard fetched whole
+    assert 0 < ds.io_stats()["bytes_fetched"] < sum(s.bytes for s in ds.shards) / 4
+
+
 def test_a_changed_object_fails_its_checksum(s3, tmp_path):
     """A value changed on the store: a checked read names its shard and key; an unchecked read
     (whole-file sha256 as it is fetched) names the remote copy corrupt and keeps nothing."""
