@@ -107,6 +107,8 @@ class Remote:
         self._forked()
         remote = [s for s in needs if self.cache(s).remote]
         out = {s: self.cache(s).pin_shard(self.shards[s]) for s in needs if s not in remote}
+        if self._fetcher is not None and not remote:  # a batch of local shards only: fetch ahead now
+            self._fetcher.want([])
         if remote:
             start = time.perf_counter()
             try:
@@ -132,7 +134,8 @@ class Remote:
         """Shards read for the last time by batch j of the epoch (or before), to close: under a
         cache_limit that unpins them. Closing needs the whole epoch walked (in a thread): until
         then, none."""
-        return self._walk.finished(j) if self._walk is not None and self.bounded else []
+        walk = getattr(self, "_walk", None)  # None before this process's first start()
+        return walk.finished(j) if walk is not None and self.bounded else []
 
     def closed(self, s: int, pinned: PinnedShard) -> None:
         """The reader closed shard s, opened from `pinned`: unpinned, it may be evicted now."""
