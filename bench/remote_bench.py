@@ -4,6 +4,7 @@ rate and WebDataset over the same store, in one run, interleaved.
     .venv/bin/python bench/remote_bench.py                     # 2,000 raw + 12,000 JPEG, 2 rounds
     .venv/bin/python bench/remote_bench.py --rounds 1 --sizes 16MB
     .venv/bin/python bench/remote_bench.py --profile           # where the remote path's CPU goes
+    .venv/bin/python bench/remote_bench.py --first-batch 4 --code . --code ../main   # fresh processes
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
 connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
@@ -19,6 +20,7 @@ of the rounds, the ratios the targets name, and the bytes 4 ranks sharing one ca
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -197,26 +199,88 @@ def report(runs: dict, roots: dict, rounds: int) -> None:
 
 def profile(roots: dict, store: str, cache: str) -> None:
     """Where the remote path's CPU goes: per dataset, one epoch read locally and one over http in
-    this process (num_workers=0, the store in a subprocess), the process's CPU per sample for each,
-    the remote path's own CPU (io_stats()['fetch_cpu_s']: fetch threads and the event loop), and
-    the reading thread's cProfile over http."""
+    this process (num_workers=0, the store in a subprocess): the CPU per sample of each thread of
+    the process by role (its own clock, sampled every 20 ms, so threads that end are counted too),
+    io_stats(), and the reading thread's cProfile over http."""
     import cProfile
     import pstats
+    import threading
 
     for (kind, size), root in roots.items():
-        cpu = {}
         for where, src, c in (("local", root, None), ("http", f"{store}/{os.path.basename(root)}", cache)):
             ds, loader = shardkit_loader(src, c, workers=0)
-            prof = cProfile.Profile()
-            t0 = time.process_time()
+            clocks, stop = _thread_clocks(), threading.Event()
+            watch = threading.Thread(target=lambda: [clocks.update(_thread_clocks()) for _ in iter(lambda: stop.wait(0.02), True)])
+            before, prof = _thread_clocks(), cProfile.Profile()
+            watch.start()
             prof.enable()
             n = sum(len(b["__key__"]) for b in loader)
             prof.disable()
-            cpu[where] = 1000 * (time.process_time() - t0) / n
-        print(f"\n{kind} {size}: {n} samples; process CPU per sample: local {cpu['local']:.3f} ms, http "
-              f"{cpu['http']:.3f} ms ({cpu['http'] / cpu['local']:.2f}x); the remote path's own: "
-              f"{1000 * ds.io_stats()['fetch_cpu_s'] / n:.3f} ms ({ds.io_stats()})")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+            stop.set()
+            watch.join()
+            roles: dict[str, float] = {}
+            for (name, ident), cpu in clocks.items():
+                role = name.split("_")[0].rstrip("0123456789-")
+                if not role.startswith("Thread"):  # the watcher
+                    roles[role] = roles.get(role, 0.0) + cpu - before.get((name, ident), 0.0)
+            print(f"{kind} {size} {where}: {1000 * sum(roles.values()) / n:.3f} ms of CPU per sample; by thread: "
+                  + ", ".join(f"{k} {1000 * v / n:.3f}" for k, v in sorted(roles.items(), key=lambda x: -x[1])
+                              if v > 0.00001 * n) + (f"; {ds.io_stats()}" if c else ""))
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
+def _thread_clocks() -> dict:
+    """{(thread name, ident): CPU seconds} of this process's live threads (one clock per thread)."""
+    import threading
+
+    out = {}
+    for t in threading.enumerate():
+        try:
+            out[(t.name, t.ident)] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, AttributeError, TypeError):  # ended meanwhile
+            pass
+    return out
+
+
+FIRST = """
+import json, os, sys, time
+sys.path[:0] = [%r, %r]
+import remote_bench
+kind, root, url, cache = sys.argv[1:5]
+field = "jpg" if kind == "jpeg" else "raw"
+out = {}
+for name, make in (("local", lambda: remote_bench.shardkit_loader(root, None)[1]),
+                   ("http", lambda: remote_bench.shardkit_loader(url, cache)[1]),
+                   ("webdataset", lambda: remote_bench.wds_loader(url, root, field))):
+    loader = make()
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    out[name] = time.perf_counter() - t0
+    del it, loader
+print(json.dumps(out))
+""" % (HERE, os.path.join(HERE, "..", "tests"))
+
+
+def first_batches(roots: dict, store, cache: str, rounds: int, codes: list[str]) -> None:
+    """Seconds to the first batch, each run in a fresh process (imports, worker start and first
+    connections included, as a new training run pays them), local, http and WebDataset in turn,
+    for each shardkit checkout in `codes` (PYTHONPATH), interleaved; medians of http - local."""
+    results: dict = {}
+    for r in range(rounds):
+        for (kind, size), root in roots.items():
+            for code in (codes if r % 2 == 0 else codes[::-1]):
+                url = f"{store.url}/{os.path.basename(root)}"
+                env = dict(os.environ, PYTHONPATH=code)
+                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, check=True,
+                                     capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                results.setdefault((kind, size, code), []).append(json.loads(got))
+    for (kind, size, code), runs in results.items():
+        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        gaps = [x["http"] - x["local"] for x in runs]
+        print(f"{kind} {size} ({code}): first batch local {med['local']:.2f} s, http {med['http']:.2f} s, "
+              f"webdataset {med['webdataset']:.2f} s; http - local median {statistics.median(gaps):+.2f} s "
+              f"({', '.join(f'{g:+.2f}' for g in gaps)})")
 
 
 def main() -> None:
@@ -227,6 +291,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--four-ranks", action="store_true", help="also 4 ranks x 2 workers sharing one cache (raw)")
     ap.add_argument("--profile", action="store_true", help="where the remote path's CPU goes, instead of the runs")
+    ap.add_argument("--first-batch", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the runs: seconds to the first batch in fresh processes, ROUNDS rounds")
+    ap.add_argument("--code", action="append", default=None,
+                    help="with --first-batch: a shardkit checkout to measure (repeat to compare; default: this one)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench2"))
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -243,6 +311,12 @@ def main() -> None:
             server.wait()
         return
     store = Store(args.work, latency=0.05, rate=25e6)
+    if args.first_batch:
+        try:
+            first_batches(roots, store, cache, args.first_batch, args.code or [os.path.join(HERE, "..")])
+        finally:
+            store.close()
+        return
     try:
         runs = run_rounds(roots, store, cache, args.rounds)
         ranks = four_ranks(f"{store.url}/{os.path.basename(roots[('raw', args.sizes.split(',')[-1])])}", cache) \
