@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardkit.errors import ConfigError, FolderLocked, ShardkitError
+from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
+from shardkit.http_ranges import get as http_get
 
 # Protocol -> the extra that installs its fsspec backend.
 EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
@@ -23,10 +25,8 @@ EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
              ValueError, TypeError)
-# Protocol -> get(url, start, end, timeout, into) -> bytes: a client of its own for that protocol's bytes in
-# place of fsspec's (shardkit.reader.http_ranges registers one for http and https). No retries, no checks:
-# read_range and read_bytes add them.
-RANGE_GETS: dict = {}
+# Protocols whose bytes shardkit reads on its own connections (http_ranges), not through fsspec.
+OWN_CLIENT = frozenset({"http", "https"})
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,6 @@ def _status(error: BaseException) -> int | None:
 
 class ShortBody(ConnectionError):
     """A body that ended before the bytes asked for (a connection cut mid-transfer): may pass."""
-
-
-class RangeIgnored(ValueError):  # a ValueError: never retried
-    """The store answered a Range request with other bytes than asked (it ignores Range)."""
 
 
 class DiskError(ShardkitError):
@@ -266,11 +262,10 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
 
 def _reader(url: str, policy: RemotePolicy):
     """read(start, end, into=None) -> bytes of `url` (end None: to its end; `into`: a buffer to read
-    them into, returned as filled), without retries: the protocol's own client where one is
-    registered (RANGE_GETS), else fsspec's."""
-    own = RANGE_GETS.get(url.split("://", 1)[0])
-    if own is not None:
-        return lambda start, end, into=None: own(url, start, end, policy.timeout, into)
+    them into, returned as filled), without retries: shardkit's own client for http(s)
+    (http_ranges), else fsspec's."""
+    if url.split("://", 1)[0] in OWN_CLIENT:
+        return lambda start, end, into=None: http_get(url, start, end, policy.timeout, into)
     fs, path = filesystem(url, policy)
 
     def read(start, end, into=None):

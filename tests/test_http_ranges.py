@@ -1,4 +1,4 @@
-"""reader/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
+"""shardkit/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
 connections per thread, redirects, statuses the classifier reads, a store that ignores Range."""
 
 import multiprocessing
@@ -10,7 +10,7 @@ import pytest
 from throttled import Store
 
 from shardkit.fs import RangeIgnored, RemoteError, RemotePolicy, read_bytes, read_range
-from shardkit.reader import http_ranges  # noqa: F401  (registers the client)
+import shardkit.http_ranges as http_ranges
 
 NO_WAIT = RemotePolicy(retries=1, backoff=0.001)
 

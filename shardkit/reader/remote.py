@@ -17,7 +17,7 @@ import numpy as np
 
 from shardkit.errors import ShardError
 from shardkit.fs import RangeIgnored, is_remote
-from shardkit.reader import http_ranges, ranged  # noqa: F401  (http_ranges: fs reads http(s) with it)
+from shardkit.reader import ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
@@ -33,6 +33,7 @@ RANGED_FROM = 64 << 20
 # their shard is whole): the first batches, which would otherwise wait for every shard they touch.
 RANGED_SHARE = 0.1
 RANGED_MAX = 256 << 20
+RANGE_THREADS = 8  # threads for rows read by range, per connection
 
 
 class Remote:
@@ -62,10 +63,11 @@ class Remote:
         self._held: set[int] = set()  # shards handed out whole and not closed: not fetched again
         self._budget = None  # bytes this epoch may still read by range (None: no limit, outside an epoch)
         self._since = time.time()
-        # Threads are started on first use. Rows read by range get connections of their own, 4x as
-        # many: a row's GET is mostly the store's latency, and it must not queue behind 4 MiB parts.
+        # Threads are started on first use. Rows read by range get connections of their own,
+        # RANGE_THREADS as many: a row's GET is mostly the store's latency, and it must not queue
+        # behind 4 MiB parts (a first batch's 64 rows then take one round trip, not eight).
         self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
-        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(8 * self.config.connections,
+        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(RANGE_THREADS * self.config.connections,
                                                                    thread_name_prefix="shardkit-range"), self.net),
                                        self.config.remote_policy(), self._tag)
 

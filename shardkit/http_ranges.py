@@ -1,5 +1,5 @@
 """GETs of http(s) files and byte ranges on plain keep-alive connections, one per thread and host
-(http.client), registered as shardkit.fs's way to read http(s) bytes (fs.RANGE_GETS).
+(http.client): how shardkit.fs reads http(s) bytes (fs.read_range, fs.read_bytes).
 
 Why not fsspec's client here: it runs every GET of a process on one event-loop thread, and the
 reader's GETs come in bursts from many threads (a batch's rows read by range, 4 MiB parts of
@@ -17,10 +17,13 @@ import ssl
 import threading
 import urllib.parse
 
-from shardkit.fs import RANGE_GETS, RangeIgnored
 
 MAX_REDIRECTS = 5
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class RangeIgnored(ValueError):  # a ValueError: never retried
+    """The store answered a Range request with other bytes than asked (it ignores Range)."""
 
 
 class HTTPStatusError(OSError):
@@ -132,5 +135,3 @@ def _drop(conn) -> None:
         if c is conn:
             del _local.open[key]
 
-
-RANGE_GETS["http"] = RANGE_GETS["https"] = get
