@@ -94,3 +94,5 @@ def test_show_of_one_sample_on_a_cold_cache_is_three_round_trips(data, store, tm
     assert result.exit_code == 0, result.output
     assert "sample #1234" in result.output
     assert store.requests() == 3, (dict(store.gets), dict(store.heads))
+    shard = next(s for s in load_manifest(root).shards if s.path in "".join(store.gets))
+    assert store.shard_bytes() < shard.index["bytes"] + 2 * shard.bytes / shard.samples  # not the shard
