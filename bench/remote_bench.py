@@ -1,21 +1,28 @@
-"""Remote streaming benchmark: shardkit over a throttled object store on 127.0.0.1, against its local
-rate, its own fetch-as-needed mode and WebDataset over the same store, in one run.
+"""Remote streaming benchmark: shardkit over a throttled object store on 127.0.0.1 against its local
+rate and WebDataset over the same store, in one run, interleaved.
 
-    .venv/bin/python bench/remote_bench.py                 # 2,090 images, 2 rounds (~3 min on 2 cores)
-    .venv/bin/python bench/remote_bench.py --rounds 1      # quick check
+    .venv/bin/python bench/remote_bench.py                     # 2,000 raw + 12,000 JPEG, 2 rounds
+    .venv/bin/python bench/remote_bench.py --rounds 1 --sizes 16MB
+    .venv/bin/python bench/remote_bench.py --profile           # where the remote path's CPU goes
+    .venv/bin/python bench/remote_bench.py --first-batch 4 --code . --code ../main   # fresh processes
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
-connection, Range requests, no cap on connections. Each remote run is one shuffled epoch from a
-fresh cache: make_loader(batch_size=64, num_workers=2). Data: raw uint8 224^2 and JPEG 224^2 tar
-shards of 110 photo-like images each (bench/loader_bench.py's generator), kept in --work.
-Prints samples/s and the first batch's wait per run (median of the rounds), the ratios the
-targets name, and the bytes 4 ranks sharing one cache fetched.
+connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
+generator, as bench/loader_bench.py uses), as raw uint8 (--n-raw, 2,000) and JPEG q90 (--n-jpeg, 12,000), in tar
+shards cut as `shardkit build` cuts them: the default --shard-size (256 MB, at most 10,000 samples)
+and 16 MB. Each run is one shuffled epoch from a fresh cache, make_loader(batch_size=64,
+num_workers=2) (WebDataset: its own loader with 2 workers, shuffle(1000)), a fresh loader each
+time. Per run: samples/s, seconds to the first batch, and the CPU seconds per 1,000 samples of
+the DataLoader workers (the store runs in this process, so it is not counted). Prints the median
+of the rounds, the ratios the targets name, and the bytes 4 ranks sharing one cache fetched.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -24,24 +31,32 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]  # loader_bench's data, the throttled store
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]  # loader_bench's images, the throttled store
 
 BATCH, WORKERS = 64, 2
-LINK = 8 * 25e6  # the target's link: 8 connections x 25 MB/s
+LINK = 8 * 25e6  # the raw target's link: 8 connections x 25 MB/s
+SIZES = {"default": (256_000_000, 10_000), "16MB": (16_000_000, 10_000)}
 
 
-def epoch(loader) -> tuple[float, float, int]:
-    """(samples/s over the epoch, seconds to the first batch, samples), the loader made fresh."""
-    t0 = time.perf_counter()
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def epoch(loader) -> tuple[float, float, int, float]:
+    """(samples/s, seconds to the first batch, samples, workers' CPU seconds) of one epoch."""
+    cpu, t0 = children_cpu(), time.perf_counter()
     n, first = 0, None
     for batch in loader:
         n += len(batch["__key__"]) if isinstance(batch, dict) else len(batch[0])
         if first is None:
             first = time.perf_counter() - t0
-    return n / (time.perf_counter() - t0), first, n
+    rate = n / (time.perf_counter() - t0)
+    del loader  # its workers exit and are waited for: their CPU is counted
+    return rate, first, n, children_cpu() - cpu
 
 
-def shardkit_loader(src: str, cache: str | None, **options):
+def shardkit_loader(src: str, cache: str | None, workers: int = WORKERS, **options):
     from shardkit.loader import make_loader
     from shardkit.reader.dataset import StreamingDataset
 
@@ -49,7 +64,7 @@ def shardkit_loader(src: str, cache: str | None, **options):
         shutil.rmtree(cache, ignore_errors=True)  # a fresh cache every run
         options["cache_dir"] = cache
     ds = StreamingDataset(src, format="tar", seed=0, **options)
-    return ds, make_loader(ds, batch_size=BATCH, num_workers=WORKERS)
+    return ds, make_loader(ds, batch_size=BATCH, num_workers=workers)
 
 
 def wds_loader(url: str, root: str, field: str):
@@ -61,9 +76,58 @@ def wds_loader(url: str, root: str, field: str):
     shards = sorted(f for f in os.listdir(os.path.join(root, "shards")) if f.endswith(".tar"))
     urls = [f"{url}/shards/{f}" for f in shards]
     fn = _wds_raw if field == "raw" else _wds_jpeg
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False, nodesplitter=None)
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False, nodesplitter=None,
+                         workersplitter=wds.split_by_worker)
           .shuffle(1000).map(fn).batched(BATCH))
-    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS)
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=min(WORKERS, len(urls)))
+
+
+def _image(args) -> tuple[bytes, bytes | None]:
+    """Image i at 224^2 from loader_bench's photo-like generator: (JPEG q90, raw uint8 or None)."""
+    import numpy as np
+
+    from shardkit.datagen import _jpeg, photo_like
+
+    i, raw = args
+    im = photo_like(np.random.default_rng([0, i]), 224, 224)
+    return _jpeg(im, 90), np.asarray(im).tobytes() if raw else None
+
+
+def prepare(work: str, n_raw: int, n_jpeg: int, sizes) -> dict:
+    """{(kind, size): dataset root}: photo-like 224^2 images (made once, kept in `work`), cut into
+    tar shards by bytes and count as `shardkit build` cuts them (--shard-size, 10,000 samples)."""
+    from multiprocessing import Pool
+
+    from shardkit.manifest import Manifest, write_manifest
+    from shardkit.sample import Sample
+    from shardkit.writers import get_writer
+
+    roots = {(kind, size): os.path.join(work, f"{kind}-{n}-{size}") for kind, n in (("raw", n_raw), ("jpeg", n_jpeg))
+             for size in sizes}
+    if all(os.path.exists(os.path.join(r, "manifest.json")) for r in roots.values()):
+        return roots
+    with Pool(2) as pool:
+        images = pool.map(_image, [(i, i < n_raw) for i in range(max(n_raw, n_jpeg))], chunksize=64)
+    keys = [f"class_{i % 10:02d}/{i:06d}" for i in range(len(images))]
+    for (kind, size), root in roots.items():
+        name, col, count = ("jpg", 0, n_jpeg) if kind == "jpeg" else ("raw", 1, n_raw)
+        spec = {"kind": "image", "encoding": "jpeg"} if kind == "jpeg" else \
+            {"kind": "image", "encoding": "raw", "dtype": "uint8", "shape": [224, 224, 3]}
+        fields = {name: spec, "cls": {"kind": "int", "dtype": "int64"}}
+        limit, most = SIZES[size]
+        order = sorted(range(count), key=lambda i: keys[i])
+        infos, shard, held = [], [], 0
+        for i in order:
+            value = images[i][col]
+            if shard and (held + len(value) > limit or len(shard) >= most):
+                infos.append(get_writer("tar")(shard, root, len(infos), fields))
+                shard, held = [], 0
+            shard.append(Sample(keys[i], {name: value, "cls": i % 10}))
+            held += len(value)
+        infos.append(get_writer("tar")(shard, root, len(infos), fields))
+        write_manifest(root, Manifest(samples=count, fields=fields, shards=infos,
+                                      classes=[f"class_{c:02d}" for c in range(10)]))
+    return roots
 
 
 RANK = """
@@ -88,67 +152,196 @@ def four_ranks(url: str, cache: str) -> tuple[float, int, int]:
     return time.perf_counter() - t0, sum(int(o[0]) for o in outs), sum(int(o[1]) for o in outs)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=2090, help="images (default 2,090: 19 shards of 110)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench"))
-    args = ap.parse_args()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from loader_bench import prepare
-    from throttled import Store
+def run_rounds(roots: dict, store, cache: str, rounds: int) -> dict:
+    """name -> [(samples/s, first batch s, CPU ms per sample of the workers), ...] over the rounds."""
+    runs: dict[str, list] = {}
+    for r in range(rounds):
+        for (kind, size), root in roots.items():
+            url = f"{store.url}/{os.path.basename(root)}"
+            field = "jpg" if kind == "jpeg" else "raw"
+            variants = {"local": lambda: shardkit_loader(root, None)[1],
+                        "http": lambda: shardkit_loader(url, cache)[1],
+                        "webdataset": lambda: wds_loader(url, root, field)}
+            order = list(variants) if r % 2 == 0 else list(reversed(variants))  # rotate: no variant always first
+            for variant in order:
+                rate, first, n, cpu = epoch(variants[variant]())
+                name = f"{kind} {size} {variant}"
+                runs.setdefault(name, []).append((rate, first, 1000 * cpu / n))
+                print(f"round {r}: {name:28s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
+                      f"workers' CPU {1000 * cpu / n:5.2f} ms/sample  ({n} samples)", flush=True)
+    return runs
 
+
+def report(runs: dict, roots: dict, rounds: int) -> None:
     from shardkit.manifest import load_manifest
 
-    work = f"{args.work}-{args.n}"
-    if not os.path.exists(os.path.join(work, "raw", "manifest.json")):
-        prepare(work, args.n, shard=110)
-    roots = {"raw": os.path.join(work, "raw"), "jpeg": os.path.join(work, "jpeg")}
-    sizes = {k: sum(s.bytes + s.index["bytes"] for s in load_manifest(r).shards_of("tar")) for k, r in roots.items()}
-    store = Store(work, latency=0.05, rate=25e6)
-    cache = os.path.join(work, "cache")
-    runs: dict[str, list] = {}
+    med = {name: tuple(statistics.median(x[i] for x in v) for i in range(3)) for name, v in runs.items()}
+    print(f"\nmedian of {rounds} round(s); store: 50 ms to the first byte, 25 MB/s per connection")
+    for name, (rate, first, cpu) in med.items():
+        print(f"  {name:28s} {rate:7.0f} samples/s  first batch {first:5.2f} s  workers' CPU {cpu:5.2f} ms/sample")
+    for kind, size in roots:
+        pre = f"{kind} {size}"
+        local, http, wds = med[f"{pre} local"], med[f"{pre} http"], med[f"{pre} webdataset"]
+        print(f"  {pre:12s} first batch: http - local = {http[1] - local[1]:+.2f} s (target <= +0.15), "
+              f"http / webdataset = {http[1] / wds[1]:.2f} (target <= 1)")
+        print(f"  {pre:12s} CPU per sample: http / local = {http[2] / local[2]:.2f}")
+        if kind == "jpeg":
+            print(f"  {pre:12s} rate: http / local = {http[0] / local[0]:.2f} (target >= 0.9), "
+                  f"http / webdataset = {http[0] / wds[0]:.2f} (target >= 2)")
+        else:
+            root = roots[(kind, size)]
+            m = load_manifest(root)
+            per = sum(s.bytes for s in m.shards) / m.samples
+            goal = 0.8 * min(local[0], LINK / per)
+            print(f"  {pre:12s} rate: http / 0.8 x min(local, 8 x 25 MB/s) = {http[0]:.0f} / {goal:.0f} = "
+                  f"{http[0] / goal:.2f} (target >= 1), http / webdataset = {http[0] / wds[0]:.2f} (target >= 3)")
+
+
+def profile(roots: dict, store: str, cache: str) -> None:
+    """Where the remote path's CPU goes: per dataset, one epoch read locally and one over http in
+    this process (num_workers=0, the store in a subprocess): the CPU per sample of each thread of
+    the process by role (its own clock, sampled every 20 ms, so threads that end are counted too),
+    io_stats(), and the reading thread's cProfile over http."""
+    import cProfile
+    import pstats
+    import threading
+
+    for (kind, size), root in roots.items():
+        for where, src, c in (("local", root, None), ("http", f"{store}/{os.path.basename(root)}", cache)):
+            ds, loader = shardkit_loader(src, c, workers=0)
+            clocks, stop = _thread_clocks(), threading.Event()
+            watch = threading.Thread(target=lambda: [clocks.update(_thread_clocks()) for _ in iter(lambda: stop.wait(0.02), True)])
+            before, prof = _thread_clocks(), cProfile.Profile()
+            watch.start()
+            prof.enable()
+            n = sum(len(b["__key__"]) for b in loader)
+            prof.disable()
+            stop.set()
+            watch.join()
+            roles: dict[str, float] = {}
+            for (name, ident), cpu in clocks.items():
+                role = name.split("_")[0].rstrip("0123456789-")
+                if not role.startswith("Thread"):  # the watcher
+                    roles[role] = roles.get(role, 0.0) + cpu - before.get((name, ident), 0.0)
+            print(f"{kind} {size} {where}: {1000 * sum(roles.values()) / n:.3f} ms of CPU per sample; by thread: "
+                  + ", ".join(f"{k} {1000 * v / n:.3f}" for k, v in sorted(roles.items(), key=lambda x: -x[1])
+                              if v > 0.00001 * n) + (f"; {ds.io_stats()}" if c else ""))
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
+def _thread_clocks() -> dict:
+    """{(thread name, ident): CPU seconds} of this process's live threads (one clock per thread)."""
+    import threading
+
+    out = {}
+    for t in threading.enumerate():
+        try:
+            out[(t.name, t.ident)] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, AttributeError, TypeError):  # ended meanwhile
+            pass
+    return out
+
+
+FIRST = """
+import json, os, sys, time
+sys.path[:0] = [%r, %r]
+import remote_bench
+kind, root, url, cache = sys.argv[1:5]
+field = "jpg" if kind == "jpeg" else "raw"
+out = {}
+for name, make in (("local", lambda: remote_bench.shardkit_loader(root, None)[1]),
+                   ("http", lambda: remote_bench.shardkit_loader(url, cache)[1]),
+                   ("webdataset", lambda: remote_bench.wds_loader(url, root, field))):
+    loader = make()
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    out[name] = time.perf_counter() - t0
+    del it, loader
+print(json.dumps(out))
+""" % (HERE, os.path.join(HERE, "..", "tests"))
+
+
+def first_batches(roots: dict, store, cache: str, rounds: int, codes: list[str]) -> None:
+    """Seconds to the first batch, each run in a fresh process (imports, worker start and first
+    connections included, as a new training run pays them), local, http and WebDataset in turn,
+    for each shardkit checkout in `codes` (PYTHONPATH), interleaved; medians of http - local."""
+    results: dict = {}
+    for r in range(rounds):
+        for (kind, size), root in roots.items():
+            for code in (codes if r % 2 == 0 else codes[::-1]):
+                url = f"{store.url}/{os.path.basename(root)}"
+                env = dict(os.environ, PYTHONPATH=code)
+                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, check=True,
+                                     capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                results.setdefault((kind, size, code), []).append(json.loads(got))
+    for (kind, size, code), runs in results.items():
+        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        gaps = [x["http"] - x["local"] for x in runs]
+        print(f"{kind} {size} ({code}): first batch local {med['local']:.2f} s, http {med['http']:.2f} s, "
+              f"webdataset {med['webdataset']:.2f} s; http - local median {statistics.median(gaps):+.2f} s "
+              f"({', '.join(f'{g:+.2f}' for g in gaps)})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-raw", type=int, default=2000)
+    ap.add_argument("--n-jpeg", type=int, default=12000)
+    ap.add_argument("--sizes", default="default,16MB", help="shard sizes to build: default and/or 16MB")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--four-ranks", action="store_true", help="also 4 ranks x 2 workers sharing one cache (raw)")
+    ap.add_argument("--profile", action="store_true", help="where the remote path's CPU goes, instead of the runs")
+    ap.add_argument("--first-batch", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the runs: seconds to the first batch in fresh processes, ROUNDS rounds")
+    ap.add_argument("--code", action="append", default=None,
+                    help="with --first-batch: a shardkit checkout to measure (repeat to compare; default: this one)")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench2"))
+    args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from throttled import Store
+
+    roots = prepare(args.work, args.n_raw, args.n_jpeg, args.sizes.split(","))
+    cache = os.path.join(args.work, "cache")
+    if args.profile:
+        server = subprocess.Popen([sys.executable, "-c", SERVE, args.work], stdout=subprocess.PIPE, text=True)
+        try:
+            profile(roots, server.stdout.readline().strip(), cache)
+        finally:
+            server.kill()
+            server.wait()
+        return
+    store = Store(args.work, latency=0.05, rate=25e6)
+    if args.first_batch:
+        try:
+            first_batches(roots, store, cache, args.first_batch, args.code or [os.path.join(HERE, "..")])
+        finally:
+            store.close()
+        return
     try:
-        for r in range(args.rounds):
-            for kind, field in (("raw", "raw"), ("jpeg", "jpg")):
-                url = f"{store.url}/{kind}"
-                variants = {
-                    f"shardkit local {kind}": lambda: shardkit_loader(roots[kind], None),
-                    f"shardkit http {kind}": lambda: shardkit_loader(url, cache),
-                    f"shardkit http {kind}, fetch_ahead=0 connections=1": lambda: shardkit_loader(
-                        url, cache, fetch_ahead=0, connections=1),
-                    f"webdataset http {kind}": lambda: (None, wds_loader(url, roots[kind], field)),
-                }
-                for name, make in variants.items():
-                    ds, loader = make()
-                    rate, first, n = epoch(loader)
-                    stats = ds.io_stats() if ds is not None else {}
-                    runs.setdefault(name, []).append((rate, first, stats.get("network_wait_s", 0.0)))
-                    print(f"round {r}: {name:55s} {rate:8.0f} samples/s  first batch {first:5.2f} s  "
-                          f"({n} samples{', waited on the network %.1f s' % stats['network_wait_s'] if stats else ''})",
-                          flush=True)
-                    del loader, ds
-        seconds, samples, fetched = four_ranks(f"{store.url}/raw", cache)
+        runs = run_rounds(roots, store, cache, args.rounds)
+        ranks = four_ranks(f"{store.url}/{os.path.basename(roots[('raw', args.sizes.split(',')[-1])])}", cache) \
+            if args.four_ranks else None
     finally:
         store.close()
-    med = {name: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for name, v in runs.items()}
-    print(f"\nmedian of {args.rounds} round(s), 2-core VM shared with other jobs; store: 50 ms, 25 MB/s per connection")
-    for name, (rate, first) in med.items():
-        print(f"  {name:55s} {rate:8.0f} samples/s  first batch {first:5.2f} s")
-    raw_bytes = os.path.getsize(os.path.join(roots["raw"], load_manifest(roots["raw"]).shards_of("tar")[0].path)) / 110
-    local, http = med["shardkit local raw"][0], med["shardkit http raw"][0]
-    goal = 0.8 * min(local, LINK / raw_bytes)
-    print(f"  raw  http / 0.8 x min(local, 8 x 25 MB/s)  = {http:.0f} / {goal:.0f} = {http / goal:.2f}  target >= 1")
-    jpeg = med["shardkit http jpeg"][0] / med["shardkit local jpeg"][0]
-    print(f"  jpeg http / local                          = {jpeg:.2f}  target >= 0.8")
-    print(f"  raw  http first batch                      = {med['shardkit http raw'][1]:.2f} s  target <= 1.5 s")
-    for kind in ("raw", "jpeg"):
-        print(f"  {kind:4s} http / webdataset http              = "
-              f"{med[f'shardkit http {kind}'][0] / med[f'webdataset http {kind}'][0]:.2f}  target >= 3")
-        print(f"  {kind:4s} http / fetch_ahead=0 connections=1  = "
-              f"{med[f'shardkit http {kind}'][0] / med[f'shardkit http {kind}, fetch_ahead=0 connections=1'][0]:.2f}")
-    print(f"  4 ranks x 2 workers, one cache: {samples} samples in {seconds:.1f} s, fetched "
-          f"{fetched / sizes['raw']:.3f} x the dataset ({fetched} of {sizes['raw']} bytes)  target <= 1.05")
+    report(runs, roots, args.rounds)
+    if ranks is not None:
+        from shardkit.manifest import load_manifest
+
+        seconds, samples, fetched = ranks
+        m = load_manifest(roots[("raw", args.sizes.split(",")[-1])])
+        size = sum(s.bytes + s.index["bytes"] for s in m.shards)
+        print(f"  4 ranks x 2 workers, one cache: {samples} samples in {seconds:.1f} s, fetched "
+              f"{fetched / size:.3f} x the dataset ({fetched} of {size} bytes)  target <= 1.05")
+
+
+SERVE = """
+import sys, time
+sys.path.insert(0, %r)
+from throttled import Store
+s = Store(sys.argv[1], latency=0.05, rate=25e6)
+print(s.url, flush=True)
+time.sleep(3600)
+""" % os.path.join(HERE, "..", "tests")
 
 
 if __name__ == "__main__":

@@ -204,8 +204,9 @@ class StreamConfig:
     checksums: bool = True  # check every value read against the checksum recorded at build time
     timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
     retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
-    # Remote reads: GETs in flight per process (each DataLoader worker is one), a large shard as
-    # ranged GETs of 4 MiB. 8 x 25 MB/s per connection saturates a typical object store's link.
+    # Remote reads: GETs of whole shards in flight per process (each DataLoader worker is one), a
+    # large shard as ranged GETs of 4 MiB; 8 x 25 MB/s per connection saturates a typical object
+    # store's link. Rows read by range (mostly latency) get 8x as many threads of their own.
     connections: int = 8
     # Remote reads: shards per process fetched ahead of the reader in plan order (within
     # cache_limit, pinned until read); 0 fetches each shard when a batch first needs it.

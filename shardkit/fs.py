@@ -5,15 +5,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import http.client
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardkit.errors import ConfigError, FolderLocked, ShardkitError
+from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
+from shardkit.http_ranges import get as http_get
 
 # Protocol -> the extra that installs its fsspec backend.
 EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
@@ -21,6 +25,8 @@ EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
              ValueError, TypeError)
+# Protocols whose bytes shardkit reads on its own connections (http_ranges), not through fsspec.
+OWN_CLIENT = frozenset({"http", "https"})
 
 
 @dataclass(frozen=True)
@@ -93,16 +99,57 @@ def filesystem(url: str, policy: RemotePolicy | None = None):
                           f"{how}") from e
 
 
-def _status(error: BaseException) -> int | None:
-    """The HTTP status behind an error (fsspec reports some as FileNotFoundError), if any."""
-    for _ in range(8):  # the error, its cause, their causes
+def _chain(error: BaseException | None):
+    """The error, its cause, their causes (a few levels)."""
+    for _ in range(8):
         if error is None:
+            return
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _status(error: BaseException) -> int | None:
+    """The HTTP status a store answered with (fsspec reports some as FileNotFoundError), if any.
+    A body that broke off is no answer: aiohttp gives its ContentLengthError `code` 400, the
+    status its own parser would have sent, not one the store sent."""
+    for e in _chain(error):
+        if _cut(e):
             return None
-        status = getattr(error, "status", None) or getattr(error, "code", None)
+        status = getattr(e, "status", None) or getattr(e, "code", None)
         if isinstance(status, int):
             return status
-        error = error.__cause__ or error.__context__
     return None
+
+
+class ShortBody(ConnectionError):
+    """A body that ended before the bytes asked for (a connection cut mid-transfer): may pass."""
+
+
+class DiskError(ShardkitError):
+    """Writing into the local shard cache failed (a full disk, a quota, no permission): this
+    machine's fault, never the store's; not retried."""
+
+    FIXES = {"ENOSPC": "free space in {folder} or lower cache_limit (StreamingDataset(cache_limit=...)), or give "
+                       "cache_dir (or $SHARDKIT_CACHE) a larger disk",
+             "EDQUOT": "free space within your quota in {folder} or lower cache_limit (StreamingDataset(cache_limit=...))",
+             "EROFS": "{folder} is on a read-only file system: give cache_dir (or $SHARDKIT_CACHE) a writable folder",
+             "EACCES": "give this user write access to {folder}, or give cache_dir (or $SHARDKIT_CACHE) another folder"}
+
+    def __init__(self, error: OSError, folder: str, url: str):
+        import errno
+
+        name = errno.errorcode.get(error.errno or 0, "")
+        fix = self.FIXES.get("EACCES" if name == "EPERM" else name, "check the disk of {folder}").format(folder=folder)
+        super().__init__(f"{error.strerror or error}: {fix} (while fetching {url} into the shard cache)")
+
+
+def _cut(error: BaseException) -> bool:
+    """A body that broke off mid-transfer (short, or cut by the connection): a fault that may pass."""
+    if isinstance(error, (ShortBody, http.client.IncompleteRead)):
+        return True
+    aiohttp = sys.modules.get("aiohttp")  # only there when an http(s) store was read
+    return aiohttp is not None and isinstance(error, (aiohttp.ClientPayloadError,
+                                                      aiohttp.http_exceptions.HttpProcessingError))
 
 
 def remote_hint(url: str, error: BaseException) -> str:
@@ -114,7 +161,12 @@ def remote_hint(url: str, error: BaseException) -> str:
     return ""
 
 
-def _retryable(error: BaseException, url: str) -> bool:
+def retryable(error: BaseException, url: str) -> bool:
+    """The one classifier of remote errors: True for a fault of the store or the network that may
+    pass on a later try (a timeout, a reset, a body cut short, HTTP 408/425/429/5xx); False for an
+    answer a retry cannot change (404, 403, other 4xx, a missing backend or credentials)."""
+    if any(_cut(e) for e in _chain(error)):
+        return True
     status = _status(error)
     if status is not None:
         return status in RETRY_STATUS
@@ -130,6 +182,9 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
         return f"HTTP {status} {phrase}".rstrip()
     if isinstance(error, TimeoutError):
         return f"no answer within the {policy.timeout:g} s timeout"
+    cuts = [e for e in _chain(error) if _cut(e)]
+    if cuts:  # the innermost says it best (aiohttp's outer error quotes it with its parser's "400")
+        return f"the body broke off before its end ({getattr(cuts[-1], 'message', None) or cuts[-1]})"
     if isinstance(error, FileNotFoundError):  # fsspec's http backend says so for a 404 only
         return "HTTP 404 Not Found" if url.startswith(("http://", "https://")) else "not found"
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
@@ -143,10 +198,10 @@ def with_retries(url: str, policy: RemotePolicy, attempt):
         tries += 1
         try:
             return attempt()
-        except ConfigError:
+        except (ConfigError, DiskError, RangeIgnored):  # ours, this machine's, or an answer to act on
             raise
         except Exception as e:
-            retry = _retryable(e, url)
+            retry = retryable(e, url)
             if retry and tries <= policy.retries:
                 time.sleep(policy.backoff * 2 ** (tries - 1))
                 continue
@@ -168,14 +223,59 @@ def open_url(url: str, mode: str = "rb", policy: RemotePolicy | None = None):
     return fs.open(path, mode)
 
 
-def read_bytes(url: str, policy: RemotePolicy | None = None) -> bytes:
-    """All of a (small) file: a local path, or a URL read with `policy`'s timeouts and retries."""
+def read_bytes(url: str, policy: RemotePolicy | None = None, nbytes: int | None = None) -> bytes:
+    """All of a (small) file: a local path, or a URL read with `policy`'s timeouts and retries.
+    `nbytes`: its size, as recorded; a shorter body (cut off) is retried."""
     if not is_remote(url):
         with open(local_path(url), "rb") as f:
             return f.read()
     policy = policy or RemotePolicy()
+    read = _reader(url, policy)
+
+    def get() -> bytes:
+        data = read(0, None)
+        if nbytes is not None and len(data) < nbytes:
+            raise ShortBody(f"the body ended after {len(data)} of {nbytes} bytes")
+        return data
+
+    return with_retries(url, policy, get)
+
+
+def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = None, into=None):
+    """Bytes [start, end) of a remote file, with `policy`'s timeouts and retries: the one GET of a
+    byte range. A shorter body (cut off) is retried; a longer one means the store ignored Range
+    (RangeIgnored, not retried: the caller reads the file whole). `into`: a writable buffer of
+    end - start bytes the body is read into (no bytes object made), returned filled."""
+    policy = policy or RemotePolicy()
+    read = _reader(url, policy)
+
+    def get():
+        data = read(start, end, into)
+        if len(data) < end - start:
+            raise ShortBody(f"asked bytes {start}-{end - 1}, the body ended after {len(data)} bytes")
+        if len(data) > end - start:
+            raise RangeIgnored(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
+        return data
+
+    return with_retries(url, policy, get)
+
+
+def _reader(url: str, policy: RemotePolicy):
+    """read(start, end, into=None) -> bytes of `url` (end None: to its end; `into`: a buffer to read
+    them into, returned as filled), without retries: shardkit's own client for http(s)
+    (http_ranges), else fsspec's."""
+    if url.split("://", 1)[0] in OWN_CLIENT:
+        return lambda start, end, into=None: http_get(url, start, end, policy.timeout, into)
     fs, path = filesystem(url, policy)
-    return with_retries(url, policy, lambda: fs.cat_file(path))
+
+    def read(start, end, into=None):
+        data = fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
+        if into is None or len(data) != len(into):
+            return data
+        into[:] = data
+        return into
+
+    return read
 
 
 def tmp_name(path: str | os.PathLike) -> str:

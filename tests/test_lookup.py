@@ -123,8 +123,8 @@ def test_dataset_without_key_bounds_is_scanned_once_per_shard(tmp_path, monkeypa
     ds = StreamingDataset(root, shuffle=False)
     expected = list(ds)
     scanned = []
-    keys_of = ds.reader.shard_keys
-    monkeypatch.setattr(ds.reader, "shard_keys", lambda s: scanned.append(s) or keys_of(s))
+    shard = ds.reader.shard  # a key lookup opens the shard for its keys alone (no rows)
+    monkeypatch.setattr(ds.reader, "shard", lambda s, rows=(): (len(rows) or scanned.append(s), shard(s, rows))[1])
     assert same(ds.get(expected[25]["__key__"]), expected[25])  # shards 0..2 scanned
     assert scanned == [0, 1, 2]
     with pytest.raises(SampleNotFound):
@@ -170,7 +170,11 @@ def test_lookup_over_http_through_the_shard_cache(served, tmp_path, fmt):  # noq
         assert same(ds[i], expected[i])
         assert same(ds.get(expected[i]["__key__"]), expected[i])
     fetched = {p for p in gets if "/shards/" in p}
-    assert fetched and all(gets[p] == 1 for p in fetched)  # each shard file fetched once, then cached
+    # http.server ignores Range: the first tar sample's ranged GET came back whole, so from then on
+    # shards are fetched whole, each once, and cached (over a store that honours Range a tar sample
+    # is read alone: test_remote_lookup.py). Parquet shards are fetched whole.
+    retried = {"/shards/data-00000.tar"} if fmt == "tar" else set()
+    assert fetched and all(gets[p] == 1 + (p in retried) for p in fetched)
     assert list((tmp_path / "cache").rglob(f"*.{fmt}"))
     with pytest.raises(SampleNotFound, match=f"in dataset {url}"):
         ds.get("class0/missing")

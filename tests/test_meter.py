@@ -557,3 +557,35 @@ def test_with_cuda_events_the_log_line_and_report_headline_gpu_idle(caplog):
     assert line.split("samples/s, ")[1].startswith("GPU idle 0.00% (CUDA events, fine); host starved 83.3%")
     report = meter.report().splitlines()
     assert report[1].startswith("GPU idle between steps 0.00%") and report[2].startswith("host wait 83.3%")
+
+
+def test_workers_busy_fetching_are_told_the_fetch_holds_them():
+    """Saturated workers that spend most of their CPU on the remote path: the fetch, not the decode."""
+    line = advice(dict(measured(60.0, 2.0), fetch_cpu_pct=70.0), num_workers=2, cpus=2, data=DataProfile("raw"))
+    assert line.startswith("needs 2.50x today's loader speed (60% starved): the workers spend 70% of their CPU "
+                           "fetching remote shards, not decoding") and "(up to 3.3x)" in line
+    little = advice(dict(measured(60.0, 2.0), fetch_cpu_pct=5.0), num_workers=2, cpus=2, data=DataProfile("raw"))
+    assert "fetching" not in little
+
+
+def test_fetch_cpu_comes_from_the_datasets_io_stats():
+    class Remote(list):
+        def io_stats(self):
+            return {"network_wait_s": 0.5, "bytes_fetched": 10, "fetch_cpu_s": 1.5}
+
+    class Loader:
+        num_workers = 2
+
+        def __init__(self, clock):
+            self.dataset, self.clock = Remote(), clock
+
+        def __iter__(self):
+            return fake_loader(self.clock, [0.03] * 50)
+
+    clock = FakeClock()
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(1.0))
+    for _ in meter.wrap(Loader(clock)):
+        clock.t += 0.02
+    s = meter.summary()  # 1.5 s of 1 core busy over a 2.5 s run
+    assert s["fetch_cpu_s"] == 1.5 and s["fetch_cpu_pct"] == pytest.approx(60.0)
+    assert "spent 60% of their CPU fetching" in meter.report()

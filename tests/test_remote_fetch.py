@@ -14,7 +14,7 @@ from throttled import Store
 from shardkit.errors import ShardError
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
-from shardkit.reader import cache as cache_module
+from shardkit.reader import download as download_module
 from shardkit.reader.dataset import StreamingDataset
 
 
@@ -51,7 +51,7 @@ def shard_gets(counter: Counter) -> dict:
 
 
 def test_large_shards_come_as_parallel_ranged_gets(data, store, tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_module, "PART", 8192)  # ~40 KB shards -> 5-6 ranged GETs each
+    monkeypatch.setattr(download_module, "PART", 8192)  # ~40 KB shards -> 5-6 ranged GETs each
     root, _ = data
     _, local = read(root, tmp_path / "unused")
     ds, remote = read(store.url, tmp_path / "cache", connections=4)
@@ -65,11 +65,11 @@ def test_large_shards_come_as_parallel_ranged_gets(data, store, tmp_path, monkey
     assert store.shard_bytes() == dataset_bytes(root)
     stats = ds.io_stats()
     assert stats["bytes_fetched"] == dataset_bytes(root) and stats["files_fetched"] == 2 * len(shards)
-    assert stats["network_wait_s"] > 0
+    assert stats["network_wait_s"] > 0 and stats["fetch_cpu_s"] > 0  # the remote path's CPU, counted beside
 
 
 def test_a_store_that_ignores_range_is_read_with_plain_gets(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_module, "PART", 8192)
+    monkeypatch.setattr(download_module, "PART", 8192)
     root, _ = data
     store = Store(root, latency=0.0, rate=None, ranges=False)
     try:
@@ -167,11 +167,12 @@ def test_a_store_killed_mid_epoch_fails_within_the_timeout_and_a_rerun_completes
     it = iter(make_loader(ds, batch_size=4, num_workers=0))
     got = keys_of([next(it)])
     store.kill()
-    start = time.monotonic()
-    with pytest.raises(ShardError, match=rf"cannot fetch shard {store.url}/shards/data-0000\d\.tar"):
+    # Within the bound, counted rather than timed: the shard in flight gets retries + 1 tries, each
+    # ending at the 2 s timeout at most.
+    with pytest.raises(ShardError, match=rf"cannot fetch shard {store.url}/shards/data-0000\d\.tar(\.idx\.parquet)?: .*"
+                                         r"\(tried 2 time\(s\) over [\d.]+ s, timeout 2 s"):
         for batch in it:
             got += batch["__key__"]
-    assert time.monotonic() - start < 15  # 2 tries x 2 s + 1 s of backoff, for the shard in flight
     del it
     # Nothing partial under a final name: every cached file is the verified copy.
     manifest = load_manifest(root)
@@ -195,7 +196,7 @@ def test_the_meter_says_when_the_readers_wait_on_the_network(data, tmp_path):
     from shardkit.meter import StarvationMeter
 
     root, _ = data
-    slow = Store(root, latency=0.05, rate=3e5)  # ~40 KB shards: ~0.2 s each, fetched as needed
+    slow = Store(root, latency=0.1, rate=3e5)  # each shard fetched as needed: its index, then itself
     try:
         ds = StreamingDataset(slow.url, cache_dir=str(tmp_path / "cache"), shuffle=False, fetch_ahead=0,
                               connections=1)
@@ -205,7 +206,8 @@ def test_the_meter_says_when_the_readers_wait_on_the_network(data, tmp_path):
         summary = meter.summary()
     finally:
         slow.close()
-    assert summary["network_wait_s"] > 0.5 and summary["bytes_fetched"] == dataset_bytes(root)
+    # At least the store's latency for each of the 8 GETs (a lower bound: the store sleeps that long).
+    assert summary["network_wait_s"] >= 8 * 0.1 and summary["bytes_fetched"] == dataset_bytes(root)
     assert summary["advice"].startswith("waiting on the network") and "fetch_ahead" in summary["advice"]
 
 
@@ -220,10 +222,14 @@ def test_network_advice_needs_the_network_to_be_most_of_the_wait():
     assert not advice(base, num_workers=2, cpus=2).startswith("waiting on the network")  # local data: no figure
 
 
-def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path, monkeypatch):
-    import shardkit.reader.batches as batches
+def tar_range_gets(store) -> int:
+    return sum(n for p, n in store.range_gets.items() if p.endswith(".tar"))
 
-    monkeypatch.setattr(batches, "RANGED_FROM", 100_000)  # the 4 shards of this batch: ~600 KB
+
+def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tmp_path, monkeypatch):
+    import shardkit.reader.remote as remote
+
+    monkeypatch.setattr(remote, "RANGED_FROM", 100_000)  # the 4 shards of this batch: ~600 KB
     root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
     store = Store(root, latency=0.01, rate=5e4)  # ~150 KB shards: ~3 s each; a sample: ~0.06 s
     try:
@@ -231,22 +237,35 @@ def test_a_first_batch_reads_its_samples_by_range_while_whole_shards_download(tm
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
         it = iter(make_loader(ds, batch_size=5, num_workers=0))
         first = next(it)
-        # Served before any shard arrived: one ranged GET per sample, its members side by side.
+        # Served before any shard arrived: its index, then a ranged GET per run of adjacent samples
+        # (a sample's members lie side by side), never a whole shard.
         assert cached(tmp_path / "cache") == set()
-        assert sum(store.range_gets.values()) == 5
+        assert 1 <= tar_range_gets(store) <= 5
         same(local, [first] + list(it))  # the same batches as a local read, the first one included
         stats = ds.io_stats()
-        assert dataset_bytes(root) < stats["bytes_fetched"] < dataset_bytes(root) * 1.05
+        assert dataset_bytes(root) < stats["bytes_fetched"] < dataset_bytes(root) * 1.1
     finally:
         store.close()
 
 
-def test_first_batches_by_range_only_when_they_are_a_small_share_of_the_epoch():
-    from shardkit.reader.base import first_by_range
+def test_rows_are_read_by_range_only_within_a_share_of_the_epoch(tmp_path, monkeypatch):
+    """Rows read by range are downloaded twice: a worker reads at most RANGED_SHARE of its epoch's
+    bytes so. Rank 0 of 8 reads 25 samples, so a batch of 5 is over its 10% and waits for whole shards."""
+    import shardkit.reader.remote as remote
+    from factory import loader_for
 
-    assert first_by_range(2090, 64, 2)  # 128 of 2,090 samples: read twice, 6%
-    assert not first_by_range(522, 64, 2)  # a rank's quarter: 25%, whole shards only
-    assert not first_by_range(9, 4, 0)
+    monkeypatch.setattr(remote, "RANGED_FROM", 1)
+    root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
+    store = Store(root, latency=0.0, rate=None)
+    try:
+        ds, loader = loader_for(store.url, monkeypatch, rank=0, world=8, bs=5, cache_dir=str(tmp_path / "cache"))
+        next(iter(loader))
+        assert tar_range_gets(store) == 0
+        ds, loader = loader_for(store.url, monkeypatch, rank=0, world=1, bs=5, cache_dir=str(tmp_path / "fresh"))
+        next(iter(loader))  # one rank: 200 samples, a batch is 2.5%
+        assert tar_range_gets(store) > 0
+    finally:
+        store.close()
 
 
 def test_small_shards_are_fetched_whole_even_for_a_first_batch(tmp_path):
@@ -255,7 +274,7 @@ def test_small_shards_are_fetched_whole_even_for_a_first_batch(tmp_path):
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
         next(iter(make_loader(ds, batch_size=5, num_workers=0)))
-        assert sum(store.range_gets.values()) == 0  # ~600 KB to fetch: below RANGED_FROM
+        assert tar_range_gets(store) == 0  # ~600 KB to fetch: below RANGED_FROM
     finally:
         store.close()
 
@@ -288,3 +307,54 @@ def test_workers_forked_after_the_main_process_fetched_make_their_own_connection
     assert ds[3]["__key__"]  # the main process fetched: its cache has connection threads now
     got = keys_of(make_loader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork"))
     assert sorted(got) == sorted(expected)
+
+
+def read_rows_by_range_while_shards_download(monkeypatch) -> None:
+    """Every batch may read by range the rows of shards not cached yet (here shards are small)."""
+    import shardkit.reader.remote as remote
+
+    monkeypatch.setattr(remote, "RANGED_FROM", 1)
+    monkeypatch.setattr(remote, "RANGED_SHARE", 1.0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_exactly_once_and_resume_with_rows_read_by_range(data, tmp_path, monkeypatch):
+    read_rows_by_range_while_shards_download(monkeypatch)
+    root, expected = data
+    store = Store(root, latency=0.05, rate=2e5)  # ~15 KB shards: ~0.1 s each, so early rows come by range
+    try:
+        exactly_once_and_resume(store.url, tmp_path / "cache", monkeypatch, expected)
+    finally:
+        store.close()
+    assert sum(n for p, n in store.range_gets.items() if p.endswith(".tar")) > 0  # rows were read by range
+    whole = {p: store.gets[p] - store.range_gets[p] for p in store.gets if p.endswith(".tar")}
+    assert set(whole.values()) == {1}  # and each shard was fetched whole once, for the rest
+
+
+def test_a_shard_that_stops_mid_download_while_its_rows_are_read_is_a_clear_error(tmp_path, monkeypatch):
+    from shardkit.reader import download
+
+    read_rows_by_range_while_shards_download(monkeypatch)
+    monkeypatch.setattr(download, "PART", 16384)
+    root, _ = make_dataset(tmp_path / "data", 200, shards=2, fields=("raw", "cls", "txt"), size=(32, 32))
+    local = {k: (raw, c, t) for b in read(root, tmp_path / "unused")[1]
+             for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"])}
+    store = Store(root, latency=0.01, rate=1e5)  # ~300 KB shards in 16 KB parts: ~3 s each
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=64, retries=1,
+                              connections=1)
+        it = iter(make_loader(ds, batch_size=5, num_workers=0))
+        got = [next(it)]  # read by range: the shards are still downloading
+        assert cached(tmp_path / "cache") == set()
+        store.cut("/shards/data-00001.tar", times=float("inf"))  # from now on every GET of it breaks off
+        with pytest.raises(ShardError, match=rf"cannot fetch shard {store.url}/shards/data-00001.tar: the body broke "
+                                             r"off before its end .*\(tried 2 time\(s\)"):
+            for batch in it:
+                got.append(batch)
+    finally:
+        store.close()
+    keys = keys_of(got)
+    assert len(keys) == len(set(keys))  # nothing yielded twice
+    for b in got:  # and nothing wrong
+        for k, raw, c, t in zip(b["__key__"], b["raw"], b["cls"], b["txt"]):
+            assert torch.equal(raw, local[k][0]) and int(c) == int(local[k][1]) and t == local[k][2]

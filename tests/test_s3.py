@@ -93,15 +93,38 @@ def test_s3_streams_the_same_samples_as_local_and_caches_them(s3, tmp_path):
     same(read(url, tmp_path / "cache", workers=0), local)  # the shards come from the verified cache
 
 
+def test_one_sample_from_s3_by_range(s3, tmp_path):
+    """ds[i] and ds.get on s3:// read the sample's range and its shard's index, never the shard."""
+    root, url, _ = s3
+    local = StreamingDataset(root, shuffle=False)
+    ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"))
+    for i in (0, 17, 35):
+        got, want = ds.get(local[i]["__key__"]), local[i]
+        assert got["__key__"] == want["__key__"] and torch.equal(got["raw"], want["raw"]) and got["txt"] == want["txt"]
+    assert not list((tmp_path / "cache").rglob("*.tar"))  # no shard fetched whole
+    assert 0 < ds.io_stats()["bytes_fetched"] < sum(s.bytes for s in ds.shards) / 4
+
+
 def test_a_changed_object_fails_its_checksum(s3, tmp_path):
+    """A value changed on the store: a checked read names its shard and key; an unchecked read
+    (whole-file sha256 as it is fetched) names the remote copy corrupt and keeps nothing."""
+    import io
+    import tarfile
+
+    from shardkit.errors import ChecksumMismatch
+
     _, url, fs = s3
     key = f"{BUCKET}/sets/demo/shards/data-00002.tar"
     data = bytearray(fs.cat(key))
-    data[700] ^= 0xFF  # same size, one byte flipped inside a member
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".raw"))
+    data[member.offset_data + 3] ^= 0xFF  # same size, one byte flipped inside a value
     fs.pipe(key, bytes(data))
-    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+    with pytest.raises(ChecksumMismatch, match=f"shard {url}/shards/data-00002.tar .*{member.name.split('.')[0]!r}"):
         read(url, tmp_path / "cache", workers=0, shuffle=False)
-    assert not list((tmp_path / "cache").rglob("data-00002.tar"))  # nothing unverified kept
+    with pytest.raises(ShardError, match=f"checksum mismatch for shard {url}/shards/data-00002.tar"):
+        read(url, tmp_path / "unchecked", workers=0, shuffle=False, checksums=False)
+    assert not list((tmp_path / "unchecked").rglob("data-00002.tar"))  # nothing unverified kept
 
 
 def test_credentials_come_from_the_named_profile(s3, tmp_path, monkeypatch):
@@ -160,11 +183,25 @@ def test_exactly_once_and_resume_at_another_world_size_from_s3_with_fetch_ahead(
     assert len(cached) == 8
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("s3_delay", [0.05])
+def test_exactly_once_and_resume_from_s3_with_rows_read_by_range(s3, tmp_path, monkeypatch):
+    from factory import make_dataset
+    from test_remote_fetch import exactly_once_and_resume, read_rows_by_range_while_shards_download
+
+    read_rows_by_range_while_shards_download(monkeypatch)
+    root, url, _ = s3
+    _, expected = make_dataset(tmp_path / "again", 36, shards=4, fields=("raw", "cls", "txt"))  # the same samples
+    loaders = exactly_once_and_resume(url, tmp_path / "cache", monkeypatch, expected)
+    fetched = sum(loader.source.io_stats()["bytes_fetched"] for loader in loaders)
+    assert fetched > sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)  # rows by range, then whole
+
+
 @pytest.mark.parametrize("s3_delay", [0.02])
 def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
     import s3fs
 
-    from shardkit.reader import cache as cache_module
+    from shardkit.reader import download as download_module
 
     root, url, _ = s3
     ranges, real = [], s3fs.S3FileSystem._cat_file
@@ -174,7 +211,7 @@ def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
         return await real(self, path, version_id=version_id, start=start, end=end)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
-    monkeypatch.setattr(cache_module, "PART", 8192)
+    monkeypatch.setattr(download_module, "PART", 8192)
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
     same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))
     tar = [(start, end) for path, start, end in ranges if path.endswith("data-00001.tar")]

@@ -1,6 +1,7 @@
 """A throttled object store on 127.0.0.1 for tests and bench/remote_bench.py: files of a folder over
 HTTP with a delay before the first byte, a bandwidth cap per connection, Range requests, counters
-of GETs and bytes sent, and a kill switch (a store that disappears mid-transfer)."""
+of GETs and bytes sent, bodies cut short on request (`cut`), and a kill switch (a store that
+disappears mid-transfer)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ CHUNK = 64 << 10  # bytes per paced send
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Connections waiting to be accepted. socketserver's 5 dropped the SYNs of a burst of ranged
+    # GETs (a batch's rows: 32 at once), which the client sent again only after 1 s.
+    request_queue_size = 256
 
     def handle_error(self, request, client_address):
         import sys
@@ -32,9 +36,10 @@ class Store:
     def __init__(self, root: str, latency: float = 0.05, rate: float | None = 25e6, ranges: bool = True,
                  port: int = 0):
         self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
-        self.gets, self.range_gets = Counter(), Counter()
+        self.gets, self.range_gets, self.heads = Counter(), Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
         self.dead = threading.Event()
+        self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
         self._lock = threading.Lock()
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
@@ -51,9 +56,29 @@ class Store:
         with self._lock:
             self.sent[path] += nbytes
 
+    def requests(self) -> int:
+        """Requests answered so far (GETs with their bodies, and HEADs): the store's round trips."""
+        return sum(self.gets.values()) + sum(self.heads.values())
+
     def shard_bytes(self) -> int:
         """Bytes sent of files under /shards/ (shards and their index sidecars)."""
         return sum(n for p, n in self.sent.items() if p.startswith("/shards/"))
+
+    def cut(self, path: str, times: float = 1, length: bool = True) -> None:
+        """The next `times` GETs of `path` (all of them: float('inf')) send half the body asked for,
+        then close the connection: with the full Content-Length (`length`), or without one, as a
+        server that streams its answer and dies."""
+        with self._lock:
+            self._cuts[path] = [times, length]
+
+    def _cutting(self, path: str):
+        """(cut this answer?, send Content-Length?), counting the cut down."""
+        with self._lock:
+            plan = self._cuts.get(path)
+            if not plan or plan[0] <= 0:
+                return False, True
+            plan[0] -= 1
+            return True, plan[1]
 
     def kill(self) -> None:
         """The store disappears: transfers in progress break off, new connections are refused."""
@@ -70,11 +95,16 @@ class Store:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as object stores do
+            # Headers and body go out in two sends: with Nagle's algorithm on, a small body waited for
+            # the client's delayed ACK (~40 ms a request on Linux), which no object store adds.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass
 
             def do_HEAD(self):
+                with store._lock:
+                    store.heads[self.path] += 1
                 self._answer(body=False)
 
             def do_GET(self):
@@ -99,13 +129,21 @@ class Store:
                     self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
                 else:
                     self.send_response(200)
-                self.send_header("Content-Length", str(end - start))
+                cut, length = store._cutting(self.path) if body else (False, True)
+                if length:
+                    self.send_header("Content-Length", str(end - start))
+                else:
+                    self.send_header("Connection", "close")
                 self.send_header("Accept-Ranges", "bytes" if store.ranges else "none")
                 self.end_headers()
                 if body:  # counted before the send: a client may have it all before the send returns
                     store.count(self.path, m is not None)
                     store.count_sent(self.path, end - start)
-                    store.count_sent(self.path, self._send(path, start, end) - (end - start))  # a cut send
+                    stop = start + (end - start) // 2 if cut else end
+                    store.count_sent(self.path, self._send(path, start, stop) - (end - start))  # a cut send
+                    if cut or not length:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
 
             def _send(self, path: str, start: int, end: int) -> int:
                 began, sent = time.monotonic(), 0

@@ -256,8 +256,9 @@ class StarvationMeter:
         stats = getattr(self._io, "io_stats", None)
         if callable(stats):  # remote datasets; warm-up included: the workers count from their start
             io = stats() or {}
-            out.update(network_wait_s=io.get("network_wait_s", 0.0), bytes_fetched=io.get("bytes_fetched", 0))
-        out.update(self._worker_figures(out["wait_s"] + out["step_s"]))
+            out.update(network_wait_s=io.get("network_wait_s", 0.0), bytes_fetched=io.get("bytes_fetched", 0),
+                       fetch_cpu_s=io.get("fetch_cpu_s", 0.0))
+        out.update(self._worker_figures(out["wait_s"] + out["step_s"], out.get("fetch_cpu_s", 0.0)))
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
@@ -269,13 +270,16 @@ class StarvationMeter:
             out["mixture"] = mixture
         return out
 
-    def _worker_figures(self, run_s: float) -> dict:
-        """Cores the workers kept busy (psutil), and the share of their time spent waiting on
-        the network where the dataset reports it (io_stats())."""
+    def _worker_figures(self, run_s: float, fetch_cpu_s: float = 0.0) -> dict:
+        """Cores the workers kept busy (psutil), the share of their time spent waiting on the
+        network and the share of their CPU spent fetching, where the dataset reports them (io_stats())."""
         out = self._cpu.figures()
         net = network_wait_s(self._io)
         if net is not None and self.num_workers and run_s > 0:
             out["network_wait_pct"] = min(100.0, 100.0 * net / (self.num_workers * run_s))
+        used = out.get("worker_cpu_cores", 0.0) * run_s
+        if net is not None and fetch_cpu_s > 0 and used > 0:
+            out["fetch_cpu_pct"] = min(100.0, 100.0 * fetch_cpu_s / used)
         return out
 
     def _epoch_start_figures(self, wait_s: float) -> dict:
@@ -349,7 +353,8 @@ class StarvationMeter:
         if "worker_cpu_cores" in s:
             lines.append(f"workers kept {s['worker_cpu_cores']:.1f} cores busy ({s['workers_measured']} measured)"
                          + (f", waited on the network {s['network_wait_pct']:.0f}% of the time"
-                            if "network_wait_pct" in s else ""))
+                            if "network_wait_pct" in s else "")
+                         + (f", spent {s['fetch_cpu_pct']:.0f}% of their CPU fetching" if "fetch_cpu_pct" in s else ""))
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]

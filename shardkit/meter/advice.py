@@ -121,6 +121,7 @@ def _bursts(figures: dict) -> bool:
 
 
 NETWORK_SHARE = 0.5  # of the readers' time spent waiting for remote shards: the network is the lever
+FETCH_CPU_SHARE = 0.2  # of the workers' CPU spent fetching (GETs, writes into the cache): a lever worth naming
 
 
 def network_share(figures: dict, num_workers: int | None) -> float:
@@ -192,18 +193,25 @@ def levers(figures: dict, num_workers: int, cpus: int, data: DataProfile) -> lis
     """(the most speed-up it can give, what to do) for each lever, from what was measured, the
     smallest change first:
     - fetch-ahead / connections: removes the network wait w, so at most 1 / (1 - w);
+    - a local copy: removes the CPU share f the workers spend fetching, so at most 1 / (1 - f);
     - more workers: at most cores / cores the workers keep busy (15 of 16 busy: 16/15). Time they
       spend blocked on the network counts as used here: more workers help there only as far as the
       store gives more bandwidth, which the meter cannot see;
     - less work per sample (build shards): the reference gain of the data's kind, None unknown."""
     used = figures["worker_cpu_cores"]
     net = figures.get("network_wait_pct", 0.0) / 100.0
+    fetch = figures.get("fetch_cpu_pct", 0.0) / 100.0
     busy = used + net * num_workers
     more = cpus / max(busy, 0.05 * num_workers) if num_workers < cpus else 1.0
     out = []
     if net > 0:
         out.append((1.0 / max(1e-6, 1.0 - net), f"raise fetch-ahead and connections to the store: the workers "
                                                 f"wait on the network {100 * net:.0f}% of the time"))
+    if fetch >= FETCH_CPU_SHARE:  # the fetch, not the decode, holds the workers' cores
+        out.append((1.0 / max(1e-6, 1.0 - fetch), f"the workers spend {100 * fetch:.0f}% of their CPU fetching "
+                                                  "remote shards, not decoding: read a local copy (copy the dataset "
+                                                  "to local disk, or keep cache_dir across runs: a second epoch "
+                                                  "fetches nothing)"))
     out.append((more, f"raise num_workers (now {num_workers}, keeping {used:.1f} of {cpus} cores busy) "
                       "and prefetch_factor"))
     if data.images in BUILD_LEVER:

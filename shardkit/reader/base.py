@@ -3,16 +3,16 @@ epoch, a worker's batches from the published position, and the hooks make_loader
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
-from shardkit.fs import is_remote
 from shardkit.identity import worker_identity, worker_info
 from shardkit.reader import decode
-from shardkit.reader.batches import last_uses
 from shardkit.reader.partition import Plan
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import STORED
@@ -111,11 +111,12 @@ class EpochDataset(IterableDataset):
     def io_stats(self) -> dict:
         """Network figures of every worker since the dataset was made (or reset_io_stats()):
         bytes_fetched, files_fetched (shards and indexes downloaded into the cache) and
-        network_wait_s (seconds readers waited for a remote shard, summed over workers)."""
-        return self.reader.net.totals()
+        network_wait_s (seconds readers waited for a remote shard, summed over workers) and
+        fetch_cpu_s (CPU seconds the remote path took: GETs, writes into the cache, checks)."""
+        return self.reader.remote.stats()
 
     def reset_io_stats(self) -> None:
-        self.reader.net.reset()
+        self.reader.remote.net.reset()
 
     @property
     def skipped_samples(self) -> int:
@@ -137,26 +138,26 @@ class EpochDataset(IterableDataset):
         stop = consumed + (len(plan) - consumed) // batch_size * batch_size if group > 1 and drop_last else None
         # Grouped items: each worker's first is one batch, so the first batch does not wait for a group.
         lead = batch_size if group > 1 else 0
-        done = {}
-        if self.config.cache_limit is not None and any(is_remote(r) for r in self.reader.shards.roots):
-            done = last_uses(plan.batches(consumed, worker, num_workers, stop, lead), self.reader.offsets)
         # Packed rows widen into pinned memory in the main process, untransformed.
         cross = group > 1 or (self.transform is None and self.batch_transform is None)
         cross = cross and getattr(transport, "pin", False)
         alloc = transport.alloc if transport is not None else None
-        if self.config.fetch_ahead and any(is_remote(r) for r in self.reader.shards.roots):
-            # Fetch ahead walks the same batches on a plan of its own (its thread computes the ids).
-            ahead = self.epoch_plan(epoch, layers, group * batch_size, drop_last and group == 1)
-            self.reader.start_fetching(ahead.batches(consumed, worker, num_workers, stop, lead),
-                                       ranged=int(first_by_range(len(plan) - consumed, batch_size, num_workers)))
+        remote = self.reader.remote
+
+        def walk(p):
+            return p.batches(consumed, worker, num_workers, stop, lead)
+
+        # The remote side walks the same batches in a thread (what to fetch, when a shard is done),
+        # on a copy of the plan: its order caches shuffle blocks, which two threads must not share.
+        remote.start(lambda: walk(copy.deepcopy(plan)), (len(plan) - consumed) // max(1, num_workers))
         try:
-            for j, ids in enumerate(plan.batches(consumed, worker, num_workers, stop, lead)):
+            for j, ids in enumerate(walk(plan)):
                 batch = self.load(ids, epoch, alloc, cross)
                 yield dict(batch, __batches__=_sizes(len(ids), batch_size)) if group > 1 else batch
-                for s in done.get(j, ()):
+                for s in remote.finished(j):
                     self.reader.close(s)
         finally:
-            self.reader.stop_fetching()
+            remote.stop()
 
     def group_size(self, batch_size: int, transport: bool = True) -> int:
         """Batches a worker builds per item: several for packed token rows sent through the loader's
@@ -194,22 +195,19 @@ class EpochDataset(IterableDataset):
         """One decoded sample at a time (a plain DataLoader batches them itself)."""
         epoch, consumed, layers = self.position.published()
         worker, num_workers = worker_identity()
-        for ids in self.epoch_plan(epoch, layers).batches(consumed, worker, num_workers):
-            batch = self.reader.read(ids, epoch)
-            for i in range(length(batch)):
-                sample = decode.unbatch(batch, i)
-                yield self.transform(sample) if self.transform else sample
-
-
-# A worker's first batch reads its samples by range (while whole shards download) when that costs
-# at most this share of the bytes the rank reads in the epoch: each sample is then downloaded twice.
-RANGED_FIRST_SHARE = 0.1
-
-
-def first_by_range(remaining: int, batch_size: int, num_workers: int) -> bool:
-    """Whether each worker's first batch is read by range: its samples, one batch per worker, are at
-    most RANGED_FIRST_SHARE of the `remaining` samples of the rank's epoch."""
-    return max(1, num_workers) * batch_size <= RANGED_FIRST_SHARE * remaining
+        plan, remote = self.epoch_plan(epoch, layers), self.reader.remote
+        remote.start(lambda: copy.deepcopy(plan).batches(consumed, worker, num_workers),
+                     (len(plan) - consumed) // max(1, num_workers))
+        try:
+            for j, ids in enumerate(plan.batches(consumed, worker, num_workers)):
+                batch = self.reader.read(ids, epoch)
+                for i in range(length(batch)):
+                    sample = decode.unbatch(batch, i)
+                    yield self.transform(sample) if self.transform else sample
+                for s in remote.finished(j):
+                    self.reader.close(s)
+        finally:
+            remote.stop()
 
 
 def _pinned(shape) -> np.ndarray:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 
 import numpy as np
@@ -12,22 +11,16 @@ import torch
 from shardkit.config import FLOAT_DTYPES, StreamConfig
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ChecksumMismatch, ShardError
-from shardkit.fs import is_remote, join
+from shardkit.fs import join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
-from shardkit.reader.cache import RangeIgnored, ShardCache
-from shardkit.reader.fetch import Fetcher, NetStats, first_uses, timed
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate
+from shardkit.reader.remote import Remote
 from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard, open_shard
 
 log = logging.getLogger(__name__)
 DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (its index in the mixture)
-# A first batch reads its samples by range when the shards it needs that are not cached yet hold
-# more than this: 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range
-# reads costs (an index and a sample per shard, mostly round trips). Below it (JPEG shards of a
-# few MB), whole shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
-RANGED_FROM = 64 << 20
 MAX_OPEN_SHARDS = 64  # per process; a shuffle block spans a few shards, so this rarely evicts
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
@@ -86,12 +79,9 @@ class BatchReader:
         self.float_dtype = config.dtype if config.dtype in FLOAT_DTYPES else None
         self.bad = torch.zeros(len(shards), dtype=torch.uint8).share_memory_()
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
-        self.net = NetStats()  # bytes fetched and time waited on the network, every worker's
-        self._readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files)
-        self._caches, self._row_groups = {}, None  # dataset -> ShardCache, made in the process that reads
-        self.fetcher = None  # a Fetcher while an epoch's batches are read (fetch_ahead > 0)
-        self._pid = os.getpid()  # threads, pools and locks made here are this process's only
-        self._ranged_left = 0  # batches still read by range where their shards are not cached yet
+        self.readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files): the open shards
+        self._row_groups = None  # made in the process that reads
+        self.remote = Remote(shards, config, tokens, _tagged)  # where a shard's files come from
 
     @property
     def skipped_shards(self) -> list[str]:
@@ -109,9 +99,7 @@ class BatchReader:
         while True:
             shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
             try:
-                batch = self._build(shard_idx, rows, epoch, alloc, cross, shared)
-                self._ranged_left = max(0, self._ranged_left - 1)
-                return batch
+                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
             except ShardError as e:
                 bad = getattr(e, "shard_index", None)
                 if self.config.on_error != "skip" or bad is None:
@@ -130,16 +118,15 @@ class BatchReader:
     def _build(self, shard_idx: np.ndarray, rows: np.ndarray, epoch: int, alloc, cross: bool,
                shared: bool) -> dict:
         n = len(rows)
-        groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
         needed = dict.fromkeys(shard_idx.tolist())
-        if self.fetcher is not None:  # all of this batch's shards download at once, not one by one
-            self.fetcher.want([s for s in needed if s not in self._readers])
-        ranged = self._read_by_range(needed, shard_idx, rows) if self._ranged_left else {}
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
+        self._open_all({s: rows[shard_idx == s] for s in needed})
+        groups = []  # (shard, reader, positions, rows) per shard, in first-seen order
+        for s in needed:
             pos = np.nonzero(shard_idx == s)[0]
-            groups.append((s, ranged.get(s) or self._reader(s), pos, rows[pos]))
+            groups.append((s, self.readers[s][0], pos, rows[pos]))
         tokens = self.tokens
         if tokens is not None and tokens.packed:
             if cross:  # widened in the main process (StreamingDataset.received), into pinned memory
@@ -183,195 +170,84 @@ class BatchReader:
             raise _tagged(ShardError(f"shard {self.shards.url(s)}: cannot decode field "
                                      f"{name!r} of an image in it ({e}); rebuild the dataset"), s) from e
 
-    def _reader(self, s: int):
-        if s in self._readers:
-            self._readers.move_to_end(s)
-            return self._readers[s][0]
+    def _open_all(self, needs: dict) -> None:
+        """Open the shards of `needs` ({shard: the rows read of it}) that are not open, or are open
+        over rows read by range (these rows may not be among them): their files come from
+        `remote`, all at once. At most MAX_OPEN_SHARDS stay open, the least recently read closed."""
+        ask = {s: r for s, r in needs.items() if s not in self.readers or self.readers[s][1].partial is not None}
         if self._row_groups is None:  # created lazily, in the process that reads: caches are per process
             self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
+        got = self.remote.pinned(ask) if ask else {}
+        try:
+            for s, pinned in list(got.items()):
+                entry = self.readers.get(s)
+                if entry is None or entry[1] is not pinned:
+                    if entry is not None:  # its whole file came: the rows read by range go
+                        self.close(s)
+                    self.readers[s] = (self._open(s, pinned, ask[s]), pinned)
+                del got[s]
+        finally:
+            for s, pinned in got.items():  # not opened (another failed first): unpinned now
+                if self.readers.get(s, (None, None))[1] is not pinned:
+                    self.remote.closed(s, pinned)
+        for s in needs:
+            self.readers.move_to_end(s)
+        while len(self.readers) > MAX_OPEN_SHARDS and next(iter(self.readers)) not in needs:
+            self.close(next(iter(self.readers)))
+
+    def shard(self, s: int, rows=()):
+        """The open reader of shard s (opened as a batch would open it: through the shard cache,
+        its checks made), where `rows` can be read; for ds[i], ds.get and the shard's keys."""
+        self._open_all({s: np.asarray(rows, np.int64)})
+        return self.readers[s][0]
+
+    def _open(self, s: int, pinned, rows):
+        """A reader of shard s over `pinned` (its files stay in the cache until close(s) unpins
+        them). A cached copy deleted behind the cache's back is fetched again, once."""
         url = self.shards.url(s)
         try:
             try:
-                self._readers[s] = self._open(s)
+                return self._reader_of(s, pinned)
             except FileNotFoundError:
-                if not self.cache(s).remote:
+                if not self.remote.cache(s).remote:
                     raise
-                # The cache pins what it hands out; a copy deleted behind its back is fetched again, once.
-                self._readers[s] = self._open(s)
+                pinned = self.remote.pinned({s: rows})[s]
+                return self._reader_of(s, pinned)
         except ShardError as e:
             raise _tagged(e, s)
         except FileNotFoundError as e:
             raise _tagged(missing_shard(url, e), s) from e
         except OSError as e:
             raise _tagged(ShardError(f"cannot open shard {url}: {e}"), s) from e
-        if len(self._readers) > MAX_OPEN_SHARDS:
-            self.close(next(iter(self._readers)))
-        return self._readers[s][0]
 
-    def is_open(self, s: int) -> bool:
-        """Whether shard s is open here (and its cached files pinned)."""
-        return s in self._readers
-
-    def shard_keys(self, s: int) -> list[str]:
-        """The sorted keys of shard s (the tar index's key column, the Parquet shard's), opened as a
-        batch would open it: through the shard cache, its checks made."""
-        return _guard(s, lambda: self._reader(s).keys)
-
-    def stored(self, s: int, field: str, row: int):
-        """The stored value of `field` at `row` of shard s (encoded bytes, int, str, dict; None where
-        the sample lacks it), checksum-checked, undecoded."""
-        reader = self._reader(s)
-        return _guard(s, lambda: reader.values(field, [row])[0]) if reader.has(field) else None
-
-    def cache(self, s: int) -> ShardCache:
-        """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
-        return self._cache_of(int(self.shards.part(s)))
-
-    def _cache_of(self, p: int) -> ShardCache:
-        self._forked()
-        if p not in self._caches:
-            self._caches[p] = ShardCache(self.shards.roots[p], self.config.cache_dir, self.config.cache_limit,
-                                         self.config.remote_policy(), self.config.connections, self.net.fetched)
-        return self._caches[p]
-
-    def _forked(self) -> None:
-        """In a process forked from the one that made them (DataLoader workers under fork), the
-        fetcher, the caches' connection pools and the counters' lock are copies without their
-        threads (a lock may even be copied held): drop them, they are made again here."""
-        if self._pid != os.getpid():
-            self._pid, self.fetcher, self._caches, self._ranged_left = os.getpid(), None, {}, 0
-            self.net.forked()
-
-    def start_fetching(self, batches, ranged: int = 0) -> None:
-        """Fetch remote shards ahead in the order these batches (arrays of ids, this worker's rest of
-        the epoch, computed in the fetch thread) first read them; local shards are left alone.
-        The next `ranged` batches read the samples of shards not yet cached by range (reader.ranged)."""
-        self._forked()
-        self.stop_fetching()
-        if self.config.fetch_ahead == 0 or not any(is_remote(r) for r in self.shards.roots):
-            return
-        self._ranged_left = ranged
-        for p in range(len(self.shards.roots)):  # made here: the fetch threads only look them up
-            self._cache_of(p)
-        order = (s for s in first_uses(batches, self.offsets) if is_remote(self.shards.root(s)))
-        # Whole shards download while the first batch is read by range. Starting them after it was
-        # tried: the second batch then waited for all of them, and an epoch of 2,090 raw images ran
-        # at ~0.65x the samples/s (two bench/remote_bench.py runs, not interleaved, shared VM).
-        self.fetcher = Fetcher(self._prefetch, self._reserve, ShardCache.release, order, self.config.fetch_ahead,
-                               skip=set(self._readers))
-
-    def _read_by_range(self, needed, shard_idx: np.ndarray, rows: np.ndarray) -> dict:
-        """Shard -> a RangedTar of this batch's rows, for each needed shard not open nor cached yet:
-        all at once (each is an index and a few samples, mostly round trips)."""
-        todo = [s for s in needed if s not in self._readers and not self.bad[s] and self._can_range(s)]
-        if sum(self._nbytes(s) for s in todo) < RANGED_FROM:  # whole shards come about as soon
-            return {}
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(s: int):
-            try:
-                return self._ranged(s, rows[shard_idx == s])
-            except RangeIgnored:  # read whole from now on
-                self.cache(s).ranges = False
-                return None
-            except ShardError as e:
-                raise _tagged(e, s)
-
-        with ThreadPoolExecutor(len(todo), thread_name_prefix="shardkit-first") as pool:
-            got = timed(self.net, lambda: list(pool.map(one, todo)))
-        return dict(zip(todo, got))
-
-    def _can_range(self, s: int) -> bool:
-        shard, cache = self.shards[s], self.cache(s)
-        return (cache.remote and cache.ranges is not False and shard.format == "tar" and bool(shard.index)
-                and self.tokens is None and self.config.checksums and not cache.has(shard.path))
-
-    def _ranged(self, s: int, rows: np.ndarray):
-        from shardkit.reader.ranged import RangedTar
-
-        cache, shard = self.cache(s), self.shards[s]
-        index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
-        try:
-            reader = RangedTar(self.shards.url(s), index, shard, self.specs, rows, cache.member_pool, cache.policy)
-        finally:
-            pin.release()
-        self.net.ranged(len(reader.mm))
-        return reader
-
-    def stop_fetching(self) -> None:
-        self._ranged_left = 0
-        if self.fetcher is not None:
-            self.fetcher.close()
-            self.fetcher = None
-
-    def _prefetch(self, s: int):
-        return self.cache(s).pin_shard(self.shards[s], wait=False)
-
-    def _reserve(self, s: int) -> str | None:
-        """Room in its cache for shard s and its index (ShardCache.reserve)."""
-        return self.cache(s).reserve(self._nbytes(s))
-
-    def _nbytes(self, s: int) -> int:
-        shard = self.shards[s]
-        return shard.bytes + ((shard.index.get("bytes") or 0) if shard.index else 0)
-
-    def _pinned(self, s: int):
-        """Shard s's files pinned: from the fetcher when it started them, else fetched here; the
-        time it takes for a remote shard is time waited on the network."""
-        cache, shard = self.cache(s), self.shards[s]
-        if not cache.remote:
-            return cache.pin_shard(shard)
-
-        def get():
-            got = self.fetcher.take(s) if self.fetcher is not None else None
-            return got if got is not None else cache.pin_shard(shard)
-
-        return timed(self.net, get)
-
-    def _open(self, s: int):
-        """(reader, PinnedShard): the shard's files stay in the cache until close(s) unpins them."""
-        shard = self.shards[s]
-        pinned, url = self._pinned(s), self.shards.url(s)
-        if self.cache(s).remote:  # checked when fetched: a later mismatch is damage to this copy
+    def _reader_of(self, s: int, pinned):
+        shard, url = self.shards[s], self.shards.url(s)
+        if pinned.partial is not None:
+            url = f"{url} (rows read by range)"
+        elif self.remote.cache(s).remote:  # complete when fetched: a later mismatch may be damage to this copy
             url = f"{url} (cached copy {pinned.path}: delete it to fetch the shard again)"
         try:
             if self.tokens is not None and self.tokens.packed:
                 reader = self.tokens.open(pinned.path, shard, url, self._row_groups)
             else:
                 reader = open_shard(pinned.path, shard, self.specs, url, index_path=pinned.index,
-                                    cache=self._row_groups, checks=self.config.checksums)
+                                    cache=self._row_groups, checks=self.config.checksums, partial=pinned.partial)
         except BaseException:
-            pinned.release()
+            self.remote.closed(s, pinned)
             raise
         pinned.release_index()
-        return reader, pinned
+        return reader
 
     def close(self, s: int) -> None:
         """Close shard s here and unpin its cached files (they may be evicted now)."""
-        entry = self._readers.pop(s, None)
+        entry = self.readers.pop(s, None)
         if entry is not None:
-            entry[1].release()
-            self.cache(s).evict()  # what the pin held over cache_limit may go now
+            self.remote.closed(s, entry[1])
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_readers"], state["_caches"], state["_row_groups"] = OrderedDict(), {}, None
-        state["fetcher"] = None
+        state["readers"], state["_row_groups"] = OrderedDict(), None
         return state
-
-
-def last_uses(batches, offsets: np.ndarray) -> dict[int, list[int]]:
-    """Batch index -> shards read for the last time in that batch, over an iterator of id arrays:
-    one pass, O(shards touched) memory. Closing those shards then unpins their cached copies, so
-    under a cache_limit a worker holds about the shards of its current shuffle block."""
-    last: dict[int, int] = {}
-    for j, ids in enumerate(batches):
-        for s in np.unique(locate(np.asarray(ids, np.int64), offsets)[0]).tolist():
-            last[s] = j
-    out: dict[int, list[int]] = {}
-    for s, j in last.items():
-        out.setdefault(j, []).append(s)
-    return out
 
 
 def _keys(groups, n: int) -> list:

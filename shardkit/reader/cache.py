@@ -1,4 +1,4 @@
-"""Remote shards: fetch through fsspec into a local cache that processes share (pinned, checksummed,
+"""Remote shards: fetched (reader.download) into a local cache that processes share (pinned, checksummed,
 LRU-evicted), a large file as parallel ranged GETs over the cache's connections.
 
 Each cached file `F` has a lock file `F.lock`. A reader holds a shared flock on it for as long as
@@ -13,144 +13,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import (RemotePolicy, RemoteError, filesystem, is_remote, join, local_path, sha256_file, tmp_name,
-                         with_retries)
+from shardkit.fs import RemotePolicy, is_remote, join, local_path
+from shardkit.reader.download import download
 
-CHUNK = 1 << 20
 LOCK = ".lock"
 EVICTOR_LOCK = ".evictor.lock"  # one evictor at a time per cache folder
 RESERVE = ".reserve-"  # room held for a fetch ahead: .reserve-{pid}-{id}, counted, never evicted while pid lives
 TMP = ".tmp-"
+FAILED = ".failed"  # beside a file whose last fetch failed: when, in which process, and why
 ATTEMPTS = 3  # pin tries when evictors keep removing a freshly fetched file (cache far too small)
-# Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a
-# 4 MiB part spends 77% of its time transferring (8 MiB: 87%), and each part in flight holds its
-# bytes in memory: connections x PART per process (32 MiB at 8 connections).
-PART = 4 << 20
-PROBE = 64 << 10  # the range that finds out whether a store honours Range
 
 
 def default_cache_dir() -> str:
     """$SHARDKIT_CACHE, else a shardkit-cache folder in the system temp dir."""
     return os.environ.get("SHARDKIT_CACHE") or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-
-
-def _fetch_once(fs, path: str, tmp: str, nbytes: int | None) -> str:
-    """One try: stream the file into tmp (rewritten from the start); returns its sha256."""
-    h = hashlib.sha256()
-    # http(s): one streamed GET; its size comes from the manifest, not from a HEAD request.
-    options = {"block_size": 0, "size": nbytes} if path.startswith(("http://", "https://")) and nbytes else {}
-    with fs.open(path, "rb", **options) as src, open(tmp, "wb") as out:
-        while block := src.read(CHUNK):
-            h.update(block)
-            out.write(block)
-    return h.hexdigest()
-
-
-class RangeIgnored(ValueError):  # a ValueError: never retried
-    """The store answered a Range request with other bytes than asked (it ignores Range)."""
-
-
-def _fetch_parts(fs, url: str, path: str, tmp: str, nbytes: int, pool, policy: RemotePolicy,
-                 probe: bool = False) -> str:
-    """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
-    in place into tmp; returns its sha256 (read back: the parts arrive out of order). `probe`: the
-    first PROBE bytes alone first (RangeIgnored, one whole-file GET spent, when the store ignores Range)."""
-    with open(tmp, "wb") as f:
-        f.truncate(nbytes)  # full size at once: the cache's listing counts it while it fills
-    fd = os.open(tmp, os.O_WRONLY)
-    failed = threading.Event()
-
-    def part(start: int, end: int) -> None:
-        if failed.is_set():  # another part failed for good: do not start this one
-            return
-        data = fs.cat_file(path, start=start, end=end)
-        if len(data) != end - start:
-            raise RangeIgnored(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
-        os.pwrite(fd, data, start)
-
-    def one(start: int, end: int) -> None:
-        try:
-            with_retries(url, policy, lambda: part(start, end))
-        except BaseException:
-            failed.set()
-            raise
-
-    try:
-        first = 0
-        if probe:  # a small first range: costs one round trip when Range works, one file when not
-            first = min(PROBE, PART)  # < nbytes: a store that ignores Range sends more than asked
-            pool.submit(one, 0, first).result()
-        futures = [pool.submit(one, start, min(start + PART, nbytes)) for start in range(first, nbytes, PART)]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in futures:
-            if f in done and f.exception() is not None:
-                failed.set()
-                wait(futures)  # no part may write into tmp after it is removed
-                raise f.exception()
-    finally:
-        os.close(fd)
-    return sha256_file(tmp)
-
-
-def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,
-             pool=None, ranges: bool | None = None) -> bool | None:
-    """Copy `url` to `dest` (temp + rename) after checking its sha256 and size against the manifest.
-
-    With a thread `pool` (its threads are the connections), a file of more than one PART is
-    fetched as parallel ranged GETs, so one large shard is not capped at one connection's speed.
-    `ranges`: whether the store honours Range (None: not known yet, the first part is tried
-    alone); a store that ignores it is read with one streamed GET. Returns what was learnt
-    about Range (None when nothing was)."""
-    policy = policy or RemotePolicy()
-    fs, path = filesystem(url, policy)
-    tmp = tmp_name(dest)
-    learnt = None
-    try:
-        try:
-            if pool is None or not nbytes or nbytes <= PART or ranges is False:
-                raise RangeIgnored("one GET")
-            digest = _fetch_parts(fs, url, path, tmp, nbytes, pool, policy, probe=ranges is None)
-            learnt = True
-        except RemoteError as e:
-            if not isinstance(e.__cause__, RangeIgnored):
-                raise
-            learnt, digest = False, _stream(fs, url, path, tmp, nbytes, policy, pool)
-        except RangeIgnored:
-            digest = _stream(fs, url, path, tmp, nbytes, policy, pool)
-    except RemoteError as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise ShardError(f"cannot fetch shard {url}: {e.detail}") from e
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-    n = os.path.getsize(tmp)
-    if digest != sha256 or (nbytes is not None and n != nbytes):
-        os.remove(tmp)
-        raise ShardError(f"checksum mismatch for shard {url}: got sha256 {digest[:16]}… ({n} bytes), "
-                         f"the manifest says {sha256[:16]}… ({nbytes} bytes); the remote copy is corrupt or "
-                         "changed since the build: rebuild or re-upload the dataset")
-    os.replace(tmp, dest)
-    return learnt
-
-
-def _stream(fs, url: str, path: str, tmp: str, nbytes: int | None, policy: RemotePolicy, pool) -> str:
-    """One streamed GET with retries; on the pool when there is one, so that it holds a connection."""
-    def attempt():
-        return with_retries(url, policy, lambda: _fetch_once(fs, path, tmp, nbytes))
-
-    return attempt() if pool is None else pool.submit(attempt).result()
 
 
 def _flock(path: str, mode: int) -> int | None:
@@ -189,10 +74,11 @@ class Pin:
 
 
 class PinnedShard:
-    """Local paths of a shard and its index sidecar, pinned until released."""
+    """Local paths of a shard and its index sidecar, pinned until released. `partial`: in place of
+    `path`, some rows of the shard read by range (reader.ranged), for a TarShard to read."""
 
-    def __init__(self, path: str, index: str | None, pins: tuple[Pin, Pin]):
-        self.path, self.index, self._pins = path, index, pins
+    def __init__(self, path: str | None, index: str | None, pins: tuple[Pin, Pin], partial=None):
+        self.path, self.index, self._pins, self.partial = path, index, pins, partial
 
     def release_index(self) -> None:
         """The index is read whole when the shard opens: after that it may go."""
@@ -204,58 +90,41 @@ class PinnedShard:
 
 
 class ShardCache:
-    """Local paths for shard files: the file itself when local, a verified cached copy when remote.
+    """Local paths for shard files: the file itself when local, a cached copy when remote.
 
-    A cached copy appears under its final name only after its checksum passed, so existence
-    means verified. `cache_limit` bounds the bytes in this dataset's cache folder, plus the
-    files that readers have pinned at that moment (each DataLoader worker pins the shards of
-    its current shuffle block and those fetched ahead for it; the dataset unpins a shard after
-    its last batch of the epoch). Every GET runs on a pool of `connections` threads, made in
-    the process that fetches; `on_fetch(nbytes)` is told each verified file.
+    A cached copy appears under its final name only after it was fetched whole and checked (its
+    size always; its sha256 unless every value read from it is checked against its own checksum),
+    so existence means complete. `cache_limit` bounds the bytes in this dataset's cache folder,
+    plus the files that readers have pinned at that moment (each DataLoader worker pins the shards
+    of its current shuffle block and those fetched ahead for it; the dataset unpins a shard after
+    its last batch of the epoch). A large file's GETs run on `pool` (the process's connections);
+    `on_fetch(nbytes)` is told each file fetched. A fetch that failed is recorded beside the file,
+    and a process that started before the failure (`since`, seconds since the epoch) and waited on
+    it fails at once with the same error instead of trying again.
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 policy: RemotePolicy | None = None, connections: int = 8, on_fetch=None):
+                 policy: RemotePolicy | None = None, pool=None, on_fetch=None):
         self.root, self.remote, self.limit = str(root), is_remote(root), cache_limit
-        self.policy = policy or RemotePolicy()
-        self.connections, self.on_fetch = connections, on_fetch
-        self.dir = None
+        self.policy, self.pool, self.on_fetch = policy or RemotePolicy(), pool, on_fetch
+        self.base, self.dir = cache_dir or default_cache_dir(), None
         if self.remote:
-            tag = hashlib.sha256(self.root.encode()).hexdigest()[:16]
-            self.dir = os.path.join(cache_dir or default_cache_dir(), tag)
+            self.dir = os.path.join(self.base, hashlib.sha256(self.root.encode()).hexdigest()[:16])
         self.fetched = 0
         self.ranges = None  # whether the store honours Range requests: learnt from the first large file
-        self._pool = self._member_pool = None
-        self._pool_lock = threading.Lock()
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        """The connections: every GET of a file into this cache runs on one of these threads."""
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="shardkit-get")
-            return self._pool
-
-    @property
-    def member_pool(self) -> ThreadPoolExecutor:
-        """Connections of their own for a batch's samples read by range (reader.ranged), so that they
-        do not queue behind the parts of whole shards: 4x as many, since a sample's GET (150 KB) is
-        mostly the store's latency, and a first batch of 64 samples then takes 2 round trips, not 8."""
-        with self._pool_lock:
-            if self._member_pool is None:
-                self._member_pool = ThreadPoolExecutor(4 * self.connections, thread_name_prefix="shardkit-range")
-            return self._member_pool
+        self.since = time.time()
 
     def has(self, rel: str) -> bool:
-        """Whether file `rel` is in the cache now (verified: only checked copies have final names)."""
+        """Whether file `rel` is in the cache now (complete: only checked copies have final names)."""
         return not self.remote or os.path.exists(os.path.join(self.dir, rel))
 
     def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True,
-            direct: bool = False) -> tuple[str, Pin] | None:
+            direct: bool = False, verify=True) -> tuple[str, Pin] | None:
         """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
         `wait=False`: None at once when another process is fetching the file (or evicting it).
         `direct`: fetched by this thread, not queued on the connections (a small index sidecar: its
-        lock is held while it downloads, and a reader waiting on it must not wait for whole shards)."""
+        lock is held while it downloads, and a reader waiting on it must not wait for whole shards).
+        `verify`: check the fetched file's sha256 (reader.download)."""
         if not self.remote:
             return join(local_path(self.root), rel), Pin()
         dest = os.path.join(self.dir, rel)
@@ -280,29 +149,53 @@ class ShardCache:
                 time.sleep(pause)
                 pause = min(2 * pause, 0.5)
                 continue
-            try:
-                if not os.path.exists(dest):
-                    _remove_stale_temps(dest)
-                    learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy,
-                                      None if direct else self.pool, self.ranges)
-                    self.ranges = self.ranges if learnt is None else learnt
-                    self.fetched += 1
-                    if self.on_fetch is not None:
-                        self.on_fetch(os.path.getsize(dest))
-                # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                    return dest, Pin(fd)
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
+            got = self._fill(fd, rel, (sha256, nbytes, verify), direct)
+            if got is not None:
+                return got
             evicted += 1
         raise ShardError(f"cannot keep {join(self.root, rel)} in the cache: other processes evicted it "
                          f"{ATTEMPTS} times before it could be opened; cache_limit={self.limit} bytes is too "
                          "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
+
+    def _fill(self, fd: int, rel: str, expect: tuple, direct: bool) -> tuple[str, Pin] | None:
+        """With `fd` (rel's lock) held exclusively: fetch `rel` unless another process just did, then
+        turn the lock into a pin. None (fd closed) when an evictor took the file in between."""
+        dest = os.path.join(self.dir, rel)
+        try:
+            if not os.path.exists(dest):
+                self._fetch(rel, dest, expect, direct)
+            # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(dest + LOCK).st_ino:
+                return dest, Pin(fd)
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
+    def _fetch(self, rel: str, dest: str, expect: tuple, direct: bool) -> None:
+        """Download `rel` into `dest`, its lock held exclusively. A failure is recorded beside it for
+        the processes waiting on the same file: those that started before it fail at once."""
+        recorded = _failure(dest, self.since)
+        if recorded is not None:
+            raise ShardError(recorded)
+        _remove_stale_temps(dest)
+        sha256, nbytes, verify = expect
+        try:
+            learnt = download(join(self.root, rel), dest, sha256, nbytes, self.policy, None if direct else self.pool,
+                              self.ranges, verify, self.base)
+        except ShardError as e:
+            _record_failure(dest, e)
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(dest + FAILED)
+        self.ranges = self.ranges if learnt is None else learnt
+        self.fetched += 1
+        if self.on_fetch is not None:
+            self.on_fetch(os.path.getsize(dest))
 
     def reserve(self, nbytes: int) -> str | None:
         """Room in the cache for a fetch ahead of `nbytes`: a reservation file of that size (sparse)
@@ -331,21 +224,20 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(reservation)
 
-    def held(self) -> int:
-        """Bytes in this cache's folder now (fetches in progress count at their full size)."""
-        return _listing(self.dir)[1] if os.path.isdir(self.dir) else 0
-
-    def pin_shard(self, shard: ShardInfo, wait: bool = True) -> PinnedShard | None:
+    def pin_shard(self, shard: ShardInfo, wait: bool = True, checked=None) -> PinnedShard | None:
         """A shard and its index, local and pinned; over cache_limit, unpinned copies are evicted.
-        `wait=False`: None at once when another process is fetching either file."""
+        `wait=False`: None at once when another process is fetching either file. `checked(path,
+        index)`: whether every value read from the fetched file will be checked against its own
+        checksum (then its sha256 is not computed: one check per byte); None: check the sha256."""
         index, index_pin = None, Pin()
         if shard.index:
             got = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), wait, direct=True)
             if got is None:
                 return None
             index, index_pin = got
+        verify = True if checked is None else (lambda path: not checked(path, index))
         try:
-            got = self.pin(shard.path, shard.sha256, shard.bytes, wait)
+            got = self.pin(shard.path, shard.sha256, shard.bytes, wait, verify=verify)
         except BaseException:
             index_pin.release()
             raise
@@ -354,20 +246,6 @@ class ShardCache:
             return None
         self.evict()
         return PinnedShard(got[0], index, (got[1], index_pin))
-
-    def close(self) -> None:
-        """Stop this cache's connection threads (made again if it fetches later)."""
-        with self._pool_lock:
-            pools, self._pool, self._member_pool = (self._pool, self._member_pool), None, None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-
-    def __getstate__(self):
-        return dict(self.__dict__, _pool=None, _member_pool=None, _pool_lock=None)
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _pool_lock=threading.Lock())
 
     def evict(self) -> int:
         """Delete least recently used copies that no process pins until the folder fits
@@ -417,6 +295,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _record_failure(dest: str, error: ShardError) -> None:
+    with contextlib.suppress(OSError):  # a disk too full for this: the others try for themselves
+        with open(dest + FAILED, "w") as f:
+            json.dump({"time": time.time(), "pid": os.getpid(), "error": str(error)}, f)
+
+
+def _failure(dest: str, since: float) -> str | None:
+    """The error of a fetch of `dest` that failed since `since` (in any process), else None."""
+    try:
+        with open(dest + FAILED) as f:
+            record = json.load(f)
+        if record["time"] >= since:
+            return (f"{record['error']} (failed {time.time() - record['time']:.0f} s ago in process {record['pid']}, "
+                    "which shares this cache; tried again from the next epoch)")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def _remove_stale_temps(dest: str) -> None:
     """Delete the temp files of fetches of `dest` that a killed process left behind. Called with
     dest's lock held exclusively, so no live fetch of dest owns one; without a cache_limit nothing
@@ -434,7 +331,7 @@ def _listing(folder: str) -> tuple[list[tuple[int, int, str]], int]:
     files, total = [], 0
     for dirpath, _, names in os.walk(folder):
         for name in names:
-            if name.endswith(LOCK):
+            if name.endswith((LOCK, FAILED)):
                 continue
             path = os.path.join(dirpath, name)
             with contextlib.suppress(FileNotFoundError):
@@ -449,11 +346,7 @@ def fetch_to_temp(root: str, shard: ShardInfo, policy: RemotePolicy | None = Non
     """Fetch one remote shard (and its index) into a temp folder, checked; removed on exit."""
     tmp = tempfile.mkdtemp(prefix="shardkit-fetch-")
     try:
-        cache = ShardCache(root, cache_dir=tmp, policy=policy)
-        try:
-            pinned = cache.pin_shard(shard)
-        finally:
-            cache.close()
+        pinned = ShardCache(root, cache_dir=tmp, policy=policy).pin_shard(shard)
         try:
             yield pinned.path, pinned.index
         finally:

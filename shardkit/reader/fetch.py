@@ -12,6 +12,7 @@ that fetch's lock (one download per node).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,11 +31,14 @@ MAX_FETCHES = 80
 
 
 class NetStats:
-    """Bytes and files fetched, and seconds readers waited for shards, per DataLoader worker in
-    shared memory: the main process sums what every worker process did."""
+    """Bytes and files fetched, seconds readers waited for shards, and the CPU seconds the remote
+    path took (fetch threads and the client's event loop), per DataLoader worker in shared memory:
+    the main process sums what every worker process did."""
+
+    COLUMNS = ("bytes_fetched", "files_fetched", "network_wait_s", "fetch_cpu_s", "loop_cpu_s")
 
     def __init__(self):
-        self.table = torch.zeros((COUNTED_WORKERS, 3), dtype=torch.float64).share_memory_()
+        self.table = torch.zeros((COUNTED_WORKERS, len(self.COLUMNS)), dtype=torch.float64).share_memory_()
         self._lock = threading.Lock()
 
     def _add(self, column: int, value: float) -> None:
@@ -47,16 +51,27 @@ class NetStats:
         self._add(1, 1)
 
     def ranged(self, nbytes: int) -> None:
-        """Bytes of samples read by range (a first batch), besides the files fetched."""
+        """Bytes of rows read by range, besides the files fetched."""
         self._add(0, nbytes)
 
     def waited(self, seconds: float) -> None:
         self._add(2, seconds)
 
+    def cpu(self, seconds: float) -> None:
+        """CPU seconds a fetch thread spent on a GET (its own clock: what it waits for is not counted)."""
+        self._add(3, seconds)
+
+    def loop(self) -> None:
+        """This process's event-loop thread's CPU so far (fsspec runs every GET's I/O there), as a total."""
+        seconds = loop_cpu()
+        if seconds is not None:
+            with self._lock:
+                self.table[worker_identity()[0] % COUNTED_WORKERS, 4] = seconds
+
     def totals(self) -> dict:
-        """{'bytes_fetched', 'files_fetched', 'network_wait_s'} over every worker so far."""
-        b, f, w = self.table.sum(0).tolist()
-        return {"bytes_fetched": int(b), "files_fetched": int(f), "network_wait_s": w}
+        """{'bytes_fetched', 'files_fetched', 'network_wait_s', 'fetch_cpu_s'} over every worker so far."""
+        b, f, w, cpu, loop = self.table.sum(0).tolist()
+        return {"bytes_fetched": int(b), "files_fetched": int(f), "network_wait_s": w, "fetch_cpu_s": cpu + loop}
 
     def reset(self) -> None:
         self.table.zero_()
@@ -72,34 +87,112 @@ class NetStats:
         self.table, self._lock = state["table"], threading.Lock()
 
 
-def first_uses(batches, offsets: np.ndarray):
-    """Shard indexes in the order a worker's batches (arrays of ids) first read them, lazily."""
-    seen: set[int] = set()
-    for ids in batches:
-        for s in dict.fromkeys(locate(np.asarray(ids, np.int64), offsets)[0].tolist()):
-            if s not in seen:
-                seen.add(s)
-                yield s
+def loop_cpu() -> float | None:
+    """CPU seconds of fsspec's event-loop thread in this process (None when it has none)."""
+    asyn = sys.modules.get("fsspec.asyn")
+    thread = getattr(asyn, "iothread", [None])[0] if asyn is not None else None
+    if thread is None or not thread.is_alive():
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, AttributeError):  # the thread ended meanwhile, or no per-thread clocks here
+        return None
+
+
+def on_cpu(stats: NetStats, work):
+    """work(), the CPU time of the thread that runs it counted as the remote path's."""
+    start = time.thread_time()
+    try:
+        return work()
+    finally:
+        stats.cpu(time.thread_time() - start)
+
+
+class EpochWalk:
+    """One walk over a worker's batches of an epoch (arrays of ids), in a thread of its own so the
+    first batch does not wait for it: the shards in the order the batches first read them (for
+    fetching ahead), and the batch after which each is read no more (to close it: under a
+    cache_limit that unpins it, so a worker holds about the shards of its current shuffle block).
+    O(shards read) memory."""
+
+    def __init__(self, batches, offsets: np.ndarray):
+        self._first: list[int] = []
+        self._last: dict[int, int] = {}
+        self._ends: list | None = None  # (last batch, shard) once the walk is done, sorted
+        self._done = self._closed = False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._walk, args=(batches, offsets), name="shardkit-walk", daemon=True).start()
+
+    def _walk(self, batches, offsets) -> None:
+        try:
+            for j, ids in enumerate(batches):
+                if self._closed:
+                    return
+                read = dict.fromkeys(locate(np.asarray(ids, np.int64), offsets)[0].tolist())
+                new = [s for s in read if s not in self._last]
+                self._last.update(dict.fromkeys(read, j))
+                if new:
+                    with self._cond:
+                        self._first.extend(new)
+                        self._cond.notify_all()
+        finally:  # a plan that fails fails in the reader's own walk too, which raises it
+            with self._cond:
+                self._ends = sorted((j, s) for s, j in self._last.items())
+                self._done = True
+                self._cond.notify_all()
+
+    def first_uses(self):
+        """Shard indexes in first-use order, as the walk finds them."""
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._first) and not self._done and not self._closed:
+                    self._cond.wait()
+                if i >= len(self._first) or self._closed:
+                    return
+                s = self._first[i]
+            i += 1
+            yield s
+
+    def finished(self, j: int) -> list[int]:
+        """Shards read for the last time in batch j or before, each once; none before the walk is done."""
+        with self._cond:
+            if not self._done:
+                return []
+        k = 0
+        while k < len(self._ends) and self._ends[k][0] <= j:
+            k += 1
+        out, self._ends = [s for _, s in self._ends[:k]], self._ends[k:]
+        return out
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 class Fetcher:
     """Fetches shards ahead of one worker's reads. `pin(s)` fetches shard s if needed and returns
     it pinned (None when another process is fetching it); `reserve(s)` holds room for s in the
     cache (None when there is none now), and `release(reservation)` gives it back once s landed;
-    `order` yields shard indexes in first-use order; `skip`: shards already open."""
+    `order` yields shard indexes in first-use order; `skip`: shards already open. Nothing starts
+    before the first `want` (the reader's first batch): its own GETs go first."""
 
     def __init__(self, pin, reserve, release, order, ahead: int, skip=()):
         self._pin, self._reserve, self._release, self._order, self.ahead = pin, reserve, release, iter(order), ahead
         self._started: dict[int, Future] = {}  # fetched or fetching, not yet taken by the reader
         self._taken: set[int] = set(skip)
         self._cond = threading.Condition()
-        self._closed = False
+        self._closed = self._going = False
         self._pool = ThreadPoolExecutor(MAX_FETCHES, thread_name_prefix="shardkit-fetch")
         self._planner = threading.Thread(target=self._plan, name="shardkit-fetch-plan", daemon=True)
         self._planner.start()
 
     def _plan(self) -> None:
         """Start shards in first-use order while the window and the cache have room."""
+        with self._cond:
+            while not self._going and not self._closed:
+                self._cond.wait()
         for s in self._order:
             while True:
                 with self._cond:
@@ -133,6 +226,8 @@ class Fetcher:
         with self._cond:
             for s in shards:
                 self._start(int(s))
+            self._going = True
+            self._cond.notify_all()
 
     def take(self, s: int):
         """Shard s pinned, once its fetch is done (its error raised here); None when this fetcher
@@ -157,12 +252,3 @@ class Fetcher:
 def _release(future: Future) -> None:
     if not future.cancelled() and future.exception() is None and future.result() is not None:
         future.result().release()
-
-
-def timed(stats: NetStats, get):
-    """get(), its duration counted as time waited on the network."""
-    start = time.perf_counter()
-    try:
-        return get()
-    finally:
-        stats.waited(time.perf_counter() - start)

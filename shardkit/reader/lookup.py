@@ -1,10 +1,11 @@
 """Random access on one dataset: a sample by its global index or by its key, read as streaming reads it.
 
-Both go through the dataset's BatchReader, so a looked-up sample is decoded, checksum-checked
-(check_digests) and cached exactly as a streamed one: a tar sample is sliced out of the mapped shard
-by its index sidecar's offsets, a Parquet value by its page offsets (or its row group), a remote
-shard comes through the shard cache. Nothing reads a whole shard for one sample, apart from the
-shard's keys (the index sidecar's key column, a Parquet shard's key column) when a key is looked up.
+Both go through the dataset's BatchReader, so a looked-up sample is decoded and checksum-checked
+(check_digests) exactly as a streamed one: a tar sample is sliced out of the mapped shard by its
+index sidecar's offsets, a Parquet value by its page offsets (or its row group). Nothing reads a
+whole shard for one sample, apart from the shard's keys (the index sidecar's key column, a Parquet
+shard's key column) when a key is looked up. A remote tar sample is read by range (its index,
+cached, then its bytes: reader.ranged); a remote Parquet shard comes whole through the shard cache.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import operator
 import numpy as np
 
 from shardkit.errors import ConfigError, IndexOutOfRange, SampleNotFound, ShardError
-from shardkit.fs import is_remote
 from shardkit.reader import decode
 from shardkit.reader.base import length
 from shardkit.reader.partition import locate
@@ -37,7 +37,7 @@ class Lookup:
         # A shard a lookup opened stays open (pinned in the shard cache) for the next lookup; under
         # a remote cache_limit only the last one does, or lookups over many shards would pin them
         # all (up to the reader's open-shard limit) and fill the cache past its limit.
-        self.bounded = ds.config.cache_limit is not None and any(is_remote(r) for r in ds.reader.shards.roots)
+        self.bounded = ds.reader.remote.bounded
         self._own: int | None = None
 
     def _index_bounds(self) -> None:
@@ -83,8 +83,10 @@ class Lookup:
     def stored(self, i: int, field: str):
         """Field `field` of sample i as stored (an image's encoded bytes), checksum-checked, undecoded."""
         s, rows = locate(self._stored_ids(i), self.ds.reader.offsets)
-        self._visit(int(s[0]))
-        value = self.ds.reader.stored(int(s[0]), field, int(rows[0]))
+        s, row = int(s[0]), int(rows[0])
+        self._visit(s)
+        reader = self.ds.reader.shard(s, [row])
+        value = reader.values(field, [row])[0] if reader.has(field) else None
         return bytes(value) if isinstance(value, (memoryview, bytearray)) else value
 
     def get(self, key: str, default=MISSING):
@@ -144,7 +146,7 @@ class Lookup:
     def _row(self, s: int, key: str) -> int | None:
         """The row of `key` in shard s (its keys are sorted), or None; records the shard's bounds."""
         self._visit(s)
-        keys = self.ds.reader.shard_keys(s)
+        keys = self.ds.reader.shard(s).keys
         if len(keys) and self.first[s] is None:
             self.first[s], self.last[s] = keys[0], keys[-1]
             self.unbounded -= 1
@@ -162,5 +164,6 @@ class Lookup:
         if self._own is not None and self._own != s:
             reader.close(self._own)
             self._own = None
-        if not reader.is_open(s):
+        if s not in reader.readers:
             self._own = s
+

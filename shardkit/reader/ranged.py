@@ -1,92 +1,152 @@
-"""A remote tar shard's rows read by ranged GETs, for a batch that cannot wait for whole shards.
+"""Rows of remote tar shards read by ranged GETs: for batches that cannot wait for whole shards, and
+for one sample (ds[i], ds.get, `shardkit show`) without its shard.
 
-A worker's first batch of an epoch draws its samples from a whole shuffle block: with the default
-16,384-sample block, ~150 shards of 16 MB of raw 224² images. Waiting for them all before the first
-batch took seconds; reading just the batch's samples (one GET per sample, its members side by side
-in the tar) from the offsets in the shard's index sidecar takes a few round trips, while the whole
-shards keep downloading for the batches after it. Each value read this way is checked against the
-xxh3 the index records (so this is used only with checksums on), exactly as a mapped shard's.
+A worker's first batch of an epoch draws its samples from a whole shuffle block, so it needs many
+shards; waiting for them all took seconds. Reading just the rows asked for (one GET per run of
+adjacent rows: a sample's members lie side by side in the tar) at the offsets the shard's index
+sidecar records takes two round trips: the sidecar (cached, it is needed anyway), then the rows.
+The rows land at their own offsets in an anonymous mapping the shard's size (pages are only
+allocated where something was written), and a TarShard reads them from it as from the file; each
+value is checked against the xxh3 the index records, so this path needs checksums on.
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import RemoteError, filesystem, with_retries
-from shardkit.reader.cache import RangeIgnored
-from shardkit.reader.shards import TarShard, _index_bytes
+from shardkit.fs import RemoteError, read_range
+from shardkit.reader.cache import Pin, PinnedShard
+from shardkit.reader.shards import read_index
+
+# Rows whose bytes lie this close are read in one GET: a round trip costs far more than the gap
+# (tar headers between adjacent samples: 512 bytes per member).
+MERGE_GAP = 64 << 10
 
 
-class RangedTar(TarShard):
-    """The rows `rows` of a remote tar shard, read by one ranged GET per row on `pool`; reads the
-    same values as a TarShard over the whole file (values, fill, keys, has) for those rows only."""
+class Landed:
+    """One shard's rows read by range so far, in this process: `buf` (the shard's size, a row's
+    bytes at their own offsets), `spans` ((lo, hi) of each row's members, from its index) and
+    `landed` (rows whose bytes are in `buf`). `pinned` is what the reader opens (reader.cache.PinnedShard)."""
 
-    def __init__(self, url: str, index_path: str, shard: ShardInfo, specs: dict, rows, pool, policy):
-        import pyarrow.parquet as pq
+    def __init__(self, shard: ShardInfo, index_path: str, url: str, pinned: PinnedShard):
+        self.spans = _spans(index_path, shard, url)
+        self.buf = mmap.mmap(-1, max(1, shard.bytes))  # anonymous: zero pages until written
+        self.landed = np.zeros(shard.samples, bool)
+        self.pinned = pinned
+        pinned.partial = self.buf
 
-        self.url, self.specs, self.checks = url, specs, True
-        try:
-            t = pq.read_table(_index_bytes(index_path, shard, url, True))
-        except ShardError:
-            raise
-        except Exception as e:  # pyarrow errors: the index cannot be used
-            raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
-        self.keys = t.column("__key__").to_pylist()
-        fields = [n[:-7] for n in t.column_names if n.endswith(".offset")]
-        offsets = {f: t.column(f + ".offset").to_numpy().astype(np.int64) for f in fields}
-        self.sizes = {f: t.column(f + ".size").to_numpy().astype(np.int64) for f in fields}
-        self.sums = {f: t.column(f + CHECKSUM_SUFFIX).to_numpy() for f in fields
-                     if f + CHECKSUM_SUFFIX in t.column_names}
+    def missing(self, rows) -> np.ndarray:
         rows = np.unique(np.asarray(rows, np.int64))
-        spans = _spans(offsets, self.sizes, rows)
-        data = _fetch(url, spans, pool, policy)
-        # One buffer of the rows' spans; each value's offset moved into it (-1 stays: absent).
-        self.mm = b"".join(data)
-        self.buf = np.frombuffer(self.mm, np.uint8)
-        base = np.cumsum([0] + [len(d) for d in data[:-1]])
-        self.offsets = {}
-        for f, offs in offsets.items():
-            moved = np.full(len(offs), -1, np.int64)
-            o = offs[rows]
-            moved[rows] = np.where(o >= 0, base + o - spans[:, 0], -1)
-            self.offsets[f] = moved
+        return rows[~self.landed[rows]]
 
 
-def _spans(offsets: dict, sizes: dict, rows: np.ndarray) -> np.ndarray:
-    """(start, end) of the bytes that hold each row's present members (adjacent in the tar)."""
-    lo = np.full(len(rows), np.iinfo(np.int64).max)
-    hi = np.zeros(len(rows), np.int64)
-    for f, offs in offsets.items():
-        o, s = offs[rows], sizes[f][rows]
+def _spans(index_path: str, shard: ShardInfo, url: str) -> np.ndarray:
+    """(lo, hi) of the bytes holding each row's present members (adjacent in the tar); an error
+    when a field has no checksums (a reader could not tell a row that never landed)."""
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.ParquetFile(read_index(index_path, shard, url)).read(use_threads=False)
+    except ShardError:
+        raise
+    except Exception as e:  # pyarrow errors: the index cannot be used
+        raise ShardError(f"cannot open shard {url}: {type(e).__name__}: {e}; rebuild the dataset") from e
+    fields = [n[:-7] for n in t.column_names if n.endswith(".offset")]
+    if any(f + CHECKSUM_SUFFIX not in t.column_names for f in fields):
+        raise Unchecked(url)
+    lo = np.full(t.num_rows, np.iinfo(np.int64).max)
+    hi = np.zeros(t.num_rows, np.int64)
+    for f in fields:
+        o = t.column(f + ".offset").to_numpy().astype(np.int64)
+        end = o + t.column(f + ".size").to_numpy().astype(np.int64)
         present = o >= 0
         lo = np.where(present, np.minimum(lo, o), lo)
-        hi = np.where(present, np.maximum(hi, o + s), hi)
+        hi = np.where(present, np.maximum(hi, end), hi)
     lo = np.where(hi > 0, lo, 0)  # a row with no member at all: an empty span
     return np.stack([lo, hi], axis=1)
 
 
-def _fetch(url: str, spans: np.ndarray, pool, policy) -> list[bytes]:
-    """The bytes of each span, GETs in parallel on `pool`, each retried alone."""
-    fs, path = filesystem(url, policy)
+class Unchecked(ShardError):
+    """The shard's index records no checksums (an older build): its rows cannot be read by range."""
 
-    def one(span) -> bytes:
-        start, end = int(span[0]), int(span[1])
-        if end <= start:
-            return b""
+    def __init__(self, url: str):
+        super().__init__(f"shard {url}: its index has no checksums, so its rows are read from the whole shard")
 
-        def get() -> bytes:
-            data = fs.cat_file(path, start=start, end=end)
-            if len(data) != end - start:
-                raise RangeIgnored(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
-            return data
 
-        return with_retries(url, policy, get)
+def runs(spans: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """(start, end, rows) of the GETs that fetch `rows`: rows sorted by offset, merged while the
+    gap between them is at most MERGE_GAP."""
+    rows = rows[spans[rows, 1] > spans[rows, 0]]  # a row with nothing stored needs no bytes
+    rows = rows[np.argsort(spans[rows, 0], kind="stable")]
+    out: list = []
+    for r in rows.tolist():
+        lo, hi = int(spans[r, 0]), int(spans[r, 1])
+        if out and lo - out[-1][1] <= MERGE_GAP:
+            out[-1][1] = max(out[-1][1], hi)
+            out[-1][2].append(r)
+        else:
+            out.append([lo, hi, [r]])
+    return [(lo, hi, np.asarray(rs, np.int64)) for lo, hi, rs in out]
 
-    try:
-        return list(pool.map(one, spans))
-    except RemoteError as e:
-        if isinstance(e.__cause__, RangeIgnored):
-            raise RangeIgnored(str(e)) from e
-        raise ShardError(f"cannot fetch shard {url}: {e.detail}") from e
+
+class RangedRows:
+    """The rows of remote shards read by range in one process, per shard (a Landed each), fetched
+    on `pool` with `policy`; an error of shard s passes through `tag(error, s)`."""
+
+    def __init__(self, pool, policy, tag):
+        self.pool, self.policy, self.tag = pool, policy, tag
+        self.landed: dict[int, Landed] = {}
+        self.unchecked: set[int] = set()  # shards whose index has no checksums: read whole
+
+    def ready(self, s: int, rows) -> bool:
+        """Whether these rows of shard s were read already (nothing to fetch)."""
+        return s in self.landed and not len(self.landed[s].missing(rows))
+
+    def read(self, items) -> tuple[dict, int]:
+        """({s: PinnedShard over its rows}, bytes fetched) for each (s, cache, shard, url, rows) of
+        `items`: first every index not here yet (pinned in its cache), then every row, each wave
+        at once. A shard whose index has no checksums is left out (and noted in `unchecked`)."""
+        fresh = [item for item in items if item[0] not in self.landed]
+        for item, landed in zip(fresh, self.pool.map(self._index, fresh)):
+            if landed is not None:
+                self.landed[item[0]] = landed
+        items = [item for item in items if item[0] in self.landed]
+        gets = [(s, url, lo, hi) for s, _, _, url, rows in items for lo, hi, _ in runs(self.landed[s].spans,
+                                                                                       self.landed[s].missing(rows))]
+        fetched = sum(self.pool.map(self._get, gets)) if len(gets) > 1 else sum(map(self._get, gets))
+        for s, _, _, _, rows in items:  # rows with nothing stored count as landed too
+            self.landed[s].landed[np.asarray(rows, np.int64)] = True
+        return {s: self.landed[s].pinned for s, *_ in items}, fetched
+
+    def drop(self, s: int, pinned) -> None:
+        """The reader closed shard s (opened from `pinned`): its rows go."""
+        if s in self.landed and self.landed[s].pinned is pinned:
+            del self.landed[s]
+
+    def _index(self, item) -> Landed | None:
+        s, cache, shard, url, _ = item
+        try:
+            index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
+        except ShardError as e:
+            raise self.tag(e, s)
+        try:
+            return Landed(shard, index, url, PinnedShard(None, index, (Pin(), pin)))
+        except Unchecked:
+            pin.release()
+            self.unchecked.add(s)
+            return None
+        except ShardError as e:
+            pin.release()
+            raise self.tag(e, s)
+
+    def _get(self, get) -> int:
+        s, url, lo, hi = get
+        try:
+            read_range(url, lo, hi, self.policy, memoryview(self.landed[s].buf)[lo:hi])
+        except RemoteError as e:
+            raise self.tag(ShardError(f"cannot fetch shard {url}: {e.detail}"), s) from e
+        return hi - lo

@@ -39,7 +39,7 @@ def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int
     return keys, cols
 
 
-def _index_bytes(path: str, shard: ShardInfo, url: str, checks: bool):
+def read_index(path: str, shard: ShardInfo, url: str, checks: bool = True):
     """A tar shard's index sidecar, checked whole against the manifest's sha256 (it is read whole
     anyway, and small): a damaged offset, size or column name would otherwise read a value as
     absent or slice the wrong bytes, with nothing else to notice it."""
@@ -54,18 +54,23 @@ def _index_bytes(path: str, shard: ShardInfo, url: str, checks: bool):
 
 
 class TarShard:
-    """One tar shard, memory-mapped; members are found through the index sidecar's offsets."""
+    """One tar shard, memory-mapped; members are found through the index sidecar's offsets. `partial`:
+    in place of `path`, a buffer the shard's size holding the rows read by range (reader.ranged), the
+    only ones asked for; their values are checked as any are, the headers between them are not."""
 
-    def __init__(self, path: str, shard: ShardInfo, specs: dict, index_path: str | None, url: str,
-                 checks: bool = True):
+    def __init__(self, path: str | None, shard: ShardInfo, specs: dict, index_path: str | None, url: str,
+                 checks: bool = True, partial=None):
         import pyarrow.parquet as pq
 
         self.url, self.specs = url, specs
         self.sums: dict[str, np.ndarray] = {}  # field -> checksum per row (absent: nothing to check)
         try:
-            _check_size(path, shard, url)
-            with open(path, "rb") as f:
-                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if partial is None:
+                _check_size(path, shard, url)
+                with open(path, "rb") as f:
+                    self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            else:
+                self.mm = partial
             self.buf = np.frombuffer(self.mm, np.uint8)
             if index_path is not None:
                 # No reader threads, here or below: pyarrow's thread pools, still running while a process
@@ -73,7 +78,7 @@ class TarShard:
                 # active exception", exit 134). pq.read_table starts them even with use_threads=False,
                 # as does a ParquetFile opened by path with pre_buffer (its I/O thread); one shard's
                 # columns gain nothing from threads.
-                t = pq.ParquetFile(_index_bytes(index_path, shard, url, checks)).read(use_threads=False)
+                t = pq.ParquetFile(read_index(index_path, shard, url, checks)).read(use_threads=False)
                 self.keys = t.column("__key__").to_pylist()
                 cols = {n[:-7]: (t.column(n).to_numpy(), t.column(n[:-7] + ".size").to_numpy())
                         for n in t.column_names if n.endswith(".offset")}
@@ -91,7 +96,8 @@ class TarShard:
         if len(self.keys) != shard.samples:
             raise ShardError(f"shard {url} indexes {len(self.keys)} samples, the manifest says {shard.samples}; "
                              "rebuild the dataset")
-        self._check_headers()
+        if partial is None:
+            self._check_headers()
 
     def _check_headers(self) -> None:
         """Each member's tar header must name `{key}.{field}`: catches shifted or overwritten data."""
@@ -344,12 +350,12 @@ def _as_binary(arr):
     return arr
 
 
-def open_shard(path: str, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,
-               cache: ByteLRU | None = None, checks: bool = True):
+def open_shard(path: str | None, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,
+               cache: ByteLRU | None = None, checks: bool = True, partial=None):
     """A reader for one local shard file (tar or Parquet); `checks`: verify each value read against
-    its recorded checksum (check_digests)."""
+    its recorded checksum (check_digests). `partial`: some rows of a tar shard read by range (TarShard)."""
     if shard.format == "tar":
-        return TarShard(path, shard, specs, index_path, url, checks)
+        return TarShard(path, shard, specs, index_path, url, checks, partial)
     if shard.format == "parquet":
         return ParquetShard(path, shard, specs, url, cache or ByteLRU(ROW_GROUP_CACHE_BYTES), checks)
     raise ShardError(f"shard {url} has format {shard.format!r}; this reader knows 'tar' and 'parquet'")

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from shardkit.contract import ShardInfo
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ChecksumMismatch, ShardError
 
 ROW_GROUP_CACHE_BYTES = 1 << 30  # per worker: holds a shuffle window of decoded Parquet row groups
@@ -125,3 +125,23 @@ def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray
         out[p] = member
         digests.append(digest(member))
     return present, digests
+
+
+def values_checked(shard: ShardInfo, path: str, index_path: str | None) -> bool:
+    """Whether every value of this shard file records its own checksum (`<field>.xxh3` for each
+    field: in the tar's index sidecar, in the Parquet file), so that a checked read needs no
+    whole-file sha256 as well. False for shards written before checksums, and packed token rows."""
+    import pyarrow.parquet as pq
+
+    try:
+        if shard.format == "tar":
+            names = pq.read_schema(index_path).names if index_path else []
+            fields = [n[:-len(".offset")] for n in names if n.endswith(".offset")]
+        elif shard.format == "parquet":
+            names = pq.read_schema(path).names
+            fields = [n for n in names if not n.startswith("__") and not n.endswith(CHECKSUM_SUFFIX)]
+        else:
+            return False
+    except Exception:  # an unreadable file: let the sha256 say what is wrong with it
+        return False
+    return bool(fields) and all(f + CHECKSUM_SUFFIX in names for f in fields)

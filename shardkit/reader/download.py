@@ -1,0 +1,181 @@
+"""One remote file into the shard cache: a temp file beside its final name, filled by one GET or by
+parallel ranged GETs written in place, then renamed. What is wrong is named by who can fix it: a
+body cut short is retried (fs.read_range), a full disk is this machine's (fs.DiskError), and a
+remote copy is called corrupt only when a whole body of the right size fails its sha256."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from concurrent.futures import FIRST_EXCEPTION, wait
+
+from shardkit.errors import ShardError
+from shardkit.fs import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem, read_bytes,
+                         read_range, sha256_file, tmp_name, with_retries)
+
+CHUNK = 1 << 20
+# Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a
+# 4 MiB part spends 77% of its time transferring (8 MiB: 87%), and each part in flight holds its
+# bytes in memory: connections x PART per process (32 MiB at 8 connections).
+PART = 4 << 20
+PROBE = 64 << 10  # the range that finds out whether a store honours Range
+
+
+_local = threading.local()
+
+
+def _buffer(nbytes: int) -> memoryview:
+    """This thread's buffer for a part (reused: a part is read into it, then written in place)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _local.buf = bytearray(max(nbytes, PART))
+    return memoryview(buf)[:nbytes]
+
+
+class Into:
+    """Where a download writes: the temp file's descriptor, and what a failed write names (the
+    cache folder, the URL)."""
+
+    def __init__(self, path: str, folder: str, url: str, nbytes: int | None = None):
+        self.path, self.folder, self.url = path, folder, url
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            if nbytes:  # full size at once (sparse): the cache's listing counts it while it fills
+                os.ftruncate(self.fd, nbytes)
+        except OSError as e:
+            raise DiskError(e, folder, url) from e
+
+    def write(self, data, offset: int) -> None:
+        """All of `data` at `offset`: pwrite may write less than asked (a disk filling up), and a
+        short write ignored would leave a hole of zeros in the file."""
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, offset)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view, offset = view[n:], offset + n
+        except OSError as e:
+            raise DiskError(e, self.folder, self.url) from e
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _stream(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool) -> None:
+    """The whole file in one streamed GET with retries (a store that ignores Range, or a size the
+    manifest does not give); on the pool when there is one, so that it holds a connection."""
+    fs, path = filesystem(url, policy)
+    # http(s): one streamed GET; its size comes from the manifest, not from a HEAD request.
+    options = {"block_size": 0, "size": nbytes} if path.startswith(("http://", "https://")) and nbytes else {}
+
+    def once() -> None:
+        n = 0
+        with fs.open(path, "rb", **options) as src:
+            while block := src.read(CHUNK):
+                into.write(block, n)
+                n += len(block)
+        if nbytes is not None and n < nbytes:  # no Content-Length to tell aiohttp it was cut
+            raise ShortBody(f"the body ended after {n} of {nbytes} bytes")
+        os.ftruncate(into.fd, n)  # a retry may have written less than a longer try before it
+
+    attempt = lambda: with_retries(url, policy, once)  # noqa: E731
+    attempt() if pool is None else pool.submit(attempt).result()
+
+
+def _parts(url: str, into: Into, nbytes: int, pool, policy: RemotePolicy, probe: bool) -> None:
+    """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
+    in place. `probe`: the first PROBE bytes alone first (RangeIgnored, one whole-file GET spent,
+    when the store ignores Range)."""
+    failed = threading.Event()
+
+    def one(start: int, end: int) -> None:
+        if failed.is_set():  # another part failed for good: do not start this one
+            return
+        try:
+            into.write(read_range(url, start, end, policy, _buffer(end - start)), start)
+        except BaseException:
+            failed.set()
+            raise
+
+    first = 0
+    if probe:  # a small first range: costs one round trip when Range works, one file when not
+        first = min(PROBE, PART)  # < nbytes: a store that ignores Range sends more than asked
+        pool.submit(one, 0, first).result()
+    futures = [pool.submit(one, start, min(start + PART, nbytes)) for start in range(first, nbytes, PART)]
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    for f in futures:
+        if f in done and f.exception() is not None:
+            failed.set()
+            wait(futures)  # no part may write into the file after it is removed
+            raise f.exception()
+
+
+def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,
+             pool=None, ranges: bool | None = None, verify: bool = True, folder: str | None = None) -> bool | None:
+    """Copy `url` to `dest` (temp + rename), `nbytes` long as the manifest says.
+
+    With a thread `pool` (its threads are the connections), a file of more than one PART is
+    fetched as parallel ranged GETs written in place, so one large shard is not capped at one
+    connection's speed. `ranges`: whether the store honours Range (None: not known yet, the first
+    part is tried alone); a store that ignores it is read with one streamed GET. `verify` (or
+    verify(temp path), asked once the bytes are in): check the whole file's sha256, a second pass
+    over it, which a reader that checks every value it reads against its own checksum does not need. `folder` (the cache) is what a failed local write
+    names. Returns what was learnt about Range (None when nothing was)."""
+    policy = policy or RemotePolicy()
+    into = Into(tmp_name(dest), folder or os.path.dirname(dest), url, nbytes)
+    learnt = None
+    try:
+        try:
+            if pool is None or not nbytes or nbytes <= PART or ranges is False:
+                _small(url, into, nbytes, policy, pool, ranges)
+            else:
+                _parts(url, into, nbytes, pool, policy, probe=ranges is None)
+                learnt = True
+        except RangeIgnored:
+            learnt = False
+            _stream(url, into, nbytes, policy, pool)
+        _check(url, into.path, sha256, nbytes, verify)
+    except RemoteError as e:
+        _discard(into)
+        raise ShardError(f"cannot fetch shard {url}: {e.detail}") from e
+    except BaseException:
+        _discard(into)
+        raise
+    into.close()
+    os.replace(into.path, dest)
+    return learnt
+
+
+def _small(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool, ranges: bool | None) -> None:
+    """A file of at most one PART (or any file, without a pool): one GET of the whole file, held in
+    memory when it is at most one PART, else streamed into the file."""
+    if not nbytes or nbytes > PART or ranges is False:
+        _stream(url, into, nbytes, policy, pool)
+        return
+    get = lambda: read_bytes(url, policy, nbytes)  # noqa: E731
+    into.write(get() if pool is None else pool.submit(get).result(), 0)
+
+
+def _check(url: str, path: str, sha256: str, nbytes: int | None, verify: bool) -> None:
+    """The file is the manifest's: its size always, its sha256 when `verify`."""
+    n = os.path.getsize(path)
+    if nbytes is not None and n != nbytes:
+        raise ShardError(f"shard {url} has {n} bytes on the store, the manifest says {nbytes}: it was replaced since "
+                         "the build; rebuild or re-upload the dataset")
+    if not (verify(path) if callable(verify) else verify):
+        return
+    digest = sha256_file(path)
+    if digest != sha256:
+        raise ShardError(f"checksum mismatch for shard {url}: got sha256 {digest[:16]}… ({n} bytes, the size the "
+                         f"manifest records), the manifest says {sha256[:16]}…; the remote copy is corrupt or changed "
+                         "since the build: rebuild or re-upload the dataset")
+
+
+def _discard(into: Into) -> None:
+    with contextlib.suppress(OSError):
+        into.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(into.path)

@@ -1,0 +1,113 @@
+"""shardkit/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
+connections per thread, redirects, statuses the classifier reads, a store that ignores Range."""
+
+import multiprocessing
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from throttled import Store
+
+from shardkit.fs import RangeIgnored, RemoteError, RemotePolicy, read_bytes, read_range
+import shardkit.http_ranges as http_ranges
+
+NO_WAIT = RemotePolicy(retries=1, backoff=0.001)
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 64)  # 16 KiB
+    s = Store(str(tmp_path), latency=0.0, rate=None)
+    yield s
+    s.close()
+
+
+def test_ranges_and_whole_files_on_one_kept_alive_connection(store):
+    url = f"{store.url}/f.bin"
+    assert read_range(url, 10, 20, NO_WAIT) == bytes(range(10, 20))
+    assert read_bytes(url, NO_WAIT, 16384) == bytes(range(256)) * 64
+    assert store.gets["/f.bin"] == 2 and len([k for k in http_ranges._local.open if k[2] == store.port]) == 1
+
+
+@pytest.mark.parametrize("status", [403, 500])
+def test_an_error_status_is_named_and_retried_only_when_it_may_pass(status):
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            calls.append(1)
+            self.send_error(status)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x"
+        with pytest.raises(RemoteError, match=f"HTTP {status} "):
+            read_range(url, 0, 10, NO_WAIT)
+        assert len(calls) == (2 if status == 500 else 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_redirect_is_followed(store):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"{store.url}/f.bin")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert read_range(f"http://127.0.0.1:{server.server_address[1]}/moved", 0, 4, NO_WAIT) == bytes(range(4))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_store_that_ignores_range_is_told_without_reading_its_body(tmp_path):
+    (tmp_path / "big.bin").write_bytes(b"x" * (1 << 20))
+    store = Store(str(tmp_path), latency=0.0, rate=1e6, ranges=False)
+    try:
+        with pytest.raises(RangeIgnored, match="the store sends the whole file"):
+            read_range(f"{store.url}/big.bin", 100, 200, NO_WAIT)
+        assert not [k for k in http_ranges._local.open if k[2] == store.port]  # dropped: its body is not read
+    finally:
+        store.close()
+
+
+def test_a_connection_the_store_closed_while_idle_is_opened_again(store):
+    url = f"{store.url}/f.bin"
+    assert read_range(url, 0, 4, NO_WAIT) == bytes(range(4))
+    conn = next(c for k, c in http_ranges._local.open.items() if k[2] == store.port)
+    conn.sock.shutdown(2)  # as a store that times out idle connections
+    assert read_range(url, 4, 8, NO_WAIT) == bytes(range(4, 8))
+    assert store.gets["/f.bin"] == 2  # one GET each: the reconnect is not a retry
+
+
+def _child(url, out):
+    out.put(read_range(url, 8, 12, NO_WAIT))
+
+
+def test_a_forked_process_opens_connections_of_its_own(store):
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    url = f"{store.url}/f.bin"
+    assert read_range(url, 0, 4, NO_WAIT) == bytes(range(4))  # this thread now holds a connection
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child, args=(url, out))
+    child.start()
+    assert out.get(timeout=30) == bytes(range(8, 12))
+    child.join()
+    assert child.exitcode == 0 and os.getpid()
+    assert read_range(url, 4, 8, NO_WAIT) == bytes(range(4, 8))  # the parent's connection still works
