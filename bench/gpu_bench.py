@@ -151,8 +151,6 @@ def model_step(args, device, classes):
 
 
 def section_d(d, args, device):
-    from shardkit.meter import StarvationMeter
-
     step = model_step(args, device, len(d.classes))
     step.warm(args.batch, args.size)
     x = torch.randint(0, 255, (args.batch, 3, args.size, args.size), dtype=torch.uint8, device=device)
@@ -163,7 +161,23 @@ def section_d(d, args, device):
         n += args.batch
     _sync(device)
     synthetic = n / (time.perf_counter() - start)
-    ld = loader(d.jpeg_root, "jpg", args, args.workers, decode="cuda" if device.type == "cuda" else "cpu")
+    out = {"synthetic": synthetic}
+    # Both decode paths: the workers' CPU (the default) and nvJPEG in the main process, which shares
+    # the main process's core and the GPU with the model step.
+    for decode in ("cpu", "cuda") if device.type == "cuda" else ("cpu",):
+        rate, s = _train_on_shards(d, args, device, step, decode)
+        out.update({f"JPEG shards, decode={decode}": rate, f"ratio, decode={decode}": rate / synthetic,
+                    f"GPU idle %, decode={decode}": s.get("gpu_idle_pct"),
+                    f"host wait %, decode={decode}": s["starved_pct"], f"advice, decode={decode}": s["advice"]})
+    return out
+
+
+def _train_on_shards(d, args, device, step, decode):
+    """Images/s of the model step fed from the JPEG shards (whole epochs after a 10-step warm-up),
+    and the meter's summary."""
+    from shardkit.meter import StarvationMeter
+
+    ld = loader(d.jpeg_root, "jpg", args, args.workers, decode=decode)
     meter = StarvationMeter(warmup=10, log_every=0, device=device.type)
     n, steps, start = 0, 0, None
     while start is None or time.perf_counter() - start < args.seconds:  # whole epochs, as training reads them
@@ -176,10 +190,9 @@ def section_d(d, args, device):
             elif start is not None:
                 n += len(batch["__key__"])
     _sync(device)
-    shards = n / (time.perf_counter() - start)
-    s = meter.summary()
-    return {"synthetic": synthetic, "JPEG shards": shards, "ratio": shards / synthetic,
-            "GPU idle %": s.get("gpu_idle_pct"), "host wait %": s["starved_pct"], "advice": s["advice"]}
+    rate = n / (time.perf_counter() - start)
+    del ld
+    return rate, meter.summary()
 
 
 def _device(args):
