@@ -58,12 +58,9 @@ def test_empty_folder(tmp_path):
     assert result.exit_code == 1 and "this dataset is empty (0 samples, no shards)" in one_line(result)
 
 
-def test_a_backend_without_its_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "s3fs", None)
-    result = run("inspect", "s3://bucket/data")
-    assert result.exit_code == 1 and "pip install 'shardkit[s3]'" in one_line(result)
-    # http(s) is read on shardkit's own connections (shardkit/http_ranges.py): no extra is missing,
-    # what fails is the store that is not there.
+def test_http_needs_no_extra(monkeypatch):
+    """http(s) is read on shardkit's own connections (shardkit/http_ranges.py): no extra is missing,
+    what fails is the store that is not there (a missing s3fs: test_store_urls)."""
     monkeypatch.setitem(sys.modules, "aiohttp", None)
     result = run("inspect", "http://127.0.0.1:9/data")
     assert result.exit_code == 1 and "Connection refused" in one_line(result) and "pip install" not in one_line(result)

@@ -4,7 +4,6 @@ pairs from a CSV, detection boxes scaled with their image, wav files turned into
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import math
 import os

@@ -169,6 +169,11 @@ class Selection:
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.Lock())
 
+    def __deepcopy__(self, memo):
+        """Itself: a copy of a plan for another thread of this process (the remote walk) shares the
+        masks made here (read-only, behind the lock) rather than reading the attribute tables again."""
+        return self
+
 
 class SelectedOrder:
     """An epoch's order over kept samples (`order`: an EpochOrder or a MixtureOrder over kept counts)
