@@ -14,7 +14,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import shardkit.store as store
 from shardkit.jobs import durable
 from shardkit.jobs.cluster import background_client
+from shardkit.jobs.main_guard import check_main_guard
 from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
@@ -179,6 +179,8 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
         raise ConfigError(f"inputs_per_shard={o['inputs_per_shard']!r}; expected a positive int")
     RejectionLog(o["on_error"])  # checks the policy's name
     check_embedded_workers(o["workers"], o["scheduler"], "workers=")
+    if o["workers"] != 0 and not o["scheduler"] and o["worker_pool"] != "threads":
+        check_main_guard("build_map")  # worker processes import the calling script again
     if not callable(fn):
         raise ConfigError(f"fn={fn!r} is not callable; pass the function to run on each input")
     from collections.abc import Sequence
