@@ -261,10 +261,24 @@ LSH_WEIGHTS = (0.1, 0.9)
 
 @functools.lru_cache(maxsize=64)
 def optimal_lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = LSH_WEIGHTS) -> tuple[int, int]:
-    """(bands, rows) minimising datasketch's weighted false positive + false negative area."""
-    from datasketch.lsh import _optimal_param
+    """(bands, rows) minimising the weighted false positive + false negative area, as MinHashLSH
+    chooses them: FP = ∫_0^t P(s) ds, FN = ∫_t^1 (1 - P(s)) ds with P(s) = 1 - (1 - s^r)^b, the first
+    (b, r) in b-then-r order at the least error. Computed here, not through datasketch's private
+    `_optimal_param`: each integrand is a polynomial of degree <= num_perm, which Gauss-Legendre
+    with num_perm / 2 + 1 nodes integrates exactly (tests/test_dedup_text.py checks the two agree)."""
+    import numpy as np
 
-    return _optimal_param(threshold, num_perm, *weights)
+    x, w = np.polynomial.legendre.leggauss(max(32, num_perm // 2 + 1))
+    below, w_below = (x + 1) * threshold / 2, w * threshold / 2
+    above, w_above = threshold + (x + 1) * (1 - threshold) / 2, w * (1 - threshold) / 2
+    best, opt = float("inf"), (0, 0)
+    for b in range(1, num_perm + 1):
+        r = np.arange(1, num_perm // b + 1, dtype=np.float64)[:, None]
+        error = weights[0] * ((1 - (1 - below ** r) ** b) @ w_below) + weights[1] * (((1 - above ** r) ** b) @ w_above)
+        i = int(np.argmin(error))
+        if error[i] < best:
+            best, opt = float(error[i]), (b, i + 1)
+    return opt
 
 
 MAX_MIN_SHINGLES = 32  # the most distinct shingles ever required (thresholds above ~0.97)

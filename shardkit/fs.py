@@ -178,7 +178,10 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
     if status is not None:
         from http import HTTPStatus
 
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:  # a code the standard library does not name
+            phrase = ""
         return f"HTTP {status} {phrase}".rstrip()
     if isinstance(error, TimeoutError):
         return f"no answer within the {policy.timeout:g} s timeout"

@@ -152,6 +152,19 @@ def test_optimal_params_report_their_detection_probability():
     assert optimal_params(0.8, 128, (0.5, 0.5)) == (9, 13)  # datasketch's MinHashLSH default
 
 
+@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.1, 0.9), (0.9, 0.1)])
+def test_optimal_params_agree_with_datasketchs_own_search(weights):
+    """shardkit computes (bands, rows) itself (config.optimal_lsh_params); datasketch's private
+    `_optimal_param` is the reference MinHashLSH uses: both must pick the same pair, so that the
+    dedup figures measured against datasketch hold."""
+    from datasketch.lsh import _optimal_param
+
+    for threshold in (0.1, 0.3, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95):
+        for num_perm in (16, 64, 128, 256):
+            assert optimal_params(threshold, num_perm, weights) == _optimal_param(threshold, num_perm, *weights), \
+                (threshold, num_perm)
+
+
 def test_candidate_pairs_join_rows_sharing_any_band():
     sig = np.array([[1, 2, 3, 4], [1, 2, 9, 9], [7, 7, 3, 4], [5, 6, 7, 8], [1, 2, 0, 0]], np.uint32)
     pairs = candidate_pairs(band_keys(sig, bands=2, rows=2))

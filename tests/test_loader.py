@@ -344,3 +344,42 @@ def test_make_loader_reads_ranks_per_machine_from_torchrun(datasets, monkeypatch
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")
     with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be an integer"):
         make_loader(ds, batch_size=BS)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_close_stops_the_persistent_workers_and_the_next_epoch_starts_new_ones(datasets, monkeypatch, private):
+    """loader.close() (and loader.stop_workers for any DataLoader) through torch's private
+    `_shutdown_workers` where it exists, and without it (as if a torch release dropped it)."""
+    import multiprocessing
+
+    from torch.utils.data import dataloader
+
+    from shardkit.loader import stop_workers
+
+    if not private:
+        for cls in (dataloader._MultiProcessingDataLoaderIter,):
+            monkeypatch.delattr(cls, "_shutdown_workers")
+            monkeypatch.setattr(cls, "__del__", lambda self: _shutdown_without_the_private_call(self))
+    root, expected = datasets["few"]
+    before = set(multiprocessing.active_children())
+    ds, loader = loader_for(root, monkeypatch, workers=2)
+    first = keys_of(list(loader))
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)  # persistent: alive between epochs
+    loader.close()
+    for p in workers:
+        p.join(timeout=60)
+    assert not any(p.is_alive() for p in workers)
+    assert sorted(keys_of(list(loader))) == sorted(first) == sorted(expected)  # new workers, the next epoch
+    stop_workers(loader)
+    assert set(multiprocessing.active_children()) - before == set()
+
+
+def _shutdown_without_the_private_call(iterator):
+    """What a DataLoader iterator's finalizer must do if torch had no `_shutdown_workers`: stop its
+    workers (here through the done event and the queues' sentinel, as torch's own code does)."""
+    iterator._workers_done_event.set()
+    for q in iterator._index_queues:
+        q.put(None)
+    for w in iterator._workers:
+        w.join(timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 
 from torch.utils.data import DataLoader
@@ -74,6 +75,12 @@ class StreamingLoader(DataLoader):
             batches = super().__iter__()  # returns once the workers dropped the previous iteration
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
+
+    def close(self) -> None:
+        """Stop the workers now: they are persistent (they keep their open shards and caches from one
+        epoch to the next) and otherwise live until the loader is garbage collected. Iterating
+        again starts new ones."""
+        stop_workers(self)
 
     def _start_method(self) -> str:
         import multiprocessing
@@ -177,6 +184,18 @@ def default_workers(cores: int | None = None, local_ranks: int | None = None) ->
 
 
 START_METHODS = (None, "fork", "spawn", "forkserver")
+
+
+def stop_workers(loader: DataLoader) -> None:
+    """Stop a DataLoader's persistent workers now. torch has no public call for this: its private
+    `_shutdown_workers` where present, else the iterator is dropped and its finalizer stops them
+    (tests/test_loader.py checks the workers are gone either way)."""
+    iterator, loader._iterator = getattr(loader, "_iterator", None), None
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    del iterator
+    gc.collect()
 
 
 def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | None = None,

@@ -11,6 +11,7 @@ from shardkit.loaderbench.settings import BenchConfig
 from shardkit.loaderbench.data import BenchData, prepare
 from shardkit.loaderbench.summary import build_report, label_checksum, write_outputs
 from shardkit.loaderbench.loaders import ALL_VARIANTS
+from shardkit.loader import stop_workers
 
 RSS_PERIOD_S = 0.05
 
@@ -58,11 +59,9 @@ class RssSampler:
 
 
 def _close(loader) -> None:
-    # make_loader keeps persistent workers alive after the epoch; stop them now so they neither
-    # hold memory nor count in the next run's RSS.
-    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    # Every loader here keeps persistent workers alive after the epoch; stop them now so they
+    # neither hold memory nor count in the next run's RSS.
+    stop_workers(loader)
 
 
 def _read(loader, variant, meter, epochs: int, step, classes: int) -> tuple[int, str, float | None]:
