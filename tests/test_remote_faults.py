@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
-from factory import keys_of, make_dataset
+from factory import keys_of, make_dataset, read_epoch, same_batches
 from throttled import Store
 
 from shardkit.errors import ShardError
 from shardkit.fs import DiskError, RemoteError, RemotePolicy, ShortBody, retryable, with_retries
-from shardkit.loader import make_loader
 from shardkit.reader.dataset import StreamingDataset
 
 SHARD = "/shards/data-00001.tar"
@@ -35,15 +34,8 @@ def store(data):
     s.close()
 
 
-def epoch(src, cache_dir, workers=0, **options):
-    ds = StreamingDataset(src, cache_dir=str(cache_dir), seed=7, shuffle_buffer=16, **options)
-    return ds, list(make_loader(ds, batch_size=5, num_workers=workers))
-
-
-def same(a, b):
-    assert keys_of(a) == keys_of(b)
-    for x, y in zip(a, b):
-        assert torch.equal(x["raw"], y["raw"]) and torch.equal(x["cls"], y["cls"]) and x["txt"] == y["txt"]
+epoch = read_epoch
+same = same_batches
 
 
 @pytest.mark.parametrize("length", [True, False], ids=["content-length", "no-content-length"])
@@ -181,3 +173,19 @@ def test_the_classifier_tells_faults_that_may_pass_from_answers():
     with pytest.raises(RemoteError, match=r"the body broke off before its end .*tried 3 time\(s\)"):
         with_retries(url, RemotePolicy(retries=2, backoff=0.001), attempt)
     assert len(tries) == 3
+
+
+@pytest.mark.parametrize("status, said", [(503, "HTTP 503 Service Unavailable"), (599, "HTTP 599")])
+def test_an_answer_is_named_by_its_status_even_one_the_standard_library_does_not_name(status, said):
+    class Answer(Exception):
+        pass
+
+    answer = Answer("store said no")
+    answer.status = status
+
+    def attempt():
+        raise answer
+
+    with pytest.raises(RemoteError) as e:
+        with_retries("http://127.0.0.1:9/x", RemotePolicy(retries=0), attempt)
+    assert said in str(e.value)
