@@ -264,7 +264,7 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
     for part in parts:
         add_stats(stats, part.stats)
     formats = ["tar", "parquet"] if cfg.format == "both" else [cfg.format]
-    if ctx.pack:  # a per-shard stage: the shard's documents packed into token rows (writers/tokens.py)
+    if ctx.pack:  # a per-shard stage: the shard's documents packed into token rows (writers/token_rows.py)
         try:
             samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD],
                                     root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log))

@@ -19,7 +19,7 @@ from shardkit.stages import source_of
 TOKENIZER_NAME = "tokenizer.json"
 TOKENS_FIELD, OFFSETS_FIELD = "tokens", "doc_offsets"
 # Token field layouts (spec["layout"]). "packed": a shard is one (rows, seq_len+1) id array plus the
-# offsets of its documents in the flattened rows (writers/tokens.py); "documents": one sample per
+# offsets of its documents in the flattened rows (writers/token_rows.py); "documents": one sample per
 # document. Datasets built before layouts existed have no "layout" and read as they always did.
 PACKED, DOCUMENTS = "packed", "documents"
 BPE_EOS = "<|endoftext|>"

@@ -2,7 +2,7 @@
 
 Each format has two entry points with the same bytes out: from Samples (`get_writer`) and from a
 samples table, the Arrow form build tasks hand each other (`get_table_writer`). A dataset of packed
-token rows has its own layout per format (writers/tokens.py), written from Samples.
+token rows has its own layout per format (writers/token_rows.py), written from Samples.
 """
 
 from __future__ import annotations
