@@ -95,6 +95,25 @@ def keys_of(batches) -> list[str]:
     return [k for b in batches for k in b["__key__"]]
 
 
+def read_epoch(src, cache_dir, *, workers=0, shuffle_buffer=16, **options):
+    """(StreamingDataset, its batches of 5 for one epoch) of a local or remote dataset, seed 7: the
+    read the remote tests compare (each module binds its defaults with functools.partial)."""
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    ds = StreamingDataset(src, cache_dir=str(cache_dir), seed=7, shuffle_buffer=shuffle_buffer, **options)
+    return ds, list(make_loader(ds, batch_size=5, num_workers=workers))
+
+
+def same_batches(a, b) -> None:
+    """Two reads gave the same batches: keys, raw, cls and txt."""
+    import torch
+
+    assert keys_of(a) == keys_of(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x["raw"], y["raw"]) and torch.equal(x["cls"], y["cls"]) and x["txt"] == y["txt"]
+
+
 def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, drop_last=False, **options):
     """(StreamingDataset, make_loader) over raw+cls as rank `rank` of `world`; shuffle blocks of 16."""
     from shardkit.loader import make_loader

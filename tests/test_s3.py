@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from factory import make_dataset
+from factory import make_dataset, read_epoch, same_batches
 from moto.server import ThreadedMotoServer
 
 from shardkit.errors import ManifestError, ShardError
@@ -73,14 +73,10 @@ def s3(tmp_path, monkeypatch, s3_delay):
 
 
 def read(src, cache_dir, workers=2, **options):
-    ds = StreamingDataset(src, cache_dir=str(cache_dir), seed=7, shuffle_buffer=8, **options)
-    return list(make_loader(ds, batch_size=5, num_workers=workers))
+    return read_epoch(src, cache_dir, workers=workers, shuffle_buffer=8, **options)[1]
 
 
-def same(a, b):
-    assert [x["__key__"] for x in a] == [x["__key__"] for x in b]
-    for x, y in zip(a, b):
-        assert torch.equal(x["raw"], y["raw"]) and torch.equal(x["cls"], y["cls"]) and x["txt"] == y["txt"]
+same = same_batches
 
 
 def test_s3_streams_the_same_samples_as_local_and_caches_them(s3, tmp_path):
