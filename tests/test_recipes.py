@@ -205,16 +205,18 @@ def test_a_stop_signal_mid_epoch_saves_and_resumes_exactly(raw_images, uninterru
         while len(trace_lines(b)) < 8 and time.monotonic() < deadline:  # a few steps into the epoch
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             time.sleep(0.02)
-        signalled = time.monotonic()
+        before = len(trace_lines(b))
         os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - signalled
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     name = signal.Signals(signum).name
     assert proc.returncode == 128 + signum, err[-3000:]
-    assert took <= 10, took
+    # Promptly, counted in steps rather than seconds: after the signal the run finishes the step in
+    # progress (or, had one just begun between the count and the signal, that one), and no other.
+    after = {json.loads(line)["step"] for line in trace_lines(b)[before:] if '"event"' not in line}
+    assert len(after) <= 2, sorted(after)
     assert f"stopped by {name}: step" in err and "rerun the same command to continue" in err
     assert not (b / "final.pt").exists(), "the run finished before the signal: raise --max-steps"
 

@@ -52,55 +52,69 @@ def _lock_is_free(out: Path) -> bool:
         os.close(fd)
 
 
-def _stop_at(args: list[str], after: float, ignore_sigint: bool) -> subprocess.CompletedProcess:
+def _stop_when(args: list[str], ready, ignore_sigint: bool) -> subprocess.CompletedProcess:
+    """Run args, send SIGTERM once ready() (polled every 10 ms), or not at all when the command ends
+    first."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_ignore_sigint if ignore_sigint else None)
-    time.sleep(after)
-    proc.send_signal(signal.SIGTERM)
+    while proc.poll() is None and not ready():
+        time.sleep(0.01)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     # communicate() waits for stderr to close, which is after every child holding it (the resource
     # tracker that reports leaked semaphores, the fork server) has gone too.
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _moment(out: Path, k: int):
+    """A moment of a build told by what it has written, not by the clock (a loaded machine stretches
+    the clock, not the order): k = 0 once it holds OUT's lock, 1 once it has listed SRC (its scan
+    state), k > 1 once k - 1 shards are done (their markers)."""
+    state = out / ".shardkit"
+    if k == 0:
+        return lambda: (state / "lock").exists()
+    if k == 1:
+        return lambda: any((state / "scan").glob("*.json"))
+    return lambda: len(list((state / "done").glob("shard-*.json"))) >= k - 1
 
 
 def test_sigterm_at_random_moments_of_a_build(tmp_path):
     src = _corpus(tmp_path / "raw", files=4, lines=2000)
     opts = ["--workers", "2", "--max-samples-per-shard", "500", "--unit-samples", "100", "--format", "both",
             "--no-progress"]
-    started = time.monotonic()
     clean = subprocess.run([str(BIN / "shardkit"), "build", src, tmp_path / "clean", *opts],
                            capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - started
     assert clean.returncode == 0, clean.stderr
     expected = tree_bytes(tmp_path / "clean")
+    shards = len(list((tmp_path / "clean" / "shards").glob("*.tar")))
+    assert shards == 16
     rng = random.Random(28)
+    moments = [0, 1] + rng.sample(range(2, shards - 2), 3)  # each run is stopped at one of these
     stopped = 0
-    for i in range(5):
+    for i, k in enumerate(moments):
         out = tmp_path / f"out{i}"
         args = [str(BIN / "shardkit"), "build", str(src), str(out), *opts]
-        # From 0.5 s: before that the interpreter may still be starting, where SIGTERM kills at once
-        # (no handler yet; nothing written either).
-        after = rng.uniform(0.5, max(0.8, took * 0.9))
-        run = _stop_at(args, after, ignore_sigint=i % 2 == 1)
-        if run.returncode == 0:  # finished before the signal (a fast moment of a loaded machine)
+        run = _stop_when(args, _moment(out, k), ignore_sigint=i % 2 == 1)
+        if run.returncode == 0:  # finished between the moment and the signal
             assert run.stderr == ""
         else:
             stopped += 1
-            assert run.returncode == 143, (after, run.stderr)
-            assert run.stderr.splitlines() == [LINE], (after, run.stderr)  # no leaked semaphores, no traceback
+            assert run.returncode == 143, (k, run.stderr)
+            assert run.stderr.splitlines() == [LINE], (k, run.stderr)  # no leaked semaphores, no traceback
             assert not (out / "manifest.json").exists()
         assert _lock_is_free(out)
         rerun = subprocess.run(args, capture_output=True, text=True, timeout=300)
         assert rerun.returncode == 0, rerun.stderr
-        assert tree_bytes(out) == expected, after
-    assert stopped >= 3  # the moments fall inside the build
+        assert tree_bytes(out) == expected, k
+    assert stopped >= 4  # a moment with 3+ shards left to write ends in the stop
 
 
 def test_sigterm_stops_dedup_cleanly(tmp_path):
     src = _corpus(tmp_path / "raw", files=4, lines=2000)
     out = tmp_path / "dedup"
     args = [str(BIN / "shardkit"), "dedup", str(src), str(out), "--workers", "2", "--no-progress"]
-    run = _stop_at(args, 1.0, ignore_sigint=True)
+    run = _stop_when(args, _moment(out, 0), ignore_sigint=True)
     if run.returncode != 0:
         assert run.returncode == 143, run.stderr
         assert run.stderr.splitlines() == [LINE], run.stderr

@@ -90,6 +90,11 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
     # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
     # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
     quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
+    if quiet_on_stop and quiet >= logging.ERROR:
+        # The shardkit command reports a failed task or a lost worker itself; what a worker process
+        # would add on its own stderr is a stop's teardown (a heartbeat to a scheduler that has just
+        # closed), which no handler here can drop, that process being another one.
+        quiet = logging.CRITICAL
     if threads:  # no worker process to start, no task or result copied between processes
         from PIL import Image
 
