@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardkit.cli import build as build_command
+from shardkit.cli.build import build as build_command
 from shardkit.cli import main
 from shardkit.config import RESAMPLE_FILTERS, BuildConfig
 from shardkit.errors import ConfigError

@@ -225,7 +225,7 @@ def test_rerun_reuses_the_trained_tokenizer_until_the_corpus_changes(corpus, tmp
 
 
 def test_packed_builds_keep_text_only_and_say_why(tmp_path):
-    from shardkit.cli import build_summary
+    from shardkit.cli.build import build_summary
     from shardkit.datagen import words
 
     rng = np.random.default_rng(0)

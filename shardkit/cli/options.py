@@ -36,3 +36,11 @@ image_distance_option = click.option("--image-distance", type=int, default=10, s
 THRESHOLD_HELP = "Text: Jaccard similarity of the word n-gram sets at or above which two documents are duplicates."
 VERIFY_HELP = ("Check candidate pairs with exact Jaccard of the shingle sets instead of the MinHash estimate: "
                "no false positives, no weak transitive links; stores shingle sets.")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

@@ -1,0 +1,30 @@
+"""`shardkit verify`: the checks of shardkit.jobs.verify.verify_dataset, one line per problem, exit 1 on any."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("dataset")
+def verify(dataset):
+    """Re-hash every shard (and index) and attribute table against the manifest and count each shard's
+    samples; exit 1 naming each bad or missing file. DATASET: a local folder or a URL (s3://, gs://, ...).
+
+    \b
+    Examples:
+      shardkit verify out/ && echo ok
+      shardkit verify s3://bucket/shards
+    """
+    from shardkit.jobs.verify import verify_dataset
+
+    report = verify_dataset(dataset)  # the manifest's own checks first: counts add up, paths stay inside
+    for p in report.problems:
+        click.echo(p)
+    if not report.ok:
+        click.secho(f"{len(report.problems)} problems in {report.checked} files; rebuild with `shardkit build`",
+                    fg="red", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {report.checked} files match the manifest ({report.samples} samples)")
