@@ -12,7 +12,7 @@ around its start, map and close, in its own fresh process. Interleaved per repet
   incremental rate = extra images / extra seconds between the two sizes (what a large build gets);
   ratio            = build's incremental rate / the Pool's (target >= 0.9);
   fixed start      = build seconds at the small size - images / its incremental rate (target <= 1.5 s);
-  GIL share        = the probe's measure (cluster.gil_share) of the GIL-held share of a worker
+  GIL share        = the probe's measure (jobs/pool.gil_share) of the GIL-held share of a worker
                      thread's time on this work, and the thread cap it implies (1 / GIL-held s per image).
 """
 
@@ -146,7 +146,7 @@ class RealCluster:
 
 
 def probe(cfg) -> tuple[float, float]:
-    from shardkit.jobs.cluster import gil_share_median
+    from shardkit.jobs.pool import gil_share_median
     from shardkit.stages.image import process_image
 
     datas = [p.read_bytes() for p in sorted(Path(cfg.src).rglob("*.jpg"))[:8]]

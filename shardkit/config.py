@@ -17,7 +17,7 @@ FORMATS = ("tar", "parquet", "both")
 RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
 ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
-WORKER_POOLS = ("auto", "threads", "processes")  # how embedded Dask workers run (cluster.choose_pool)
+WORKER_POOLS = ("auto", "threads", "processes")  # how embedded Dask workers run (jobs/pool.choose_pool)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

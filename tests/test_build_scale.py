@@ -211,7 +211,7 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
 
 
 def test_threads_for_images_only(tmp_path):
-    from shardkit.jobs.cluster import choose_pool
+    from shardkit.jobs.pool import choose_pool
     from shardkit.jobs.build import _image_work
     from shardkit.sources.walk import Listing, RowFile
 

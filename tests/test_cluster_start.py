@@ -8,7 +8,7 @@ from multiprocessing import forkserver
 
 import pytest
 
-from shardkit.jobs import cluster
+from shardkit.jobs import cluster, pool
 
 
 def _recorded_preload(monkeypatch) -> list:
@@ -70,15 +70,15 @@ def test_auto_pool_picks_threads_only_below_the_measured_gil_cap():
     # 20% of 5 ms under the GIL caps threads near 1,000 images/s: above 2 cores (400/s x 2),
     # below 16 (3,200/s): the 16-core case, where threads used 4.7 of 16 cores.
     probe = lambda: (0.2, 0.005)  # noqa: E731
-    two, sixteen = cluster.choose_pool("auto", True, 2, probe), cluster.choose_pool("auto", True, 16, probe)
+    two, sixteen = pool.choose_pool("auto", True, 2, probe), pool.choose_pool("auto", True, 16, probe)
     assert two.threads and not sixteen.threads
     assert "threads cap near 1,000 images/s against 400/s for 2 cores" in two.reason
     assert sixteen.reason.startswith("worker processes: one image takes 5.0 ms, 20% of it holding the GIL")
-    assert not cluster.choose_pool("auto", True, 2, lambda: (0.3, 0.005)).threads  # 2 x 2 x 0.3 > 1
-    assert not cluster.choose_pool("auto", False, 16, _never).threads  # text holds the GIL: unprobed
-    assert cluster.choose_pool("auto", True, 1, _never).threads  # one worker shares the GIL with no one
-    assert cluster.choose_pool("threads", False, 16, _never).threads
-    assert not cluster.choose_pool("processes", True, 2, _never).threads
+    assert not pool.choose_pool("auto", True, 2, lambda: (0.3, 0.005)).threads  # 2 x 2 x 0.3 > 1
+    assert not pool.choose_pool("auto", False, 16, _never).threads  # text holds the GIL: unprobed
+    assert pool.choose_pool("auto", True, 1, _never).threads  # one worker shares the GIL with no one
+    assert pool.choose_pool("threads", False, 16, _never).threads
+    assert not pool.choose_pool("processes", True, 2, _never).threads
 
 
 def _busy(ms=3.0):
@@ -96,8 +96,8 @@ def test_gil_share_tells_work_holding_the_gil_from_work_releasing_it():
 
     tries = []
     for _ in range(3):
-        held, seconds = cluster.gil_share_median(_busy, seconds=0.2)
-        free, _ = cluster.gil_share_median(lambda: time.sleep(0.003), seconds=0.2)
+        held, seconds = pool.gil_share_median(_busy, seconds=0.2)
+        free, _ = pool.gil_share_median(lambda: time.sleep(0.003), seconds=0.2)
         tries.append((held, free, seconds))
         if held > 0.6 and free < 0.2 and 0.002 < seconds < 0.1:
             break

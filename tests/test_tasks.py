@@ -275,7 +275,7 @@ def test_several_head_start_threads_run_items_at_once_and_a_group_step_waits_for
 
 
 def test_the_pool_choice_gives_head_start_threads_by_the_gil_share():
-    from shardkit.jobs.cluster import choose_pool, head_threads
+    from shardkit.jobs.pool import choose_pool, head_threads
 
     assert head_threads(0.07, 16) == 7 and head_threads(0.5, 16) == 1 and head_threads(0.01, 4) == 4
     assert choose_pool("auto", True, 16, lambda: (0.07, 0.003)).head_threads == 7

@@ -41,8 +41,8 @@ from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_second
 from shardkit.jobs.paragraph_tasks import dedup_paragraphs
 from shardkit.duplicates.review import dedup_record, write_report
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.jobs.cluster import (Execution, PoolChoice, background_client, choose_pool, gil_share_median,
-                              import_in_background, plan_execution)
+from shardkit.jobs.cluster import Execution, background_client, import_in_background, plan_execution
+from shardkit.jobs.pool import PoolChoice, choose_pool, gil_share_median
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 from shardkit.store.lease import out_lock
 
@@ -150,7 +150,7 @@ class _Corpus:
 
 def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     """List SRC here, then (`start`) start the cluster in the background, of threads for image work
-    (cluster.choose_pool), count row files on the cluster, order everything. Source rejections
+    (pool.choose_pool), count row files on the cluster, order everything. Source rejections
     go through the policy; OUT's manifest is retired before any write."""
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
@@ -181,7 +181,7 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
 
 
 def _pool(cfg: BuildConfig, listing) -> PoolChoice:
-    """Threads or processes for an embedded cluster (cluster.choose_pool), said at --debug."""
+    """Threads or processes for an embedded cluster (pool.choose_pool), said at --debug."""
     if cfg.workers == 0 or cfg.scheduler:
         return PoolChoice(False, "no embedded cluster")
     workers = cfg.workers or max(1, os.cpu_count() or 1)
