@@ -1,4 +1,6 @@
-"""Frozen configuration dataclasses, one per command; __post_init__ validates each value."""
+"""The offline jobs' configs, with their checks: `shardkit build` (BuildConfig), `shardkit dedup` and
+`build --dedup` (DedupConfig, and the LSH parameters a threshold gives; the two refer to each
+other), `shardkit annotate` (AnnotateConfig)."""
 
 from __future__ import annotations
 
@@ -9,41 +11,10 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+from shardkit.config.common import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, WORKER_POOLS, choice, positive, remote_policy
 from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 from shardkit.identity import check_embedded_workers
-
-FORMATS = ("tar", "parquet", "both")
-RESIZE_MODES = ("shorter", "center-crop", "pad", "none")
-RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")  # PIL's, by name
-ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
-WORKER_POOLS = ("auto", "threads", "processes")  # how embedded Dask workers run (jobs/pool.choose_pool)
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """'256MB' -> 256_000_000, '1GiB' -> 1_073_741_824, 4096 -> 4096."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(
-            f"cannot read size {text!r}: expected a number with an optional unit, e.g. 256MB, 1GiB, 65536"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def choice(name: str, value, valid, flag: str) -> None:
-    """Raise a ConfigError naming the bad value, the valid choices and the flag."""
-    if value not in valid:
-        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(str, valid))} ({flag})")
-
-
-def positive(name: str, value, flag: str, *, allow_none: bool = False) -> None:
-    if (value is not None or not allow_none) and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-        raise ConfigError(f"{name}={value!r}: expected a positive integer ({flag})")
 
 
 @dataclass(frozen=True)
@@ -143,7 +114,7 @@ class BuildConfig:
         if self.dedup:
             self.dedup_config()  # validates the dedup options with DedupConfig's own checks
 
-    def dedup_config(self) -> "DedupConfig":
+    def dedup_config(self) -> DedupConfig:
         """The DedupConfig that `build --dedup` runs with."""
         return DedupConfig(src=self.src, out=self.out, threshold=self.dedup_threshold, verify=self.dedup_verify,
                            image_distance=self.image_distance, text_field=self.text_field,
@@ -173,82 +144,89 @@ class BuildConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-VARIANT_POLICIES = ("cycle", "random")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INT_DTYPES = ("int32", "int64")  # token ids: int64 by default (cross_entropy's targets), int32 to halve them
-DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64",
-                 "int": "int32"}  # torch's other names
-TOKEN_MODES = ("train", "rows")
+def _check_annotate(cfg: BuildConfig) -> None:
+    """--annotate keeps every sample as read and stores scores: it needs something to score, and no
+    step that edits or removes what it would score."""
+    if not (cfg.filter or cfg.lang or cfg.dedup):
+        raise ConfigError("--annotate keeps every sample and stores the scores of --filter, --lang and --dedup: add "
+                          "--filter NAMES, --lang and/or --dedup")
+    if cfg.tokenizer:
+        raise ConfigError("--annotate scores documents' text, which a --tokenizer build does not keep: build the "
+                          "text with it first, then tokenize what where= keeps")
+    if cfg.mask_pii or cfg.dedup_exact:
+        raise ConfigError("--annotate keeps every sample unchanged: --mask-pii (it edits the stored text) and "
+                          "--dedup-exact (it removes) do not combine with it; --dedup marks exact duplicates too "
+                          "(attribute exact_dup), and PII counts are scored with --filter pii")
 
 
 @dataclass(frozen=True)
-class StreamConfig:
-    """StreamingDataset options (shardkit.reader.dataset): every keyword is one field here."""
+class AnnotateConfig:
+    """`shardkit annotate OUT`: every CLI flag is one field here."""
 
-    seed: int = 0
-    shuffle: bool = True
-    shuffle_buffer: int = 16384  # samples per shuffle block: ids only, data is read by offset
-    fields: tuple[str, ...] | None = None
-    format: str | None = None  # "tar" or "parquet"; None: tar when the dataset has it (reader.dataset.read_format)
-    drop_remainder: bool = False
-    cache_dir: str | None = None
-    cache_limit: int | str | None = None
-    on_error: str = "fail"
-    variant: str = "cycle"  # offline-augmented fields: "cycle" (epoch + h(key)) mod K, or "random" (seeded)
-    dtype: str | None = None  # float arrays cast to this ("float32", torch.float32, ...), token ids widened
-    # to this ("int64" when None); None: floats as stored
-    tokens: str | None = None  # token datasets: "train" (input_ids, labels, position_ids, document_ids) or
-    # "rows" (the stored rows, padding included); None: "train" where the layout allows it
-    mask_boundaries: bool = False  # labels: IGNORE_INDEX also where the next document's first id is predicted
-    keys: bool | None = None  # "__key__" in each batch; None: yes, except for packed token rows
-    checksums: bool = True  # check every value read against the checksum recorded at build time
-    timeout: float = 15.0  # remote reads: seconds to connect, and at most between two reads with data
-    retries: int = 2  # remote reads: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2, 4 s …)
-    # Remote reads: GETs of whole shards in flight per process (each DataLoader worker is one), a
-    # large shard as ranged GETs of 4 MiB; 8 x 25 MB/s per connection saturates a typical object
-    # store's link. Rows read by range (mostly latency) get 8x as many threads of their own.
-    connections: int = 8
-    # Remote reads: shards per process fetched ahead of the reader in plan order (within
-    # cache_limit, pinned until read); 0 fetches each shard when a batch first needs it.
-    fetch_ahead: int = 8
-    where: str | None = None  # keep only samples whose attributes satisfy this (reader/where.py)
+    out: str
+    scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
+    select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
+    workers: int | None = None
+    scheduler: str | None = None
+    progress: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed={self.seed!r}: expected an integer >= 0 (StreamingDataset(seed=...))")
-        if self.where is not None and not isinstance(self.where, str):
-            raise ConfigError(f"where={self.where!r}: expected an expression string, e.g. \"lang == 'en' and "
-                              "gopher_quality\" (StreamingDataset(where=...))")
-        positive("shuffle_buffer", self.shuffle_buffer, "StreamingDataset(shuffle_buffer=...)")
-        positive("connections", self.connections, "StreamingDataset(connections=...)")
-        if not isinstance(self.fetch_ahead, int) or isinstance(self.fetch_ahead, bool) or self.fetch_ahead < 0:
-            raise ConfigError(f"fetch_ahead={self.fetch_ahead!r}: expected an integer >= 0 (shards fetched ahead "
-                              "per process; 0 turns fetching ahead off) (StreamingDataset(fetch_ahead=...))")
-        choice("format", self.format, (None, "tar", "parquet"), "StreamingDataset(format=...)")
-        choice("on_error", self.on_error, ON_ERROR_CHOICES, "StreamingDataset(on_error=...)")
-        choice("variant", self.variant, VARIANT_POLICIES, "StreamingDataset(variant=...)")
-        choice("checksums", self.checksums, (True, False), "StreamingDataset(checksums=...)")
-        if self.dtype is not None:  # kept by name: this module imports neither torch nor numpy
-            name = getattr(self.dtype, "__name__", None) or str(self.dtype).removeprefix("torch.")  # np.float32
-            name = DTYPE_ALIASES.get(name, name)
-            choice("dtype", name, FLOAT_DTYPES + INT_DTYPES, "StreamingDataset(dtype=...)")
-            object.__setattr__(self, "dtype", name)
-        choice("tokens", self.tokens, (None,) + TOKEN_MODES, "StreamingDataset(tokens=...)")
-        for name in ("mask_boundaries", "keys"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and not (name == "keys" and value is None):
-                raise ConfigError(f"{name}={value!r}: expected True or False (StreamingDataset({name}=...))")
-        if self.fields is not None:
-            object.__setattr__(self, "fields", tuple(self.fields))
-        if self.cache_limit is not None:
-            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit))
-        self.remote_policy()  # validates timeout and retries
+        object.__setattr__(self, "select", tuple(self.select))
+        if not self.scorers and not self.select:
+            raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
+                              "(--select \"lang == 'en'\")")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
 
-    def remote_policy(self):
-        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
-        from shardkit.fs import RemotePolicy
 
-        return RemotePolicy(timeout=self.timeout, retries=self.retries)
+TAIL_CHOICES = ("pad", "drop")
+AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
+
+
+def check_crop(cfg: BuildConfig) -> None:
+    """--crop-size C: after --image-size N (shorter side → N) keep the centre C×C, C <= N."""
+    if cfg.crop_size is None:
+        return
+    positive("crop_size", cfg.crop_size, "--crop-size")
+    if cfg.image_size is None or cfg.resize_mode not in ("shorter", "center-crop"):
+        raise ConfigError(f"--crop-size {cfg.crop_size} crops the centre of the resized image: give --image-size N "
+                          "with --resize-mode shorter (or center-crop), e.g. --image-size 256 --crop-size 224")
+    if cfg.crop_size > cfg.image_size:
+        raise ConfigError(f"--crop-size {cfg.crop_size} is larger than --image-size {cfg.image_size}, the shorter "
+                          f"side after resizing: give a crop size of at most {cfg.image_size}")
+
+
+def check_cache_options(cfg: BuildConfig) -> None:
+    """Validate the tokenize / augment / half options of a BuildConfig (--tokenizer, --augment, ...)."""
+    import os
+
+    tok = cfg.tokenizer
+    if tok is not None:
+        m = re.fullmatch(r"bpe:([0-9]+)", tok) if isinstance(tok, str) else None
+        if m is None and not (isinstance(tok, str) and os.path.isfile(tok)):
+            raise ConfigError(
+                f"--tokenizer {tok!r} is neither a tokenizer.json file nor bpe:VOCAB_SIZE; shardkit never downloads "
+                "from the Hugging Face hub: save one with Tokenizer.from_pretrained(NAME).save('tokenizer.json') "
+                "and pass that file, or train one on the corpus with e.g. --tokenizer bpe:32000")
+        if m is not None and not 257 <= int(m.group(1)) <= 2**31:
+            raise ConfigError(f"--tokenizer {tok}: a byte-level BPE needs a vocabulary of at least 257 "
+                              "(256 bytes + end of text), e.g. bpe:32000")
+    for name, flag in (("eos_token", "--eos-token"), ("seq_len", "--seq-len")):
+        if getattr(cfg, name) is not None and tok is None:
+            raise ConfigError(f"{flag} applies to tokenized builds: add --tokenizer FILE or --tokenizer bpe:N")
+    positive("seq_len", cfg.seq_len, "--seq-len", allow_none=True)
+    choice("tail", cfg.tail, TAIL_CHOICES, "--tail")
+    if not isinstance(cfg.augment, int) or isinstance(cfg.augment, bool) or cfg.augment < 0:
+        raise ConfigError(f"augment={cfg.augment!r}: expected 0 (off) or K >= 1 variants per image (--augment K)")
+    if cfg.augment_keep_original and cfg.augment < 2:
+        raise ConfigError("--augment-keep-original stores the original as variant 0 of K: give --augment K with K >= 2")
+    ops = [op.strip() for op in str(cfg.augment_ops).split(",") if op.strip()]
+    bad = [op for op in ops if op not in AUGMENT_OPS]
+    if bad or (cfg.augment and not ops):
+        raise ConfigError(f"--augment-ops {cfg.augment_ops!r}: expected a comma-separated list of "
+                          f"{', '.join(AUGMENT_OPS)} (e.g. crop,flip,color)")
+    if not isinstance(cfg.augment_seed, int) or cfg.augment_seed < 0:
+        raise ConfigError(f"augment_seed={cfg.augment_seed!r}: expected an integer >= 0 (--augment-seed)")
 
 
 DEDUP_MODALITIES = ("auto", "text", "image")
@@ -375,93 +353,3 @@ class DedupConfig:
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
                            dedup_verify=self.verify, image_distance=self.image_distance, timeout=self.timeout,
                            retries=self.retries)
-
-
-def _check_annotate(cfg: BuildConfig) -> None:
-    """--annotate keeps every sample as read and stores scores: it needs something to score, and no
-    step that edits or removes what it would score."""
-    if not (cfg.filter or cfg.lang or cfg.dedup):
-        raise ConfigError("--annotate keeps every sample and stores the scores of --filter, --lang and --dedup: add "
-                          "--filter NAMES, --lang and/or --dedup")
-    if cfg.tokenizer:
-        raise ConfigError("--annotate scores documents' text, which a --tokenizer build does not keep: build the "
-                          "text with it first, then tokenize what where= keeps")
-    if cfg.mask_pii or cfg.dedup_exact:
-        raise ConfigError("--annotate keeps every sample unchanged: --mask-pii (it edits the stored text) and "
-                          "--dedup-exact (it removes) do not combine with it; --dedup marks exact duplicates too "
-                          "(attribute exact_dup), and PII counts are scored with --filter pii")
-
-
-def remote_policy(cfg):
-    from shardkit.store.urls import remote_policy as policy  # the store's module, imported when a job starts
-    return policy(cfg)
-
-
-@dataclass(frozen=True)
-class AnnotateConfig:
-    """`shardkit annotate OUT`: every CLI flag is one field here."""
-
-    out: str
-    scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
-    select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
-    workers: int | None = None
-    scheduler: str | None = None
-    progress: bool = True
-
-    def __post_init__(self):
-        object.__setattr__(self, "select", tuple(self.select))
-        if not self.scorers and not self.select:
-            raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
-                              "(--select \"lang == 'en'\")")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
-
-
-TAIL_CHOICES = ("pad", "drop")
-AUGMENT_OPS = ("crop", "flip", "rotate", "color", "blur")
-
-
-def check_crop(cfg: BuildConfig) -> None:
-    """--crop-size C: after --image-size N (shorter side → N) keep the centre C×C, C <= N."""
-    if cfg.crop_size is None:
-        return
-    positive("crop_size", cfg.crop_size, "--crop-size")
-    if cfg.image_size is None or cfg.resize_mode not in ("shorter", "center-crop"):
-        raise ConfigError(f"--crop-size {cfg.crop_size} crops the centre of the resized image: give --image-size N "
-                          "with --resize-mode shorter (or center-crop), e.g. --image-size 256 --crop-size 224")
-    if cfg.crop_size > cfg.image_size:
-        raise ConfigError(f"--crop-size {cfg.crop_size} is larger than --image-size {cfg.image_size}, the shorter "
-                          f"side after resizing: give a crop size of at most {cfg.image_size}")
-
-
-def check_cache_options(cfg: BuildConfig) -> None:
-    """Validate the tokenize / augment / half options of a BuildConfig (--tokenizer, --augment, ...)."""
-    import os
-
-    tok = cfg.tokenizer
-    if tok is not None:
-        m = re.fullmatch(r"bpe:([0-9]+)", tok) if isinstance(tok, str) else None
-        if m is None and not (isinstance(tok, str) and os.path.isfile(tok)):
-            raise ConfigError(
-                f"--tokenizer {tok!r} is neither a tokenizer.json file nor bpe:VOCAB_SIZE; shardkit never downloads "
-                "from the Hugging Face hub: save one with Tokenizer.from_pretrained(NAME).save('tokenizer.json') "
-                "and pass that file, or train one on the corpus with e.g. --tokenizer bpe:32000")
-        if m is not None and not 257 <= int(m.group(1)) <= 2**31:
-            raise ConfigError(f"--tokenizer {tok}: a byte-level BPE needs a vocabulary of at least 257 "
-                              "(256 bytes + end of text), e.g. bpe:32000")
-    for name, flag in (("eos_token", "--eos-token"), ("seq_len", "--seq-len")):
-        if getattr(cfg, name) is not None and tok is None:
-            raise ConfigError(f"{flag} applies to tokenized builds: add --tokenizer FILE or --tokenizer bpe:N")
-    positive("seq_len", cfg.seq_len, "--seq-len", allow_none=True)
-    choice("tail", cfg.tail, TAIL_CHOICES, "--tail")
-    if not isinstance(cfg.augment, int) or isinstance(cfg.augment, bool) or cfg.augment < 0:
-        raise ConfigError(f"augment={cfg.augment!r}: expected 0 (off) or K >= 1 variants per image (--augment K)")
-    if cfg.augment_keep_original and cfg.augment < 2:
-        raise ConfigError("--augment-keep-original stores the original as variant 0 of K: give --augment K with K >= 2")
-    ops = [op.strip() for op in str(cfg.augment_ops).split(",") if op.strip()]
-    bad = [op for op in ops if op not in AUGMENT_OPS]
-    if bad or (cfg.augment and not ops):
-        raise ConfigError(f"--augment-ops {cfg.augment_ops!r}: expected a comma-separated list of "
-                          f"{', '.join(AUGMENT_OPS)} (e.g. crop,flip,color)")
-    if not isinstance(cfg.augment_seed, int) or cfg.augment_seed < 0:
-        raise ConfigError(f"augment_seed={cfg.augment_seed!r}: expected an integer >= 0 (--augment-seed)")

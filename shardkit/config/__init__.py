@@ -1,0 +1,17 @@
+"""Frozen configuration dataclasses, one per entry point; __post_init__ validates each value and a
+bad one is a ConfigError naming the flag or keyword. common.py: the choices and checks they share;
+build.py: build, dedup, annotate; stream.py: StreamingDataset."""
+
+from shardkit.config.build import (AUGMENT_OPS, DEDUP_MODALITIES, IMAGE_HASHES, LSH_WEIGHTS, MAX_MIN_SHINGLES,
+                                   TAIL_CHOICES, AnnotateConfig, BuildConfig, DedupConfig, check_cache_options,
+                                   check_crop, min_shingles, optimal_lsh_params)
+from shardkit.config.common import (ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, WORKER_POOLS, choice,
+                                    parse_bytes, positive, remote_policy)
+from shardkit.config.stream import (DTYPE_ALIASES, FLOAT_DTYPES, INT_DTYPES, TOKEN_MODES, VARIANT_POLICIES,
+                                    StreamConfig)
+
+__all__ = ["AUGMENT_OPS", "DEDUP_MODALITIES", "DTYPE_ALIASES", "ENCODINGS", "FLOAT_DTYPES", "FORMATS", "IMAGE_HASHES",
+           "INT_DTYPES", "LSH_WEIGHTS", "MAX_MIN_SHINGLES", "RESAMPLE_FILTERS", "RESIZE_MODES", "TAIL_CHOICES",
+           "TOKEN_MODES", "VARIANT_POLICIES", "WORKER_POOLS", "AnnotateConfig", "BuildConfig", "DedupConfig",
+           "StreamConfig", "check_cache_options", "check_crop", "choice", "min_shingles", "optimal_lsh_params",
+           "parse_bytes", "positive", "remote_policy"]
