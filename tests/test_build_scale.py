@@ -212,7 +212,7 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
 
 def test_threads_for_images_only(tmp_path):
     from shardkit.jobs.pool import choose_pool
-    from shardkit.jobs.build import _image_work
+    from shardkit.jobs.build_probe import image_work
     from shardkit.sources.walk import Listing, RowFile
 
     def row_file(kind):
@@ -221,12 +221,12 @@ def test_threads_for_images_only(tmp_path):
     images = Listing(files=None, row_files=[], images=3)
     rows = Listing(files=None, row_files=[row_file("jsonl")], images=3)
     cfg = BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"))
-    assert _image_work(images, cfg) and not _image_work(rows, cfg)
+    assert image_work(images, cfg) and not image_work(rows, cfg)
     # WebDataset tars may hold images (the probe looks inside them), unless rows to parse come too
-    assert _image_work(Listing(files=None, row_files=[row_file("tar")]), cfg)
-    assert not _image_work(Listing(files=None, row_files=[row_file("tar"), row_file("parquet")], images=3), cfg)
-    assert not _image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
-    assert not _image_work(Listing(files=None, row_files=[]), cfg)
+    assert image_work(Listing(files=None, row_files=[row_file("tar")]), cfg)
+    assert not image_work(Listing(files=None, row_files=[row_file("tar"), row_file("parquet")], images=3), cfg)
+    assert not image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
+    assert not image_work(Listing(files=None, row_files=[]), cfg)
     light = lambda: (0.1, 0.005)  # noqa: E731 — a probe: 10% of 5 ms under the GIL
     assert choose_pool("auto", True, 2, light).threads and not choose_pool("auto", False, 2, light).threads
     assert choose_pool("threads", False, 2).threads and not choose_pool("processes", True, 2, light).threads

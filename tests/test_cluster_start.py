@@ -110,12 +110,12 @@ def test_debug_says_which_pool_and_why(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    import shardkit.jobs.build as executor
+    import shardkit.jobs.build_probe as executor
     from shardkit.cli import main
     from shardkit.datagen import image_folder
 
     image_folder(str(tmp_path / "raw"), n=6, classes=2, size=(64, 48))
-    monkeypatch.setattr(executor, "_probe", lambda cfg, listing: (0.1, 0.004))
+    monkeypatch.setattr(executor, "probe", lambda cfg, listing: (0.1, 0.004))
     monkeypatch.setattr(cluster, "worker_log_level", cluster.worker_log_level)
     logger = logging.getLogger("shardkit")
     monkeypatch.setattr(logger, "handlers", list(logger.handlers))

@@ -304,7 +304,7 @@ def test_raw_folder_and_cli(tmp_path):
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
     # The step `shardkit build --dedup` runs between scan and shard assignment: positions to remove.
-    from shardkit.jobs.build import _reader
+    from shardkit.jobs.build_dedup import source_reader
     from shardkit.sources.inventory import make_inventory, scan_options, without
     from shardkit.sources.rows import count_rows
     from shardkit.sources.walk import walk
@@ -312,7 +312,7 @@ def test_raw_folder_and_cli(tmp_path):
     cfg = BuildConfig(str(raw), str(tmp_path / "b"))
     opts, listing = scan_options(cfg), walk(cfg.src, cfg.out)
     inv = make_inventory(listing, {rf.id: count_rows(rf, opts) for rf in listing.row_files}, cfg, opts)
-    removed, result = dedup_inventory(inv, _reader(inv), DedupConfig(progress=False), None, str(tmp_path / "w"))
+    removed, result = dedup_inventory(inv, source_reader(inv), DedupConfig(progress=False), None, str(tmp_path / "w"))
     keys = [r.key for r in records(inv)]
     assert {keys[i] for i in removed.tolist()} == result.removed_keys == {"doc_100", "cat/000101"}
     assert [r.key for r in records(without(inv, removed))] == [k for k in keys if k not in result.removed_keys]

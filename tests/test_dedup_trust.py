@@ -211,12 +211,13 @@ def test_build_and_dedup_import_one_way():
 
 
 def test_dedup_of_a_raw_folder_builds_once_and_writes_its_report_once(tmp_path, monkeypatch):
-    import shardkit.jobs.dedup as job
     import shardkit.jobs.build as executor
+    import shardkit.jobs.build_dedup as steps
+    import shardkit.jobs.dedup as job
 
     calls = {"build": 0, "report": 0, "find": 0}
-    for module, name, key in ((executor, "build", "build"), (executor, "write_report", "report"),
-                              (executor, "dedup_inventory", "find")):
+    for module, name, key in ((executor, "build", "build"), (steps, "write_report", "report"),
+                              (steps, "dedup_inventory", "find")):
         original = getattr(module, name)
 
         def counted(*a, _original=original, _key=key, **kw):

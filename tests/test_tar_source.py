@@ -337,7 +337,7 @@ def test_resize_dedup_and_reshard_in_one_command(tmp_path):
 
 
 def test_the_worker_pool_probe_measures_images_inside_tars(tmp_path, monkeypatch):
-    from shardkit.jobs import build as B
+    from shardkit.jobs import build_probe as B
     from shardkit.sources.walk import walk
 
     samples = _samples(12)
@@ -345,7 +345,7 @@ def test_the_worker_pool_probe_measures_images_inside_tars(tmp_path, monkeypatch
     probed = []
     monkeypatch.setattr(B, "gil_share_median", lambda work: probed.append(work()) or (0.01, 0.001))
     cfg = BuildConfig(src=str(tmp_path / "src"), out=str(tmp_path / "out"), encode="keep")
-    assert B._probe(cfg, walk(cfg.src)) == (0.01, 0.001)
+    assert B.probe(cfg, walk(cfg.src)) == (0.01, 0.001)
     assert probed == [samples[0]["jpg"]]  # the first image of the first tar, through the build's own work
     assert B.first_images(cfg.src, ["shard-000001.tar", "shard-000002.tar"], 8) == [s["jpg"] for s in samples[5:12]][:8]
 

@@ -3,16 +3,12 @@ compact columns, run work units and one step per shard (reusing finished shards)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
-from collections import namedtuple
 from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 import shardkit.store as store
 from shardkit.jobs import durable
@@ -21,33 +17,28 @@ from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, Sh
                                        unit_task, units_dir)
 from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
-from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectedInput, RejectionLog,
+from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectionLog,
                              count_by_reason)
-from shardkit.fs import RemoteError
 from shardkit.jobs import curate
 from shardkit.manifest import Manifest, write_manifest
 from shardkit.manifest.attributes import attach
 from shardkit.sources import walk as W
-from shardkit.sources.inventory import Inventory, make_inventory, scan_options, without
-from shardkit.sources.key_order import ATOMS
+from shardkit.sources.inventory import Inventory, make_inventory, scan_options
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
-from shardkit.sources.read import SourceReader, save_atoms
+from shardkit.sources.read import SourceReader
 from shardkit.sources.rows import count_rows, counted
-from shardkit.sources.tar_rows import first_images
-from shardkit.stages.arrays import array_spec
-from shardkit.stages.augment import variant_fields
 from shardkit.stages.filters import STAT, Curation
-from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
-from shardkit.jobs.paragraph_tasks import dedup_paragraphs
-from shardkit.duplicates.review import dedup_record, write_report
-from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer, token_fields
-from shardkit.jobs.cluster import Execution, background_client, import_in_background, plan_execution
-from shardkit.jobs.pool import PoolChoice, choose_pool, gil_share_median
+from shardkit.duplicates.review import dedup_record
+from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer
+from shardkit.jobs.cluster import background_client, import_in_background, plan_execution
+from shardkit.jobs.build_dedup import dedup_step, exact_dedup, execution_of, finish_dedup, paragraph_copies, source_reader, write_exact_report
+from shardkit.jobs.dedup_tasks import estimate_inventory_seconds
+from shardkit.jobs.build_probe import build_pool
+from shardkit.jobs.build_fields import Corpus, cache_fields, corpus_key, field_specs
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 from shardkit.store.lease import out_lock
 
 log = logging.getLogger("shardkit.build")
-_Files = namedtuple("_Files", "files")  # what array_spec reads of a sample
 
 
 @dataclass
@@ -75,79 +66,6 @@ class BuildResult:
         return count_by_reason(self.rejections)
 
 
-def field_specs(inv: Inventory, cfg: BuildConfig) -> dict:
-    """The manifest's field specs, known before any task runs so every shard has the same schema."""
-    fields = {}
-    if "image" in inv.kinds and cfg.encode == "keep":  # each input's own bytes, under its own extension
-        fields.update({ext: {"kind": "image", "encoding": "keep"} for ext in sorted(inv.image_exts)})
-    elif "image" in inv.kinds:
-        spec = {"kind": "image", "encoding": cfg.encode}
-        if cfg.encode == "raw":
-            spec.update(dtype="uint8", shape=[cfg.stored_size, cfg.stored_size, 3])
-        fields[cfg.output_image_field] = spec
-    if "txt" in inv.kinds:
-        fields["txt"] = {"kind": "text"}
-    if "json" in inv.kinds:
-        fields["json"] = {"kind": "json"}
-    if inv.classes is not None:
-        fields["cls"] = {"kind": "int", "dtype": "int64"}
-    return fields
-
-
-def _npy_samples(inv: Inventory):
-    """File samples holding a .npy array, in key order (array_spec reads the first readable header)."""
-    kinds = inv.atoms.column("kinds").to_numpy() if len(inv.atoms) else np.zeros(0, np.int8)
-    for i in np.flatnonzero(kinds & W.ARRAY).tolist():
-        yield _Files(tuple(inv.atoms.column("files")[i].as_py()))
-
-
-def cache_fields(fields: dict, inv: Inventory, cfg: BuildConfig, tok: TokenizerInfo | None) -> dict:
-    """field_specs plus the caching stages: augmented variants, arrays, tokens (txt becomes tokens)."""
-    fields = dict(fields)
-    if cfg.augment and cfg.output_image_field in fields:
-        fields.update(variant_fields(cfg.output_image_field, fields.pop(cfg.output_image_field), cfg))
-    if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half)) is not None:
-        fields["array"] = spec
-    return fields if tok is None else token_fields(fields, inv.kinds, tok, cfg.seq_len)
-
-
-def _corpus_key(inv: Inventory) -> str:
-    """Fingerprint of every input (names, sizes, mtimes): a trained tokenizer is reused while it holds."""
-    h = hashlib.sha256(str([(p.source, p.start, p.stop) for p in inv.pieces]).encode())
-    if len(inv.atoms):
-        h.update(inv.atoms.column("stamp").to_numpy().tobytes())
-    for rf in inv.row_files:
-        h.update(rf.stamp().encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
-
-
-class _Corpus:
-    """Every document's text in key order, read lazily, to train a tokenizer on (bad inputs are
-    rejected later, by the tasks). Sized, as the trainer's progress wants."""
-
-    def __init__(self, inv: Inventory, reader: SourceReader):
-        self.inv, self.reader = inv, reader
-
-    def __len__(self) -> int:
-        return self.inv.samples
-
-    def __iter__(self):
-        kinds = self.inv.atoms.column("kinds").to_numpy() if len(self.inv.atoms) else None
-        for piece in self.inv.pieces:
-            if piece.source == ATOMS:  # only samples with text: images are not read for this
-                wanted = np.flatnonzero(kinds[piece.start:piece.stop] & W.TXT) + piece.start
-                pieces = [replace(piece, start=i, stop=i + 1) for i in wanted.tolist()]
-            else:
-                pieces = [piece]
-            for ref in self.reader.refs(pieces):
-                try:
-                    text = ref.make().fields.get("txt")
-                except RejectedInput:
-                    continue
-                if text is not None:
-                    yield text
-
-
 def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     """List SRC here, then (`start`) start the cluster in the background, of threads for image work
     (pool.choose_pool), count row files on the cluster, order everything. Source rejections
@@ -155,7 +73,7 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     listing = W.walk(cfg.src, cfg.out)
-    choice = _pool(cfg, listing)
+    choice = build_pool(cfg, listing)
     pending.use_threads(choice.threads, choice.head_threads)
     if start:
         pending.start()
@@ -178,125 +96,6 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     store.makedirs(store.join(cfg.out, "shards"))
     durable.retire_manifest(cfg.out)  # until this build ends, no manifest may name shards it is about to replace
     return inv
-
-
-def _pool(cfg: BuildConfig, listing) -> PoolChoice:
-    """Threads or processes for an embedded cluster (pool.choose_pool), said at --debug."""
-    if cfg.workers == 0 or cfg.scheduler:
-        return PoolChoice(False, "no embedded cluster")
-    workers = cfg.workers or max(1, os.cpu_count() or 1)
-    choice = choose_pool(cfg.worker_pool, _image_work(listing, cfg), workers, lambda: _probe(cfg, listing))
-    log.info("worker pool: %s", choice.reason)
-    return choice
-
-
-PROBE_IMAGES = 8  # inputs the pool probe cycles over (the first image files in key order)
-
-
-def _probe(cfg: BuildConfig, listing) -> tuple[float, float]:
-    """(GIL share, seconds) of this build's per-image work on a worker thread, over its first few
-    image files (read once here; one that does not decode costs its failed try, as in the build)."""
-    from shardkit.stages.image import keep_image, process_image
-
-    table = listing.files
-    kinds = table.column("kinds").to_numpy() if len(table) else np.zeros(0, np.int8)
-    datas = []
-    for i in np.flatnonzero(kinds & W.IMAGE)[:PROBE_IMAGES].tolist():
-        rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
-        with contextlib.suppress(OSError, RemoteError):  # unreadable: the build's to reject, not the probe's
-            datas.append(store.read_source(store.join(cfg.src, rel)))
-    if not datas:  # SRC's images may all be inside WebDataset tars
-        datas = first_images(cfg.src, [rf.rel for rf in listing.row_files if rf.kind == "tar"], PROBE_IMAGES)
-    if not datas:
-        return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
-    turn = iter(range(1 << 62))
-
-    def work():
-        data = datas[next(turn) % len(datas)]
-        try:
-            return keep_image(data) if cfg.encode == "keep" else process_image(data, cfg)
-        except Exception:  # noqa: BLE001 — a bad input is the build's to reject
-            return None
-
-    return gil_share_median(work)
-
-
-def _image_work(listing, cfg: BuildConfig) -> bool:
-    """Whether the build's work is images (from files or WebDataset tars: the probe finds out), which
-    threads share well: no .jsonl/.parquet rows to parse and no tokenizer (both hold the GIL), and
-    inputs on a local disk (the HTTP client of a store spends ~8 ms of GIL-held time on each object:
-    a process per worker, each with its own client, reads them in parallel)."""
-    tars = {rf.kind for rf in listing.row_files} == {"tar"}
-    images = (listing.images > 0 or tars) and (tars or not listing.row_files)
-    return images and not cfg.tokenizer and not store.is_url(cfg.src)
-
-
-def _reader(inv: Inventory) -> SourceReader:
-    digest = hashlib.sha256(inv.atoms.column("stamp").to_numpy().tobytes() if len(inv.atoms) else b"").hexdigest()
-    return SourceReader(inv.opts, tuple(inv.row_files), inv.counts, inv.row_labels, inv.label_index,
-                        save_atoms(inv.atoms, inv.labels, inv.opts.state_dir, digest[:24]))
-
-
-def _dedup(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
-    """The dedup step: drop duplicates before shards are assigned. Returns (the inventory without
-    them, DedupResult). Partitions of the inventory's pieces are read and signed on the workers; this
-    process holds compact columns, as for the build."""
-    removed, result = dedup_inventory(inv, _reader(inv), dcfg, client, store.join(cfg.out, STATE_DIR, "dedup"))
-    return (inv if cfg.annotate else without(inv, removed)), result  # --annotate: marked, not removed
-
-
-def _exact_dedup(inv: Inventory, cfg: BuildConfig, pending):
-    """--dedup-exact: documents whose normalised texts are equal keep the one with the smallest key,
-    on the dedup step's partition files and hash-range buckets (content digests only, no MinHash)."""
-    dcfg = replace(cfg.dedup_config(), modality="text", exact_only=True)
-    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
-    if execution.mode == "in-process":
-        pending.prefer_local()
-    removed, result = dedup_inventory(inv, _reader(inv), dcfg, pending, store.join(cfg.out, STATE_DIR, "dedup-exact"))
-    result.summary["execution"].update(_execution(cfg, pending, execution).record())
-    return without(inv, removed), result
-
-
-def _write_exact_report(folder: str, result) -> None:
-    """OUT/dedup/exact/: written when what it reports changed (its timings aside), so that a rerun
-    with nothing changed writes nothing."""
-    try:
-        old = json.loads(store.read(store.join(folder, "summary.json")))
-    except (OSError, ValueError, RemoteError):
-        old = None
-    if old is None or {k: v for k, v in old.items() if k != "execution"} != json.loads(json.dumps(
-            {k: v for k, v in result.summary.items() if k != "execution"}, sort_keys=True)):
-        write_report(folder, result)
-
-
-def _paragraphs(inv: Inventory, cfg: BuildConfig, pending):
-    """--dedup-paragraphs: the later copies of each repeated paragraph (jobs/paragraph_tasks.py)."""
-    if store.is_url(cfg.out):
-        raise ConfigError(f"--dedup-paragraphs keeps its working files in OUT/.shardkit on a local disk, and OUT "
-                          f"{cfg.out!r} is on a store: build into a local folder, then copy it")
-    execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
-    if execution.mode == "in-process":
-        pending.prefer_local()
-    return dedup_paragraphs(inv, _reader(inv), DedupConfig.partition_size, pending,
-                            os.path.join(cfg.out, STATE_DIR, "paragraphs"), cfg.progress)
-
-
-def _finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) -> None:
-    """OUT/dedup/: the report of the dedup step, written once, with what the build wrote."""
-    encode = "original bytes kept" if cfg.encode == "keep" else f"re-encoded: {cfg.encode}" + (
-        f" q{cfg.quality}" if cfg.encode in ("jpeg", "webp") else "") + (
-        f", {cfg.resize_mode} {cfg.image_size}" if cfg.image_size else "") + (
-        f", crop {cfg.crop_size}" if cfg.crop_size else "")
-    result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
-                                "images": encode, "rejected_by_build": rejected}
-    write_report(store.join(cfg.out, "dedup"), result)
-
-
-def _execution(cfg: BuildConfig, pending, planned: Execution) -> Execution:
-    """Where the tasks ran (the plan, unless a cluster had already started for counting rows)."""
-    if planned.mode == "in-process" and not pending.local:
-        return Execution("embedded cluster", cfg.workers, "started earlier, to count .jsonl/.parquet rows")
-    return planned
 
 
 def _workers(cfg: BuildConfig, pending) -> int:
@@ -365,7 +164,7 @@ def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
     fields, config_hash = field_specs(inv, cfg), cfg.output_hash()
     tok = None
     if cfg.tokenizer:
-        tok = prepare_tokenizer(cfg, lambda: _Corpus(inv, reader), _corpus_key(inv))
+        tok = prepare_tokenizer(cfg, lambda: Corpus(inv, reader), corpus_key(inv))
     else:
         store.remove(store.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
     shard_fields = cache_fields(fields, inv, cfg, tok)
@@ -401,16 +200,16 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, c
     scanned = inv = _scan(cfg, pending, start)
     dedup_result = exact = None
     if cfg.dedup_exact:  # before MinHash, which then signs only distinct texts
-        inv, exact = _exact_dedup(inv, cfg, pending)
-    paragraphs = _paragraphs(inv, cfg, pending) if cfg.dedup_paragraphs else None
+        inv, exact = exact_dedup(inv, cfg, pending)
+    paragraphs = paragraph_copies(inv, cfg, pending) if cfg.dedup_paragraphs else None
     if dcfg is not None:  # before tokenizer training: a trained vocabulary never sees duplicates
         # The dedup step decides in-process vs cluster from the work ahead (small jobs skip the cluster).
         execution = plan_execution(cfg.scheduler, cfg.workers, estimate_inventory_seconds(inv, cfg.encode))
         if execution.mode == "in-process":
             pending.prefer_local()
-        inv, dedup_result = _dedup(inv, cfg, dcfg, pending)
-        dedup_result.summary["execution"].update(_execution(cfg, pending, execution).record())
-    reader = _reader(inv)
+        inv, dedup_result = dedup_step(inv, cfg, dcfg, pending)
+        dedup_result.summary["execution"].update(execution_of(cfg, pending, execution).record())
+    reader = source_reader(inv)
     fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
     if curation or paragraphs:  # the filters' options (defaults included) and the paragraphs removed
         blob = json.dumps([curation.record(), paragraphs and paragraphs.digest], sort_keys=True, default=str)
@@ -518,9 +317,9 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     attach(cfg.out, manifest, curate.manifest_attributes(cfg, [r.attributes for r in results if r.attributes]))
     write_manifest(cfg.out, manifest)
     if b.dedup is not None:
-        _finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
+        finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
     if b.exact is not None:
-        _write_exact_report(store.join(cfg.out, "dedup", "exact"), b.exact)
+        write_exact_report(store.join(cfg.out, "dedup", "exact"), b.exact)
     else:  # an earlier build's report would describe what this one did not do
         store.remove_tree(store.join(cfg.out, "dedup", "exact"))
     exact = len(b.exact.removed_ids) if b.exact is not None else 0
