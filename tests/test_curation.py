@@ -115,7 +115,24 @@ def test_curate_stage_counts_lists_and_passes_samples_without_text():
     kept = list(curate(samples, curation=Curation.from_options("gopher-quality"), stats=stats, dropped=dropped))
     assert [s.key for s in kept] == ["a", "c"]
     assert dropped == [("b", "d.jsonl", 2, "gopher-quality", "short_doc")]
-    assert stats == {"curation.gopher-quality.short_doc": 1}
+    short = len("\n".join(GOOD.splitlines()[:2]).encode())
+    assert stats == {"curation.gopher-quality.short_doc": 1, "curation.input.documents": 2,
+                     "curation.input.bytes": len(GOOD.encode()) + short, "curation.bytes.gopher-quality": short}
+
+
+def test_the_summary_gives_each_filters_share_of_the_documents_and_bytes_it_saw():
+    from shardkit.cli.curation import curation_lines
+
+    stats = {"curation.input.documents": 200, "curation.input.bytes": 10_000, "curation.c4.javascript": 30,
+             "curation.c4.policy": 10, "curation.bytes.c4": 2_500, "curation.lang.other_language": 10,
+             "curation.bytes.lang": 500, "curation.pii.email": 2}
+    lines = curation_lines(stats)
+    assert lines[0] == "  filtered        50 removed (25.0% of documents, 30.0% of text bytes) (listed in curation/filtered-*.parquet)"
+    assert lines[1] == "       40  c4: javascript 30, policy 10 (20.0% of documents, 25.0% of text bytes)"
+    assert lines[2] == "       10  lang: other_language 10 (5.0% of documents, 5.0% of text bytes)"
+    assert lines[3] == "  pii             2 email addresses and 0 IP addresses masked"
+    # counts recorded before the volumes were (a dataset built earlier): no share, the same lines otherwise
+    assert curation_lines({"curation.c4.policy": 3})[1] == "        3  c4: policy 3"
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -60,6 +60,16 @@ def _filtered(out) -> list[dict]:
     return pq.read_table(files).sort_by("key").to_pylist() if files else []
 
 
+def rule_counts(stats: dict) -> dict:
+    """The rejections by filter and rule (curation.<filter>.<rule>), without PII counts and volumes."""
+    return {k: v for k, v in stats.items() if k.startswith("curation.") and k.split(".")[1] not in ("pii", "input", "bytes")}
+
+
+def _removed_texts(files: dict, removed) -> list[dict]:
+    """The texts (as written) of the removed samples, from _corpus's {file name: texts}."""
+    return [{"txt": files[r["source"]][r["source_row"] - 1]} for r in removed]
+
+
 def test_filters_lang_pii_and_exact_dups_same_bytes_at_0_and_2_workers(tmp_path):
     files = _corpus(tmp_path / "src")
     a = _build(tmp_path / "src", tmp_path / "a", workers=0)
@@ -74,8 +84,12 @@ def test_filters_lang_pii_and_exact_dups_same_bytes_at_0_and_2_workers(tmp_path)
     assert ("lang", "other_language") in rules and ("lang", "unscored") in rules  # French; no letters
     assert {"gopher-quality", "c4", "fineweb"} <= {f for f, _ in rules}
     assert all(r["source"] in ("a.jsonl", "b.jsonl") and r["source_row"] >= 1 for r in removed)
-    counted = {k: v for k, v in a.stats.items() if k.startswith("curation.") and ".pii." not in k}
-    assert sum(counted.values()) == len(removed) and counted == {k: v for k, v in b.stats.items() if k in counted}
+    counted = rule_counts(a.stats)
+    assert sum(counted.values()) == len(removed) and a.stats == b.stats
+    # the volume the filters saw and removed: every document with text once, the removed ones by filter
+    assert a.stats["curation.input.documents"] == a.inputs - a.exact_duplicates
+    assert sum(v for k, v in a.stats.items() if k.startswith("curation.bytes.")) == sum(
+        len(r["txt"].encode()) for r in _removed_texts(files, removed))
     assert a.stats["curation.lang.unscored"] == 1  # counted with its reason; the build went on
     assert a.stats["curation.pii.email"] == 1 and a.stats["curation.pii.ip"] == 1
     groups = _exact_groups(files)  # good[0] shouted, good[1] again in b.jsonl, texts equal but for punctuation
@@ -169,7 +183,7 @@ def test_build_map_runs_the_same_filters(tmp_path):
     removed = _filtered(tmp_path / "a")
     assert a.samples + len(removed) == 12 and a.samples == 3  # only the good documents
     assert {("lang", "other_language"), ("gopher-quality", "short_doc")} <= {(r["filter"], r["rule"]) for r in removed}
-    assert sum(a.stats.values()) == len(removed) and a.stats == b.stats
+    assert sum(rule_counts(a.stats).values()) == len(removed) and a.stats == b.stats
     assert all(r["source"] == repr(int(r["key"][3:])) for r in removed)  # the input, as errors.jsonl names it
     again = build_map(_doc, list(range(12)), str(tmp_path / "a"), workers=0, curation=cur, inputs_per_shard=5,
                       progress=False)
@@ -229,3 +243,13 @@ def test_dedup_paragraphs_keeps_the_first_copy_whatever_workers_order_and_partit
     assert _filtered(tmp_path / "out") == [{"key": "b/000005", "source": "b.jsonl", "source_row": 5,
                                             "filter": "dedup-paragraphs", "rule": "emptied"}]
     assert r.stats["curation.dedup-paragraphs.paragraphs"] == 9 and r.stats["curation.dedup-paragraphs.emptied"] == 1
+
+
+def test_a_build_the_filters_empty_says_so(tmp_path):
+    from shardkit.errors import EmptyInput
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps({"text": f"{i} 5678 ---"}) + "\n" for i in range(5)))
+    with pytest.raises(EmptyInput, match=r"0 inputs rejected .*; 5 removed by the curation filters .*--filter-option"):
+        _build(tmp_path / "src", tmp_path / "out", workers=0)
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -35,19 +35,28 @@ def curation_options(fn):
 
 
 def curation_lines(stats: dict) -> list[str]:
-    """What each curation filter removed, by rule, and what PII masking replaced."""
+    """What each curation filter removed, by rule and as a share of the documents and text bytes the
+    filters saw (the training compute not spent on them), and what PII masking replaced."""
     removed: dict = {}
     for key, n in stats.items():
         parts = key.split(".")
-        if parts[0] == "curation" and parts[1] != "pii" and key != "curation.dedup-paragraphs.paragraphs":
+        if parts[0] == "curation" and parts[1] not in ("pii", "input", "bytes") and \
+                key != "curation.dedup-paragraphs.paragraphs":
             removed.setdefault(parts[1], {})[parts[2]] = n
+    docs, size = stats.get("curation.input.documents", 0), stats.get("curation.input.bytes", 0)
+
+    def share(n: int, nbytes: int) -> str:
+        return f" ({n / docs:.1%} of documents, {nbytes / size:.1%} of text bytes)" if docs and size else ""
+
     lines = []
     if removed:
         total = sum(sum(r.values()) for r in removed.values())
-        lines.append(f"  filtered        {total} removed (listed in curation/filtered-*.parquet)")
+        total_bytes = sum(stats.get(f"curation.bytes.{name}", 0) for name in removed)
+        lines.append(f"  filtered        {total} removed{share(total, total_bytes)} (listed in curation/filtered-*.parquet)")
         for name, rules in removed.items():
             detail = ", ".join(f"{rule} {n}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
-            lines.append(f"    {sum(rules.values()):>5}  {name}: {detail}")
+            n = sum(rules.values())
+            lines.append(f"    {n:>5}  {name}: {detail}{share(n, stats.get(f'curation.bytes.{name}', 0))}")
     if stats.get("curation.dedup-paragraphs.paragraphs"):
         lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed "
                      "(--dedup-paragraphs)")

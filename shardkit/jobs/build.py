@@ -290,10 +290,11 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     durable.write_errors(cfg.out, rejections)
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
+    stats = {}
+    for r in results:
+        add_stats(stats, r.stats)
     if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
-        raise EmptyInput(f"no sample of {cfg.src} passed the build: {len(rejections)} inputs rejected "
-                         f"{count_by_reason(rejections)}, see {store.join(cfg.out, 'errors.jsonl')}; fix them, "
-                         "or pass --allow-empty to write an empty dataset")
+        raise EmptyInput(_nothing_passed(cfg, rejections, stats, b))
     build_record = {"config": cfg.recorded(), "hash": b.config_hash}
     if b.dedup is not None:
         build_record["dedup"] = dedup_record(b.dedup.summary, samples)
@@ -301,9 +302,6 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
             build_record["dedup"].update(removed=0, marked=b.dedup.summary["removed"], source_samples=samples)
     if b.exact is not None:
         build_record["dedup_exact"] = {"removed": b.exact.summary["removed"], "report": "dedup/exact/summary.json"}
-    stats = {}
-    for r in results:
-        add_stats(stats, r.stats)
     curated = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
     if b.curation:
         build_record["curation"] = {"filters": b.curation.record(), "counts": curated,
@@ -327,6 +325,20 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
                        b.scanned.samples - b.inv.samples - exact, manifest, b.dedup, b.scanned.notes,
                        dict(sorted(stats.items())), exact)
+
+
+def _nothing_passed(cfg: BuildConfig, rejections: list, stats: dict, b: _Plan) -> str:
+    """Why a build kept no sample: what rejected the inputs, what the filters and dedup removed."""
+    why = [f"{len(rejections)} inputs rejected {count_by_reason(rejections)} (see {store.join(cfg.out, 'errors.jsonl')})"]
+    filtered = sum(v for k, v in stats.items() if k.startswith(STAT + ".") and k.split(".")[1] not in ("pii", "input", "bytes"))
+    if filtered:
+        why.append(f"{filtered} removed by the curation filters (see {store.join(cfg.out, FILTERED_DIR)}; loosen them "
+                   "with --filter-option, or drop a filter)")
+    removed = b.scanned.samples - b.inv.samples
+    if removed:
+        why.append(f"{removed} removed as duplicates")
+    return (f"no sample of {cfg.src} passed the build: {'; '.join(why)}; fix the inputs or the options, or pass "
+            "--allow-empty to write an empty dataset")
 
 
 def _remove_stale_scan(b: _Plan) -> None:

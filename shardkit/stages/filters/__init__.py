@@ -27,6 +27,8 @@ from shardkit.stages.filters.pii import PII
 FILTERS = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetition, "c4": C4, "fineweb": FineWeb,
            "lang": Lang, "pii": PII, "text-length": TextLength}
 STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
+# and the volume the filters saw and removed (the share of the corpus, hence of training compute, saved):
+VOLUME = (f"{STAT}.input.documents", f"{STAT}.input.bytes", f"{STAT}.bytes.")  # the last + <filter>
 
 
 def _value(text: str, default, name: str):
@@ -157,8 +159,12 @@ def curate(samples, *, curation: Curation, stats: dict, dropped: list):
             yield sample
             continue
         text, _ = decode_text(value)
+        size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else len(text.encode("utf-8", "replace"))
+        for key, n in ((VOLUME[0], 1), (VOLUME[1], size)):
+            stats[key] = stats.get(key, 0) + n
         edited, rejected = curation.apply(text, stats)
         if rejected is not None:
+            stats[VOLUME[2] + rejected[0]] = stats.get(VOLUME[2] + rejected[0], 0) + size
             meta = sample.meta
             dropped.append((sample.key, meta.get("source_path"), meta.get("source_row"), *rejected))
             continue
