@@ -70,3 +70,14 @@ def worker_identity() -> tuple[int, int]:
         return int(os.environ.get("SHARDKIT_WORKER", 0)), int(os.environ["SHARDKIT_NUM_WORKERS"])
     info = worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

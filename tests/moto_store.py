@@ -60,6 +60,17 @@ class S3:
             args.update(KeyMarker=page["NextKeyMarker"], VersionIdMarker=page["NextVersionIdMarker"])
 
 
+def hide_host_aws(tmp_path, monkeypatch) -> None:
+    """The host's AWS_* variables and ~/.aws files hidden (nothing leaks in or out), region us-east-1,
+    and the server's request log quiet."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
 def start_s3(tmp_path, monkeypatch) -> S3:
     import boto3
     import s3fs
@@ -67,12 +78,7 @@ def start_s3(tmp_path, monkeypatch) -> S3:
 
     from shardkit.store.calls import forget_filesystems
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server's request log
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    hide_host_aws(tmp_path, monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tester")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "tester-secret")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -463,23 +463,26 @@ def test_the_meter_finds_make_loaders_workers_and_falls_back_when_they_are_hidde
     assert "worker_cpu_cores" not in meter.summary()
 
 
+class _RemoteLoader:
+    """Two workers over a dataset whose io_stats() are `stats`: 50 batches 30 ms apart."""
+
+    num_workers = 2
+
+    def __init__(self, clock, stats: dict):
+        class Remote(list):
+            def io_stats(self):
+                return stats
+
+        self.dataset, self.clock = Remote(), clock
+
+    def __iter__(self):
+        return fake_loader(self.clock, [0.03] * 50)
+
+
 def test_network_wait_comes_from_the_datasets_io_stats():
-    class Remote(list):
-        def io_stats(self):
-            return {"network_wait_s": 3.0, "bytes": 10}
-
-    class Loader:
-        num_workers = 2
-
-        def __init__(self, clock):
-            self.dataset, self.clock = Remote(), clock
-
-        def __iter__(self):
-            return fake_loader(self.clock, [0.03] * 50)
-
     clock = FakeClock()
     meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(0.3))
-    for _ in meter.wrap(Loader(clock)):
+    for _ in meter.wrap(_RemoteLoader(clock, {"network_wait_s": 3.0, "bytes": 10})):
         clock.t += 0.02
     s = meter.summary()  # 3 s of 2 workers x 2.5 s run
     assert s["network_wait_pct"] == pytest.approx(60.0) and "raise fetch-ahead" in s["advice"]
@@ -569,22 +572,9 @@ def test_workers_busy_fetching_are_told_the_fetch_holds_them():
 
 
 def test_fetch_cpu_comes_from_the_datasets_io_stats():
-    class Remote(list):
-        def io_stats(self):
-            return {"network_wait_s": 0.5, "bytes_fetched": 10, "fetch_cpu_s": 1.5}
-
-    class Loader:
-        num_workers = 2
-
-        def __init__(self, clock):
-            self.dataset, self.clock = Remote(), clock
-
-        def __iter__(self):
-            return fake_loader(self.clock, [0.03] * 50)
-
     clock = FakeClock()
     meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(1.0))
-    for _ in meter.wrap(Loader(clock)):
+    for _ in meter.wrap(_RemoteLoader(clock, {"network_wait_s": 0.5, "bytes_fetched": 10, "fetch_cpu_s": 1.5})):
         clock.t += 0.02
     s = meter.summary()  # 1.5 s of 1 core busy over a 2.5 s run
     assert s["fetch_cpu_s"] == 1.5 and s["fetch_cpu_pct"] == pytest.approx(60.0)

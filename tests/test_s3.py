@@ -3,21 +3,19 @@ and stopped here) streamed and cached through s3fs, with credentials found where
 
 from __future__ import annotations
 
-import logging
 import time
 
 import pytest
 import torch
 from factory import make_dataset, read_epoch, same_batches
 from moto.server import ThreadedMotoServer
+from moto_store import hide_host_aws
 
 from shardkit.errors import ManifestError, ShardError
 from shardkit.loader import make_loader
 from shardkit.reader.dataset import StreamingDataset
 
 BUCKET = "training-data"
-AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                 "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 
 
 @pytest.fixture
@@ -45,12 +43,7 @@ def s3(tmp_path, monkeypatch, s3_delay):
 
         monkeypatch.setattr(DomainDispatcherApplication, "__call__", delayed)
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server's request log
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    hide_host_aws(tmp_path, monkeypatch)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

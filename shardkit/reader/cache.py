@@ -23,6 +23,7 @@ import uuid
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
 from shardkit.fs import RemotePolicy, is_remote, join, local_path
+from shardkit.identity import pid_alive
 from shardkit.reader.download import download
 
 LOCK = ".lock"
@@ -266,7 +267,7 @@ class ShardCache:
             if total - freed + room <= self.limit:
                 break
             if os.path.basename(path).startswith(RESERVE):
-                if not _alive(int(os.path.basename(path)[len(RESERVE):].split("-")[0])):
+                if not pid_alive(int(os.path.basename(path)[len(RESERVE):].split("-")[0])):
                     with contextlib.suppress(FileNotFoundError):  # a killed process's reservation
                         os.remove(path)
                         freed += size
@@ -283,16 +284,6 @@ class ShardCache:
             finally:
                 os.close(fd)
         return freed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _record_failure(dest: str, error: ShardError) -> None:

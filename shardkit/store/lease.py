@@ -25,6 +25,7 @@ import uuid
 
 from shardkit.errors import FolderLocked
 from shardkit.fs import RemoteError, folder_lock
+from shardkit.identity import pid_alive
 from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
 
 log = logging.getLogger("shardkit.store")
@@ -216,20 +217,10 @@ def _stale(held: dict) -> str | None:
         refreshed, ttl = float(held["refreshed"]), float(held.get("ttl", TTL))
     except (KeyError, TypeError, ValueError):
         return "its record is unreadable"
-    if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
+    if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) and not pid_alive(held["pid"]):
         return f"process {held['pid']} on this host has ended"
     age = time.time() - refreshed
     return f"not refreshed for {age:.0f} s" if age > ttl else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _holder(held: dict) -> str:
