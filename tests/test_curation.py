@@ -133,6 +133,11 @@ def test_the_summary_gives_each_filters_share_of_the_documents_and_bytes_it_saw(
     assert lines[3] == "  pii             2 email addresses and 0 IP addresses masked"
     # counts recorded before the volumes were (a dataset built earlier): no share, the same lines otherwise
     assert curation_lines({"curation.c4.policy": 3})[1] == "        3  c4: policy 3"
+    # --dedup-paragraphs runs before the filters, on paragraphs: its own line, outside their shares
+    paragraphs = curation_lines({**stats, "curation.dedup-paragraphs.paragraphs": 9, "curation.dedup-paragraphs.emptied": 1})
+    assert paragraphs[:3] == lines[:3] and paragraphs[3] == ("  paragraphs      9 repeated paragraphs removed, 1 documents "
+                                                             "left empty and removed (--dedup-paragraphs; listed in "
+                                                             "curation/filtered-*.parquet)")
 
 
 @pytest.mark.parametrize("text,expected", [

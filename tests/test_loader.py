@@ -347,9 +347,10 @@ def test_make_loader_reads_ranks_per_machine_from_torchrun(datasets, monkeypatch
 
 
 @pytest.mark.parametrize("private", [True, False])
-def test_close_stops_the_persistent_workers_and_the_next_epoch_starts_new_ones(datasets, monkeypatch, private):
+def test_close_stops_the_persistent_workers_and_a_new_loader_continues(datasets, monkeypatch, private):
     """loader.close() (and loader.stop_workers for any DataLoader) through torch's private
-    `_shutdown_workers` where it exists, and without it (as if a torch release dropped it)."""
+    `_shutdown_workers` where it exists, and without it (as if a torch release dropped it). A closed
+    loader refuses to iterate (its slots are gone); a new one continues from its state."""
     import multiprocessing
 
     from torch.utils.data import dataloader
@@ -370,8 +371,13 @@ def test_close_stops_the_persistent_workers_and_the_next_epoch_starts_new_ones(d
     for p in workers:
         p.join(timeout=60)
     assert not any(p.is_alive() for p in workers)
-    assert sorted(keys_of(list(loader))) == sorted(first) == sorted(expected)  # new workers, the next epoch
-    stop_workers(loader)
+    assert sorted(first) == sorted(expected)
+    with pytest.raises(RuntimeError, match="was closed"):
+        iter(loader)
+    ds2, again = loader_for(root, monkeypatch, workers=2)
+    again.load_state_dict(loader.state_dict())
+    assert sorted(keys_of(list(again))) == sorted(expected)  # the next epoch, on new workers
+    stop_workers(again)
     assert set(multiprocessing.active_children()) - before == set()
 
 

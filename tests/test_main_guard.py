@@ -30,6 +30,24 @@ def test_guarded_reads_the_top_level_statement_that_holds_the_line():
     assert lines[6] is True and lines[8] is True  # under the guard, either order
     assert lines[10] is False and lines[12] is False  # a test that is not the guard
     assert guarded("def (:", 1) is True  # cannot parse: nothing to say
+    more = textwrap.dedent('''\
+        if __name__ == "__main__": main()
+        if __name__ == "__main__" and ok:
+            main()
+        try:
+            if __name__ == "__main__":
+                main()
+        except KeyError:
+            pass
+        if __name__ == "__main__":
+            pass
+        else:
+            main()
+        with context():
+            main()
+        ''')
+    assert [guarded(more, n) for n in (1, 3, 6, 12, 14)] == [True, True, True, False, False]
+    # the one-line guard; and-ed with another test; inside a top-level try; the guard's else; a with block
 
 
 def run_script(tmp_path, body):
@@ -54,6 +72,23 @@ def test_an_unguarded_script_is_told_what_to_add_before_any_worker_starts(tmp_pa
     for noise in ("Nanny", "FolderLocked", "forkserver"):
         assert noise not in proc.stderr
     assert not (tmp_path / "out").exists()  # refused before OUT was made
+
+
+def test_a_script_in_another_encoding_is_read_as_python_reads_it(tmp_path):
+    script = tmp_path / "make.py"
+    script.write_bytes(textwrap.dedent('''\
+        # -*- coding: latin-1 -*-
+        from shardkit import build_map
+        # caf\xe9
+
+        def fn(x):
+            return {"__key__": f"k{x:04d}", "txt": f"text {x}"}
+
+        build_map(fn, list(range(10)), "out", workers=2, worker_pool="processes")
+        ''').encode("latin-1"))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "make.py, line 8" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
 
 
 def test_threads_and_in_process_runs_need_no_guard(tmp_path):
@@ -83,3 +118,22 @@ def test_a_package_main_run_with_dash_m_is_not_imported_again(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mk"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def test_build_at_the_top_level_of_a_script_is_told_too(tmp_path):
+    """shardkit.build starts its cluster in a thread of its own: the statement judged is the one the
+    main thread runs."""
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.jsonl").write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(20)))
+    script = tmp_path / "make.py"
+    script.write_text(textwrap.dedent('''\
+        from shardkit import build
+        from shardkit.config import BuildConfig
+
+        build(BuildConfig("raw", "out", workers=2, worker_pool="processes", progress=False))
+        '''))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "make.py, line 4" in last and 'if __name__ == "__main__":' in last, proc.stderr[-3000:]
+    assert "Nanny" not in proc.stderr and not (tmp_path / "out" / "manifest.json").exists()

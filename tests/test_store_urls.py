@@ -97,3 +97,15 @@ def test_a_local_folder_with_a_colon_is_written_as_such(here):
     result = run("build", here / "raw", "./s3:/bucket/out", "--workers", "0", "--no-progress")
     assert result.exit_code == 0, result.output
     assert (here / "cwd" / "s3:" / "bucket" / "out" / "manifest.json").is_file()
+
+
+def test_an_http_src_without_its_client_is_refused_before_out_is_made(here, monkeypatch):
+    """A dataset over http(s) is read on shardkit's own connections; a raw SRC there is listed through
+    fsspec's client (aiohttp): without it the build names the extra before it writes anything."""
+    import shardkit.store.calls as calls
+
+    monkeypatch.setitem(sys.modules, "aiohttp", None)
+    calls.forget_filesystems()
+    result = run("build", "http://127.0.0.1:9/raw", here / "out", "--workers", "0", "--no-progress")
+    assert result.exit_code == 2 and "pip install 'shardkit[http]'" in one_line(result), result.output
+    assert not (here / "out").exists()

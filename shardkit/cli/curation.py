@@ -40,8 +40,7 @@ def curation_lines(stats: dict) -> list[str]:
     removed: dict = {}
     for key, n in stats.items():
         parts = key.split(".")
-        if parts[0] == "curation" and parts[1] not in ("pii", "input", "bytes") and \
-                key != "curation.dedup-paragraphs.paragraphs":
+        if parts[0] == "curation" and parts[1] not in ("pii", "input", "bytes", "dedup-paragraphs"):
             removed.setdefault(parts[1], {})[parts[2]] = n
     docs, size = stats.get("curation.input.documents", 0), stats.get("curation.input.bytes", 0)
 
@@ -57,9 +56,11 @@ def curation_lines(stats: dict) -> list[str]:
             detail = ", ".join(f"{rule} {n}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
             n = sum(rules.values())
             lines.append(f"    {n:>5}  {name}: {detail}{share(n, stats.get(f'curation.bytes.{name}', 0))}")
-    if stats.get("curation.dedup-paragraphs.paragraphs"):
-        lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed "
-                     "(--dedup-paragraphs)")
+    if stats.get("curation.dedup-paragraphs.paragraphs"):  # before the filters: not in their shares
+        emptied = stats.get("curation.dedup-paragraphs.emptied", 0)
+        lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed"
+                     + (f", {emptied} documents left empty and removed" if emptied else "")
+                     + " (--dedup-paragraphs; listed in curation/filtered-*.parquet)")
     emails, ips = stats.get("curation.pii.email", 0), stats.get("curation.pii.ip", 0)
     if emails or ips:
         lines.append(f"  pii             {emails} email addresses and {ips} IP addresses masked")

@@ -39,7 +39,7 @@ class BuildConfig:
     workers: int | None = None
     scheduler: str | None = None
     unit_samples: int | None = None  # samples per work unit; None: chosen from the worker count
-    worker_pool: str = "auto"  # embedded workers: "threads" of this process, "processes", or auto (cluster.py)
+    worker_pool: str = "auto"  # embedded workers: "threads" of this process, "processes", or auto (jobs/pool.py)
     on_error: str = "skip"
     progress: bool = True
     tokenizer: str | None = None  # a tokenizer.json file, or bpe:VOCAB_SIZE (trained on the corpus)

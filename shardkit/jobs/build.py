@@ -330,10 +330,14 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
 def _nothing_passed(cfg: BuildConfig, rejections: list, stats: dict, b: _Plan) -> str:
     """Why a build kept no sample: what rejected the inputs, what the filters and dedup removed."""
     why = [f"{len(rejections)} inputs rejected {count_by_reason(rejections)} (see {store.join(cfg.out, 'errors.jsonl')})"]
-    filtered = sum(v for k, v in stats.items() if k.startswith(STAT + ".") and k.split(".")[1] not in ("pii", "input", "bytes"))
+    filtered = sum(v for k, v in stats.items()
+                   if k.startswith(STAT + ".") and k.split(".")[1] not in ("pii", "input", "bytes", "dedup-paragraphs"))
     if filtered:
         why.append(f"{filtered} removed by the curation filters (see {store.join(cfg.out, FILTERED_DIR)}; loosen them "
                    "with --filter-option, or drop a filter)")
+    emptied = stats.get(f"{STAT}.dedup-paragraphs.emptied", 0)
+    if emptied:
+        why.append(f"{emptied} left empty by --dedup-paragraphs")
     removed = b.scanned.samples - b.inv.samples
     if removed:
         why.append(f"{removed} removed as duplicates")

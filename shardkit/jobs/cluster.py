@@ -8,6 +8,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from shardkit.jobs.main_guard import check_main_guard
+
 # Applied while the embedded cluster starts; None unsets a nanny default (see dask_client).
 EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
                            "distributed.worker.multiprocessing-method": "forkserver",
@@ -104,6 +106,7 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
                              silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
             yield client
         return
+    check_main_guard("a shardkit job on worker processes (build, dedup, annotate)", main_thread=True)
     # Workers are forked from a fork server that has imported Dask and the build's modules once
     # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
     # small build's fixed cost). The server starts with the environment the nanny prepares

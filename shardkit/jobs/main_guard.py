@@ -11,52 +11,72 @@ import ast
 import inspect
 import multiprocessing
 import sys
+import threading
+import tokenize
 
 from shardkit.errors import ConfigError
 
 
-def check_main_guard(what: str) -> None:
+def check_main_guard(what: str, main_thread: bool = False) -> None:
     """ConfigError, naming the fix, where `what` (e.g. "build_map") starting worker processes would
     make each of them run the calling script's top level again: the call is not under
-    `if __name__ == "__main__":`, or this is a worker importing such a script."""
+    `if __name__ == "__main__":`, or this is a worker importing such a script. `main_thread`: the
+    statement the main thread is running is the one to judge (the cluster starts in another thread)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise ConfigError(_message(what, "a worker process that was starting"))
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if not path or not path.endswith(".py"):
+    if not path:
         return  # python -c, a notebook, an interpreter: nothing is imported again
     name = getattr(getattr(main, "__spec__", None), "name", None) or ""
     if name == "__main__" or name.endswith(".__main__"):
         return  # python -m package: multiprocessing does not import a package's __main__ again
-    frame = inspect.currentframe()
+    frame = sys._current_frames().get(threading.main_thread().ident) if main_thread else inspect.currentframe()
     while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
         frame = frame.f_back
     if frame is None:
         return
     try:
-        with open(path, encoding="utf-8") as f:
+        with tokenize.open(path) as f:  # the encoding the script declares (PEP 263), as Python reads it
             source = f.read()
-    except OSError:
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return
     if not guarded(source, frame.f_lineno):
         raise ConfigError(_message(what, f"{path}, line {frame.f_lineno}"))
 
 
 def guarded(source: str, line: int) -> bool:
-    """Whether the top-level statement of `source` holding `line` sits under
-    `if __name__ == "__main__":` (either operand order); True where the source does not parse or
-    holds no statement there (nothing to say)."""
+    """Whether the statement of `source` running at `line` (at the top level, or inside top-level
+    try/with/for/while/if blocks) sits in the body of an `if __name__ == "__main__":` (either operand
+    order, alone or and-ed with other tests); True where the source does not parse (nothing to say)."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return True
-    for node in tree.body:
-        if node.lineno <= line <= (node.end_lineno or node.lineno):
-            return isinstance(node, ast.If) and _is_main_test(node.test) and line > node.test.end_lineno
-    return True
+    return _inside_guard(tree.body, line)
+
+
+def _inside_guard(statements, line: int) -> bool:
+    for node in statements:
+        if not node.lineno <= line <= (node.end_lineno or node.lineno):
+            continue
+        if isinstance(node, ast.If) and _is_main_test(node.test) and _holds(node.body, line):
+            return True
+        blocks = [getattr(node, name, None) or [] for name in ("body", "orelse", "finalbody")]
+        blocks += [h.body for h in getattr(node, "handlers", None) or []]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False  # a definition's body does not run at the top level
+        return any(_inside_guard(block, line) for block in blocks)
+    return False
+
+
+def _holds(statements, line: int) -> bool:
+    return any(node.lineno <= line <= (node.end_lineno or node.lineno) for node in statements)
 
 
 def _is_main_test(test) -> bool:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_is_main_test(value) for value in test.values)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return False
     sides = [test.left, test.comparators[0]]

@@ -58,6 +58,9 @@ class StreamingLoader(DataLoader):
         return self.source.epoch_plan(pos.epoch, pos.layers)
 
     def __iter__(self):
+        if getattr(self, "_closed", False):
+            raise RuntimeError("this loader was closed (loader.close()): make a new one with make_loader(...) and "
+                               "load_state_dict(old.state_dict()) to continue where it stopped")
         pos = self.source.position
         left = num_batches(len(self._plan()) - pos.consumed, self.dataset.batch_size, self.dataset.drop_last)
         if left <= 0 and not pos.pinned:
@@ -77,10 +80,12 @@ class StreamingLoader(DataLoader):
         return self._count(batches, sizes, (pos.epoch, pos.layers))
 
     def close(self) -> None:
-        """Stop the workers now: they are persistent (they keep their open shards and caches from one
-        epoch to the next) and otherwise live until the loader is garbage collected. Iterating
-        again starts new ones."""
+        """Stop the workers and let go of their shared slots now: they are persistent (they keep their
+        open shards and caches from one epoch to the next) and otherwise live until the loader is
+        garbage collected. The loader is done: to read on, make a new one (make_loader) and give it
+        this one's state_dict(). Batches already received stay valid."""
         stop_workers(self)
+        self._closed, self._transport = True, None  # the slots go with the last batch that holds them
 
     def _start_method(self) -> str:
         import multiprocessing
@@ -187,7 +192,8 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 
 
 def stop_workers(loader: DataLoader) -> None:
-    """Stop a DataLoader's persistent workers now. torch has no public call for this: its private
+    """Stop a DataLoader's persistent workers now (a shardkit loader: use its close(), which also lets
+    go of the workers' slots and refuses to iterate again). torch has no public call for this: its private
     `_shutdown_workers` where present, else the iterator is dropped and its finalizer stops them
     (tests/test_loader.py checks the workers are gone either way)."""
     iterator, loader._iterator = getattr(loader, "_iterator", None), None

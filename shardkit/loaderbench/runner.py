@@ -61,7 +61,8 @@ class RssSampler:
 def _close(loader) -> None:
     # Every loader here keeps persistent workers alive after the epoch; stop them now so they
     # neither hold memory nor count in the next run's RSS.
-    stop_workers(loader)
+    close = getattr(loader, "close", None)  # shardkit's loader: its workers and their slots
+    close() if close is not None else stop_workers(loader)
 
 
 def _read(loader, variant, meter, epochs: int, step, classes: int) -> tuple[int, str, float | None]:

@@ -106,15 +106,16 @@ def check_location(value, what: str, *, write: bool = False) -> str:
         raise BadURL(f"{what} {value!r}: {protocol}:// is read-only; write to a local folder or an object store "
                      "(s3://, gs://, az://)")
     try:
-        if protocol not in OWN_CLIENT:
+        if protocol not in OWN_CLIENT or what != "dataset":  # a build's SRC is listed through fsspec's client
             _import_backend(protocol)
     except ImportError as e:
         raise missing_backend(protocol, e, what, value) from None
     return f"{protocol}://{rest.rstrip('/')}"
 
 
-# Read on shardkit's own connections (shardkit/http_ranges.py): fsspec's client (aiohttp) is needed
-# only for a large file from a server that ignores Range, and reader.download says so then.
+# A dataset at such a URL is read on shardkit's own connections (shardkit/http_ranges.py): fsspec's
+# client (aiohttp) is needed only for a large file from a server that ignores Range, and
+# reader.download says so then. A build's SRC there is listed through fsspec's client: checked.
 OWN_CLIENT = frozenset({"http", "https"})
 
 # The package each common backend needs (fsspec's registry keeps a class once imported, so asking it
