@@ -37,11 +37,9 @@ def curation_options(fn):
 def curation_lines(stats: dict) -> list[str]:
     """What each curation filter removed, by rule and as a share of the documents and text bytes the
     filters saw (the training compute not spent on them), and what PII masking replaced."""
-    removed: dict = {}
-    for key, n in stats.items():
-        parts = key.split(".")
-        if parts[0] == "curation" and parts[1] not in ("pii", "input", "bytes", "dedup-paragraphs"):
-            removed.setdefault(parts[1], {})[parts[2]] = n
+    from shardkit.stages.filters import rejections_by_filter
+
+    removed = rejections_by_filter(stats)
     docs, size = stats.get("curation.input.documents", 0), stats.get("curation.input.bytes", 0)
 
     def share(n: int, nbytes: int) -> str:

@@ -27,7 +27,7 @@ from shardkit.sources.inventory import Inventory, make_inventory, scan_options
 from shardkit.sources.plan import ShardPlan, plan_shards, split, unit_samples, unit_sizes
 from shardkit.sources.read import SourceReader
 from shardkit.sources.rows import count_rows, counted
-from shardkit.stages.filters import STAT, Curation
+from shardkit.stages.filters import STAT, Curation, rejections_by_filter
 from shardkit.duplicates.review import dedup_record
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer
 from shardkit.jobs.cluster import background_client, import_in_background, plan_execution
@@ -330,8 +330,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
 def _nothing_passed(cfg: BuildConfig, rejections: list, stats: dict, b: _Plan) -> str:
     """Why a build kept no sample: what rejected the inputs, what the filters and dedup removed."""
     why = [f"{len(rejections)} inputs rejected {count_by_reason(rejections)} (see {store.join(cfg.out, 'errors.jsonl')})"]
-    filtered = sum(v for k, v in stats.items()
-                   if k.startswith(STAT + ".") and k.split(".")[1] not in ("pii", "input", "bytes", "dedup-paragraphs"))
+    filtered = sum(sum(rules.values()) for rules in rejections_by_filter(stats).values())
     if filtered:
         why.append(f"{filtered} removed by the curation filters (see {store.join(cfg.out, FILTERED_DIR)}; loosen them "
                    "with --filter-option, or drop a filter)")

@@ -150,6 +150,17 @@ class Curation:
         return text, None
 
 
+def rejections_by_filter(stats: dict) -> dict[str, dict[str, int]]:
+    """{filter: {rule: documents removed}} of a build's counters: the filters' own counts, without
+    PII masking, the volumes, and --dedup-paragraphs (which runs before the filters, on paragraphs)."""
+    removed: dict = {}
+    for key, n in stats.items():
+        parts = key.split(".")
+        if parts[0] == STAT and parts[1] not in ("pii", "input", "bytes", "dedup-paragraphs"):
+            removed.setdefault(parts[1], {})[parts[2]] = n
+    return removed
+
+
 def curate(samples, *, curation: Curation, stats: dict, dropped: list):
     """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
     `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass."""
