@@ -22,7 +22,7 @@ import uuid
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import RemotePolicy, is_remote, join, local_path
+from shardkit.fs import RemotePolicy, is_remote, join, local_path, sha256_file
 from shardkit.identity import pid_alive
 from shardkit.reader.download import download
 
@@ -138,8 +138,13 @@ class ShardCache:
             if fd is None:
                 return None
             if os.path.exists(dest):
-                os.utime(dest)  # mtime is the LRU clock
-                return dest, Pin(fd)
+                stale = _stale(fd, dest, sha256)
+                if stale is None:
+                    os.utime(dest)  # mtime is the LRU clock
+                    return dest, Pin(fd)
+                os.close(fd)
+                self._replace(lock, dest, rel, stale, sha256)
+                continue
             os.close(fd)
             # Without waiting: a process that fetched the file first now pins it (shared), and
             # waiting for exclusive would wait for as long as it reads.
@@ -165,6 +170,7 @@ class ShardCache:
         try:
             if not os.path.exists(dest):
                 self._fetch(rel, dest, expect, direct)
+                _stamp(fd, expect[0])
             # Not atomic (flock(2)): an evictor may take the lock in between; then fetch again.
             fcntl.flock(fd, fcntl.LOCK_SH)
             if os.path.exists(dest) and os.fstat(fd).st_ino == os.stat(dest + LOCK).st_ino:
@@ -176,6 +182,21 @@ class ShardCache:
             raise
         os.close(fd)
         return None
+
+    def _replace(self, lock: str, dest: str, rel: str, stamp: str, sha256: str) -> None:
+        """`dest` is a copy of another build of `rel` (fetched for sha256 `stamp`): delete it, so
+        that the next try fetches the manifest's. Refused while another process reads it."""
+        fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            raise ShardError(f"cached copy {dest} of shard {join(self.root, rel)} is of another build of the dataset "
+                             f"(fetched for sha256 {stamp[:16]}…, the manifest says {sha256[:16]}…) and another "
+                             "process is reading it: the dataset was rebuilt while it was being read; stop the "
+                             f"readers of the other build, or give this one another cache_dir than {self.base}")
+        try:
+            if os.path.exists(dest) and _stale(fd, dest, sha256) is not None:
+                os.remove(dest)
+        finally:
+            os.close(fd)
 
     def _fetch(self, rel: str, dest: str, expect: tuple, direct: bool) -> None:
         """Download `rel` into `dest`, its lock held exclusively. A failure is recorded beside it for
@@ -284,6 +305,27 @@ class ShardCache:
             finally:
                 os.close(fd)
         return freed
+
+
+# A cached copy is stamped with the sha256 the manifest gave when it was fetched, in its lock file
+# (which lives and dies with it): a copy of another build of the dataset (rebuilt since, same paths
+# and sizes) must not be read as this one's. Its values' checksums would not tell: a Parquet shard
+# carries them inside, and a tar shard's index sidecar is stamped like any cached file.
+def _stamp(fd: int, sha256: str) -> None:
+    """Record in lock fd that its file was fetched (and checked) for `sha256`."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, sha256.encode(), 0)
+
+
+def _stale(fd: int, dest: str, sha256: str) -> str | None:
+    """None when cached file `dest` (lock fd held) is the copy the manifest's `sha256` names, else
+    the sha256 it was fetched for. A copy cached before stamps were written is hashed once."""
+    stamp = os.pread(fd, 128, 0).decode("ascii", "replace").strip()
+    if not stamp:
+        stamp = sha256_file(dest)
+        if stamp == sha256:  # every holder of the lock writes the same bytes
+            _stamp(fd, stamp)
+    return None if stamp == sha256 else stamp
 
 
 def _record_failure(dest: str, error: ShardError) -> None:

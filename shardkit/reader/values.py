@@ -128,18 +128,21 @@ def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray
 
 
 def values_checked(shard: ShardInfo, path: str, index_path: str | None) -> bool:
-    """Whether every value of this shard file records its own checksum (`<field>.xxh3` for each
-    field: in the tar's index sidecar, in the Parquet file), so that a checked read needs no
-    whole-file sha256 as well. False for shards written before checksums, and packed token rows."""
+    """Whether every value of this shard file is checked against a checksum that the manifest
+    vouches for, so that a checked read needs no whole-file sha256 as well: a tar shard whose index
+    sidecar (checked whole against the manifest's sha256) records `<field>.xxh3` for each field.
+
+    Never a Parquet shard: its `<field>.xxh3` columns travel inside the file they check, so a
+    shard replaced by another build's (same size) passes them all and would serve that build's
+    samples. Its whole-file sha256 is checked as it is fetched instead (one more pass, at hashing
+    speed, over a file being downloaded anyway; remote Parquet is only ever read whole).
+    False too for shards written before checksums, and packed token rows."""
     import pyarrow.parquet as pq
 
     try:
         if shard.format == "tar":
             names = pq.read_schema(index_path).names if index_path else []
             fields = [n[:-len(".offset")] for n in names if n.endswith(".offset")]
-        elif shard.format == "parquet":
-            names = pq.read_schema(path).names
-            fields = [n for n in names if not n.startswith("__") and not n.endswith(CHECKSUM_SUFFIX)]
         else:
             return False
     except Exception:  # an unreadable file: let the sha256 say what is wrong with it
