@@ -171,3 +171,60 @@ def test_mixture_where_per_source_counts_kept_samples_exactly_once(corpus, monke
         Mixture({"kept": {"path": corpus["annotated"], "where": "lang == 'en'"}, "all": corpus["filtered"]})
     everywhere = Mixture({"a": corpus["annotated"], "b": corpus["annotated"]}, where="text_length")
     assert everywhere.sizes == [len(corpus["kept"])] * 2
+
+
+def rescore(root) -> None:
+    """What `shardkit annotate` does when a scorer changes: every attribute table rewritten, here with
+    text_length rotated by one row in each shard (as many kept per shard, other samples)."""
+    import dataclasses
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardkit.fs import sha256_file
+    from shardkit.manifest import write_manifest
+    from shardkit.manifest.attributes import Attributes, attach, load_attributes
+
+    manifest = load_manifest(root)
+    attributes = load_attributes(manifest, root)
+    infos = []
+    for info in attributes.infos():
+        path = f"{root}/{info.path}"
+        table = pq.read_table(path)
+        j = table.schema.get_field_index("text_length")
+        column = table.column(j).to_numpy(zero_copy_only=False)
+        pq.write_table(table.set_column(j, "text_length", pa.array(np.roll(column, 1), pa.bool_())), path)
+        infos.append(dataclasses.replace(info, bytes=os.path.getsize(path), sha256=sha256_file(path)))
+    kept = {w: attributes.kept(w) for w in attributes.selections}
+    attach(root, manifest, Attributes.of(infos, attributes.columns, attributes.scorers, kept))
+    write_manifest(root, manifest)
+
+
+def test_a_resume_against_rescored_attribute_tables_is_refused_naming_them(corpus, monkeypatch, tmp_path):
+    import shutil
+
+    from shardkit.reader.mixture import Mixture
+
+    root = str(tmp_path / "annotated")
+    shutil.copytree(corpus["annotated"], root)
+    one = loader(root, monkeypatch, 0, 1, 0, where="text_length")
+    it = iter(one)
+    [next(it) for _ in range(3)]
+    saved = one.state_dict()
+    del it
+    mix = Mixture({"kept": {"path": root, "where": "text_length"}, "all": corpus["filtered"]}, seed=2, fields=["txt"])
+    mixed = make_loader(mix, batch_size=8, num_workers=0).state_dict()
+    counts = StreamingDataset(root, where="text_length").counts
+    rescore(root)
+    assert (StreamingDataset(root, where="text_length").counts == counts).all()  # the counts cannot tell
+    again = loader(root, monkeypatch, 0, 1, 0, where="text_length")
+    with pytest.raises(ConfigError, match=rf"where='text_length' selected from other attribute tables of '{root}' "
+                                          r"than it does now \(\d+ of \d+: attributes/.*\(shard 0\)"):
+        again.load_state_dict(saved)
+    mix = Mixture({"kept": {"path": root, "where": "text_length"}, "all": corpus["filtered"]}, seed=2, fields=["txt"])
+    with pytest.raises(ConfigError, match="other attribute tables of source 'kept'"):
+        make_loader(mix, batch_size=8, num_workers=0).load_state_dict(mixed)
+    unchanged = loader(corpus["annotated"], monkeypatch, 0, 1, 0, where="text_length")
+    unchanged.load_state_dict(saved)  # the same tables elsewhere: the state resumes

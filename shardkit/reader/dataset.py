@@ -91,7 +91,10 @@ class StreamingDataset(EpochDataset):
     def state_extra(self) -> dict:
         """What the shards hold (an xxh3 of their sha256s) and where they were: a state of another
         dataset with the same shard counts is refused, the same shard files copied elsewhere resume."""
-        return {"checksums": self.digest(), "dataset": self.src}
+        extra = {"checksums": self.digest(), "dataset": self.src}
+        if self.selection is not None:  # the attribute tables where= selected from (a re-score changes them)
+            extra["attributes"] = self.selection.tables()[0]
+        return extra
 
     def digest(self) -> str:
         """A digest of the read shards' checksums (the manifest's table, read once when asked)."""
@@ -112,6 +115,8 @@ class StreamingDataset(EpochDataset):
                               f"(shards digest {state['checksums']}), which holds other shards than {self.src!r} "
                               f"(digest {self.digest()}): resume with the dataset the state was saved from, or "
                               "start this one without loading the state")
+        if self.selection is not None and "attributes" in state:  # a state of an earlier version has none
+            self.selection.check_tables([state["attributes"]], [repr(self.src)])
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""

@@ -183,7 +183,10 @@ class Mixture(EpochDataset):
 
     def state_extra(self) -> dict:
         """Where each source's stream stands at the start of the saved epoch, and what it gives that epoch."""
-        return {"mixture": self._positions(self.epoch)}
+        extra = {"mixture": self._positions(self.epoch)}
+        if self.selection is not None:  # the attribute tables each where= selected from
+            extra["attributes"] = self.selection.tables()
+        return extra
 
     def _positions(self, epoch: int) -> list[dict]:
         unit, starts, counts = self.mix.unit, self.mixplan.starts(epoch), self.mixplan.counts(epoch)
@@ -216,6 +219,8 @@ class Mixture(EpochDataset):
                 raise ConfigError(f"source {now['name']!r} of the saved state differs: {', '.join(diff)}; resume with "
                                   "the same datasets, weights and schedule (to change weights during training, "
                                   "give a schedule)")
+        if self.selection is not None and "attributes" in state:  # a state of an earlier version has none
+            self.selection.check_tables(state["attributes"], [f"source {n!r}" for n in self.names])
 
     def yielded(self, batch, size: int) -> None:
         """Count what this batch holds per source; note which planned positions it covered (their

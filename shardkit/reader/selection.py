@@ -82,6 +82,7 @@ class Selection:
         self.stored_offsets = shard_offsets(np.concatenate([p.samples for p in parts]))
         self._masks: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._tables = None  # tables(), made when a state is first saved or loaded
         self.counts = np.concatenate([self._kept(p, int(f)) for p, f in zip(parts, self.first)]).astype(np.int64)
         self.offsets = shard_offsets(self.counts)
 
@@ -162,6 +163,45 @@ class Selection:
         """(bytes the masks held now take, rows they cover): what where= costs this process in memory."""
         held = [m for m in self._masks.values() if m is not None]
         return sum(m.nbytes for m in held), sum(m.size for m in held)
+
+    def tables(self) -> list[dict | None]:
+        """Per part, the attribute tables its where= selects from (None without where=), for a loader
+        state: `digest`, an xxh3 of their sha256s in reader order, and `tables`, 8 hex digits of each
+        sha256 (4 bytes a shard in the state), enough to name the tables that changed on a resume."""
+        import xxhash
+
+        if self._tables is None:
+            self._tables = []
+            for p in self.parts:
+                if p.where is None:
+                    self._tables.append(None)
+                    continue
+                sums = p.attributes.table.column("sha256").to_pylist()
+                sums = [sums[i] for i in np.searchsorted(p.attributes.ids, p.ids).tolist()]
+                self._tables.append({"digest": xxhash.xxh3_64_hexdigest("\n".join(sums).encode()),
+                                     "tables": "".join(h[:8] for h in sums)})
+        return self._tables
+
+    def check_tables(self, saved: list, names: list[str]) -> None:
+        """A ConfigError unless each part's where= selects from the attribute tables it selected from
+        when the state was saved (`saved`: tables() then; a part saved without any is not checked).
+        Re-scored tables (`shardkit annotate`) may keep as many samples per shard, but others: a
+        resume would then read some samples twice and others never."""
+        for part, name, then, now in zip(self.parts, names, saved, self.tables()):
+            if not isinstance(then, dict) or now is None or then.get("digest") == now["digest"]:
+                continue
+            old, new = str(then.get("tables", "")), now["tables"]
+            changed = [j for j in range(len(part.ids)) if old[8 * j:8 * j + 8] != new[8 * j:8 * j + 8]]
+            which = "which ones could not be told"
+            if changed and len(old) == len(new):
+                named = [f"{part.attributes.info(int(part.ids[j])).path} (shard {int(part.ids[j])})"
+                         for j in changed[:3]]
+                which = f"{len(changed)} of {len(part.ids)}: " + ", ".join(named) + (" …" if len(changed) > 3 else "")
+            raise ConfigError(f"the loader state was saved while where={part.where.text!r} selected from other "
+                              f"attribute tables of {name} than it does now ({which}): `shardkit annotate` rewrote "
+                              "them since, so the samples kept differ even where their counts do not, and a resume "
+                              "would read some twice and others never; resume against the tables the state was "
+                              "saved with, or start without loading the state")
 
     def __getstate__(self):
         return {**self.__dict__, "_masks": OrderedDict(), "_lock": None}  # masks are made in the process that reads
