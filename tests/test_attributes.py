@@ -228,3 +228,23 @@ def test_a_resume_against_rescored_attribute_tables_is_refused_naming_them(corpu
         make_loader(mix, batch_size=8, num_workers=0).load_state_dict(mixed)
     unchanged = loader(corpus["annotated"], monkeypatch, 0, 1, 0, where="text_length")
     unchanged.load_state_dict(saved)  # the same tables elsewhere: the state resumes
+
+
+def test_a_where_that_keeps_nothing_says_so_with_the_count_of_each_condition(corpus):
+    from shardkit.reader.mixture import Mixture
+
+    texts = corpus["texts"]
+    long_ = sum(len(t.strip()) > 150 for t in texts.values())
+    kept, short = len(corpus["kept"]), sum(len(t.strip()) < 3 for t in texts.values())
+    assert long_ and short and kept
+    with pytest.raises(ConfigError) as e:
+        StreamingDataset(corpus["annotated"], where="text_chars > 150 and text_chars < 3 and text_length")
+    said = str(e.value)
+    assert "no samples; rebuild" not in said and "\n" not in said
+    assert said.startswith(f"where='text_chars > 150 and text_chars < 3 and text_length' keeps none of the {DOCS} "
+                           f"samples of {corpus['annotated']!r} (the selection is empty, not the dataset)")
+    assert (f"text_chars > 150: {long_} of {DOCS}; text_chars < 3: {short} of {DOCS}; text_length: {kept} of {DOCS}"
+            in said)
+    with pytest.raises(ConfigError, match=rf"where='text_chars > 100000' keeps none of the {DOCS} samples of "
+                                          rf"mixture source 'long' .*text_chars > 100000: 0 of {DOCS}"):
+        Mixture({"all": corpus["filtered"], "long": {"path": corpus["annotated"], "where": "text_chars > 100000"}})

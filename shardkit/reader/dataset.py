@@ -59,6 +59,7 @@ class StreamingDataset(EpochDataset):
             self.selection = Selection([part_of(self.src, self.manifest, self.shards, self.config.where,
                                                 self.config.remote_policy())], self.config.remote_policy())
             self.counts = self.selection.counts
+            self.selection.check_not_empty([repr(self.src)])  # not "the dataset has no samples"
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self._lookup, self._digest = None, None

@@ -114,6 +114,7 @@ class Mixture(EpochDataset):
         if any(w is not None for w in wheres):  # each source's kept samples only (reader/selection.py)
             self.selection = Selection([_part(name, s, m, t, w, self.config) for name, s, (m, t), w in
                                         zip(self.names, self.sources, opened, wheres)], self.config.remote_policy())
+            self.selection.check_not_empty([f"mixture source {n!r}" for n in self.names])
             counts = np.split(self.selection.counts, shards.first[1:-1])
         seeds = [key_hash(f"{self.config.seed}|{name}") for name in self.names]
         self.streams = SourceStreams(counts, seeds, self.config.shuffle, self.config.shuffle_buffer)

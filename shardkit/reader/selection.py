@@ -32,6 +32,7 @@ from shardkit.reader.where import Where
 
 log = logging.getLogger(__name__)
 MASKS_KEPT = 64  # masks per process: as many as open shards (BatchReader.MAX_OPEN_SHARDS)
+EXPLAIN_SHARDS = 1000  # attribute tables read to explain an empty selection (2.2 ms each, local)
 
 
 def read_columns(root: str, info, columns: list[str], policy=None, url: str | None = None):
@@ -163,6 +164,26 @@ class Selection:
         """(bytes the masks held now take, rows they cover): what where= costs this process in memory."""
         held = [m for m in self._masks.values() if m is not None]
         return sum(m.nbytes for m in held), sum(m.size for m in held)
+
+    def check_not_empty(self, names: list[str]) -> None:
+        """A ConfigError when a part's where= keeps no sample: the expression, the samples it was
+        asked of, and how many pass each of its conditions (a comparison that none passes, or two that
+        pass for different samples), counted over the attribute tables (at most EXPLAIN_SHARDS)."""
+        for part, name, kept in zip(self.parts, names, np.split(self.counts, self.first[1:-1])):
+            if part.where is None or int(kept.sum()):
+                continue
+            ids = part.ids[:EXPLAIN_SHARDS].tolist()
+            passing = dict.fromkeys(part.where.conditions(), 0)
+            for shard_id in ids:
+                info = part.attributes.info(int(shard_id))
+                for c, n in part.where.passing(read_columns(part.root, info, part.where.columns, self.policy)).items():
+                    passing[c] += n
+            total = int(part.samples[:len(ids)].sum())
+            over = "" if len(ids) == len(part.ids) else f" (counted over its first {len(ids)} of {len(part.ids)} shards)"
+            counts = "; ".join(f"{c}: {n} of {total}" for c, n in passing.items())
+            raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of {name} "
+                              f"(the selection is empty, not the dataset); samples that pass each condition{over}: "
+                              f"{counts}; loosen the expression (a missing value passes no comparison)")
 
     def tables(self) -> list[dict | None]:
         """Per part, the attribute tables its where= selects from (None without where=), for a loader

@@ -130,8 +130,32 @@ class Where:
 
         return pc.fill_null(_evaluate(self.tree, table), False).to_numpy(zero_copy_only=False)
 
+    def conditions(self) -> list[str]:
+        """The expression's comparisons and bare bool columns, in reading order (each once): what an
+        empty selection is explained by."""
+        out = []
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Compare) or (isinstance(node, ast.Name) and kind_of(self.types[node.id]) == "bool"
+                                                 and not _compared(self.tree, node)):
+                text = ast.unparse(node)
+                if text not in out:
+                    out.append(text)
+        return out
+
+    def passing(self, table) -> dict:
+        """{condition: rows of `table` it holds for (null = no)} for each of conditions()."""
+        import pyarrow.compute as pc
+
+        return {c: int(pc.sum(pc.fill_null(_evaluate(ast.parse(c, mode="eval").body, table), False)).as_py() or 0)
+                for c in self.conditions()}
+
     def __repr__(self) -> str:
         return f"Where({self.text!r})"
+
+
+def _compared(tree, name) -> bool:
+    """Whether Name node `name` is an operand of a comparison (not a condition of its own)."""
+    return any(isinstance(n, ast.Compare) and any(o is name for o in [n.left, *n.comparators]) for n in ast.walk(tree))
 
 
 def _number(node) -> bool:
