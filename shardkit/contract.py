@@ -53,10 +53,15 @@ class ShardInfo:
     # (first, last) sample key: a reader finds a key's shard without opening shards (keys are
     # sorted within a shard and across the shards of a build)
     keys: tuple[str, str] | None = None
+    # Parquet shards: sums_digest of the keys and `<field>.xxh3` columns inside the file, so that
+    # the checksums its values are checked against are vouched for by the manifest (a tar shard's
+    # are, through its index sidecar's sha256). None: an older build (a remote copy is then checked
+    # against `sha256` as it is fetched).
+    sums: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for optional in ("index", "documents", "keys"):
+        for optional in ("index", "documents", "keys", "sums"):
             if d[optional] is None:
                 del d[optional]
         if "keys" in d:
@@ -67,7 +72,25 @@ class ShardInfo:
     def from_dict(cls, d: dict) -> "ShardInfo":
         keys = d.get("keys")
         return cls(**{k: d[k] for k in ("id", "format", "path", "samples", "bytes", "sha256")},
-                   index=d.get("index"), documents=d.get("documents"), keys=tuple(keys) if keys else None)
+                   index=d.get("index"), documents=d.get("documents"), keys=tuple(keys) if keys else None,
+                   sums=d.get("sums"))
+
+
+def sums_digest(keys: list[str], sums: dict) -> str:
+    """An xxh3-128 of a Parquet shard's keys and of its checksum columns `sums` {column name:
+    (uint64 values, null as 0; validity)}, taken in name order: ShardInfo.sums, computed by the writer
+    from the table it writes and by the reader from the file it opens (8 bytes a value to read)."""
+    import numpy as np
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    h.update("\n".join(keys).encode("utf-8", "surrogatepass"))
+    for name in sorted(sums):
+        values, valid = sums[name]
+        h.update(f"\n{name}\n".encode())
+        h.update(np.ascontiguousarray(values, "<u8").tobytes())
+        h.update(np.packbits(np.asarray(valid, bool)).tobytes())
+    return h.hexdigest()
 
 
 def key_bounds(keys) -> tuple[str, str] | None:

@@ -35,6 +35,18 @@ def rebuilt_in_place(old: str, new: str) -> list[int]:
     return replaced
 
 
+def without_sums(root: str) -> None:
+    """The manifest as a build before ShardInfo.sums wrote it."""
+    import dataclasses
+
+    from shardkit.manifest import write_manifest
+    from shardkit.manifest.table import ShardTable
+
+    manifest = load_manifest(root)
+    manifest.shards = ShardTable.from_infos([dataclasses.replace(s, sums=None) for s in manifest.shards])
+    write_manifest(root, manifest)
+
+
 @pytest.fixture
 def store():
     stores = []
@@ -43,14 +55,17 @@ def store():
         s.close()
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "tar"])
-def test_a_shard_replaced_under_an_old_manifest_is_an_error_never_other_samples(tmp_path, store, fmt):
+@pytest.mark.parametrize("fmt, where", [("parquet", "remote"), ("tar", "remote"), ("parquet", "local"),
+                                        ("tar", "local"), ("parquet", "remote, manifest without sums")])
+def test_a_shard_replaced_under_an_old_manifest_is_an_error_never_other_samples(tmp_path, store, fmt, where):
     old, new = build(tmp_path / "old", 0, fmt), build(tmp_path / "new", 1, fmt)
+    if "without sums" in where:  # a build of an earlier version: the remote copy's sha256 is checked
+        without_sums(old)
     replaced = rebuilt_in_place(old, new)
     assert replaced  # the same sizes: only a checksum the manifest vouches for can tell
     shard = load_manifest(old).shards[replaced[0]]
     first = sum(s.samples for s in load_manifest(old).shards[:replaced[0]])
-    url = store(old).url
+    url = old if where == "local" else store(old).url
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "lookup"))
     with pytest.raises(ShardError, match=rf"shard {url}/{shard.path}.*(changed since the build|replaced)"):
         ds[first]
@@ -118,3 +133,15 @@ def test_a_copy_cached_before_stamps_is_hashed_once_and_kept_when_it_is_the_mani
     with pytest.raises(ShardError, match="checksum mismatch"):  # another build's sha256: hashed, fetched
         cache.pin("f.bin", hashlib.sha256(b"c" * 1000).hexdigest(), 1000)  # again, and the store's copy fails it
     assert store_.gets["/f.bin"] == 2 and not os.path.exists(path)
+
+
+def test_a_remote_parquet_shard_whose_sums_the_manifest_records_is_not_hashed_again(tmp_path, store, monkeypatch):
+    """One integrity check per byte: its values against checksums the manifest vouches for."""
+    import shardkit.reader.download as download
+
+    root = build(tmp_path / "data", 0, "parquet")
+    assert all(s.sums for s in load_manifest(root).shards)
+    monkeypatch.setattr(download, "sha256_file", lambda path: pytest.fail(f"{path} hashed whole"))
+    _, got = read_epoch(store(root).url, tmp_path / "cache")
+    _, expected = read_epoch(root, tmp_path / "unused")
+    assert [b["__key__"] for b in got] == [b["__key__"] for b in expected]

@@ -8,7 +8,7 @@ import mmap
 
 import numpy as np
 
-from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes
+from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes, sums_digest
 from shardkit.errors import ShardError
 from shardkit.fs import is_remote, join, local_path
 from shardkit.manifest import Manifest
@@ -177,6 +177,20 @@ class ParquetShard:
                              "rebuild the dataset")
         self._direct: dict = {}  # field -> (offsets, sizes) of every row's value, or None
         self._whole: dict = {}   # int column -> (values, validity), read once
+        if checks and shard.sums:
+            self._check_sums(shard.sums)
+
+    def _check_sums(self, recorded: str) -> None:
+        """The checksums in the file (and its keys) are those the manifest records: every value is
+        checked against them, so a shard replaced by another build's, whose values pass its own
+        checksums, is refused here, before any value is served. 8 bytes a value are read (the
+        checksum columns, which checked reads read anyway), not the whole file's sha256."""
+        sums = {n: self._ints(n) for n in self.columns if n.endswith(CHECKSUM_SUFFIX)}
+        got = sums_digest(self.keys, sums)
+        if got != recorded:
+            raise ShardError(f"shard {self.url}: its keys and checksums are not those the manifest records (digest "
+                             f"{got[:16]}…, the manifest says {recorded[:16]}…): the file was replaced since the "
+                             "build (another build's shard, or damage); rebuild or re-upload the dataset")
 
     def direct(self, field: str):
         """(offsets, sizes) of each row's value in the file (-1 where null), or None when the column

@@ -130,19 +130,23 @@ def gather(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, out: np.ndarray
 def values_checked(shard: ShardInfo, path: str, index_path: str | None) -> bool:
     """Whether every value of this shard file is checked against a checksum that the manifest
     vouches for, so that a checked read needs no whole-file sha256 as well: a tar shard whose index
-    sidecar (checked whole against the manifest's sha256) records `<field>.xxh3` for each field.
+    sidecar (checked whole against the manifest's sha256) records `<field>.xxh3` for each field, a
+    Parquet shard whose `<field>.xxh3` columns (and keys) the manifest records a digest of
+    (ShardInfo.sums, checked when the shard opens).
 
-    Never a Parquet shard: its `<field>.xxh3` columns travel inside the file they check, so a
-    shard replaced by another build's (same size) passes them all and would serve that build's
-    samples. Its whole-file sha256 is checked as it is fetched instead (one more pass, at hashing
-    speed, over a file being downloaded anyway; remote Parquet is only ever read whole).
-    False too for shards written before checksums, and packed token rows."""
+    A Parquet shard of a build before `sums` is not: its checksum columns travel inside the file
+    they check, so a shard replaced by another build's (same size) would pass them all; its
+    whole-file sha256 is checked as it is fetched. False too for shards written before checksums,
+    and packed token rows."""
     import pyarrow.parquet as pq
 
     try:
         if shard.format == "tar":
             names = pq.read_schema(index_path).names if index_path else []
             fields = [n[:-len(".offset")] for n in names if n.endswith(".offset")]
+        elif shard.format == "parquet" and shard.sums:
+            names = pq.read_schema(path).names
+            fields = [n for n in names if not n.startswith("__") and not n.endswith(CHECKSUM_SUFFIX)]
         else:
             return False
     except Exception:  # an unreadable file: let the sha256 say what is wrong with it

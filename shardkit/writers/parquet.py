@@ -7,7 +7,7 @@ import os
 
 from shardkit.fs import atomic_writer, sha256_file
 from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum,
-                               fixed_nbytes, key_bounds, shard_relpath, source_columns)
+                               fixed_nbytes, key_bounds, shard_relpath, source_columns, sums_digest)
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
 
@@ -119,4 +119,14 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
                        use_dictionary=dictionary, write_page_checksum=True)
     return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path),
-                     keys=key_bounds(table.column("__key__")))
+                     keys=key_bounds(table.column("__key__")), sums=table_sums(table))
+
+
+def table_sums(table) -> str:
+    """contract.sums_digest of a samples_table: what ShardInfo.sums records of its shard."""
+    sums = {}
+    for name in table.column_names:
+        if name.endswith(CHECKSUM_SUFFIX):
+            col = table.column(name).combine_chunks()
+            sums[name] = (col.fill_null(0).to_numpy(), col.is_valid().to_numpy(zero_copy_only=False))
+    return sums_digest(table.column("__key__").to_pylist(), sums)
