@@ -188,6 +188,7 @@ def _drop_checksums(root) -> None:
     """Rewrite a dataset as shardkit wrote it before checksums existed (no .xxh3 columns)."""
     m = json.load(open(os.path.join(root, "manifest.json")))
     for shard in m["shards"]:
+        shard.pop("sums", None)  # recorded since, with the checksum columns it digests
         entry = shard.get("index") or shard
         path = os.path.join(root, entry["path"])
         t = pq.read_table(path)
