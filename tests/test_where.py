@@ -119,3 +119,12 @@ def test_a_mask_takes_at_most_a_byte_per_row(n, share):
     mask = make_mask(np.random.default_rng(0).random(n) < share)
     assert mask.nbytes / n <= 1.0
     assert mask.nbytes / n <= (0.625 if n > 65536 else 2 * min(share, 1 - share) + 0.01)
+
+
+def test_conditions_and_how_many_rows_pass_each(table):
+    w = Where("(lang == 'en' or not gopher_quality) and chars > 100 and gopher_quality", TYPES)
+    assert w.conditions() == ["lang == 'en'", "gopher_quality", "chars > 100"]
+    got = w.passing(table)
+    assert got == {"lang == 'en'": sum(r["lang"] == "en" for r in rows(table)),
+                   "gopher_quality": sum(r["gopher_quality"] is True for r in rows(table)),
+                   "chars > 100": sum(r["chars"] > 100 for r in rows(table))}

@@ -134,12 +134,17 @@ class Where:
         """The expression's comparisons and bare bool columns, in reading order (each once): what an
         empty selection is explained by."""
         out = []
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Compare) or (isinstance(node, ast.Name) and kind_of(self.types[node.id]) == "bool"
-                                                 and not _compared(self.tree, node)):
-                text = ast.unparse(node)
-                if text not in out:
-                    out.append(text)
+
+        def visit(node) -> None:
+            if isinstance(node, ast.BoolOp):
+                for v in node.values:
+                    visit(v)
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+                visit(node.operand)
+            elif isinstance(node, (ast.Compare, ast.Name)) and ast.unparse(node) not in out:
+                out.append(ast.unparse(node))
+
+        visit(self.tree)
         return out
 
     def passing(self, table) -> dict:
@@ -151,11 +156,6 @@ class Where:
 
     def __repr__(self) -> str:
         return f"Where({self.text!r})"
-
-
-def _compared(tree, name) -> bool:
-    """Whether Name node `name` is an operand of a comparison (not a condition of its own)."""
-    return any(isinstance(n, ast.Compare) and any(o is name for o in [n.left, *n.comparators]) for n in ast.walk(tree))
 
 
 def _number(node) -> bool:
