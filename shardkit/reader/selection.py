@@ -179,10 +179,11 @@ class Selection:
                 for c, n in part.where.passing(read_columns(part.root, info, part.where.columns, self.policy)).items():
                     passing[c] += n
             total = int(part.samples[:len(ids)].sum())
-            over = "" if len(ids) == len(part.ids) else f" (counted over its first {len(ids)} of {len(part.ids)} shards)"
+            over = "" if len(ids) == len(part.ids) else f" (over its first {len(ids)} of {len(part.ids)} shards)"
             counts = "; ".join(f"{c}: {n} of {total}" for c, n in passing.items())
-            raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of {name} "
-                              f"(the selection is empty, not the dataset); samples that pass each condition{over}: "
+            raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of "
+                              f"{name} (the selection is empty, not the dataset); samples that pass each "
+                              f"condition{over}: "
                               f"{counts}; loosen the expression (a missing value passes no comparison)")
 
     def tables(self) -> list[dict | None]:
