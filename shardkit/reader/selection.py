@@ -183,8 +183,8 @@ class Selection:
             counts = "; ".join(f"{c}: {n} of {total}" for c, n in passing.items())
             raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of "
                               f"{name} (the selection is empty, not the dataset); samples that pass each "
-                              f"condition{over}: "
-                              f"{counts}; loosen the expression (a missing value passes no comparison)")
+                              f"condition{over}: {counts}; loosen the expression (a missing value passes no "
+                              "comparison)")
 
     def tables(self) -> list[dict | None]:
         """Per part, the attribute tables its where= selects from (None without where=), for a loader
