@@ -70,6 +70,8 @@ def test_a_shard_replaced_under_an_old_manifest_is_an_error_never_other_samples(
     with pytest.raises(ShardError, match=rf"shard {url}/{shard.path}.*(changed since the build|replaced)"):
         ds[first]
     with pytest.raises(ShardError, match=rf"shard {url}/{shard.path}.*(changed since the build|replaced)"):
+        StreamingDataset(url, cache_dir=str(tmp_path / "get")).get(shard.keys[1])
+    with pytest.raises(ShardError, match=rf"shard {url}/{shard.path}.*(changed since the build|replaced)"):
         read_epoch(url, tmp_path / "loader")
 
 
