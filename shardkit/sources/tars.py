@@ -57,8 +57,20 @@ def split_name(name: str) -> tuple[str | None, str | None]:
     return (match.group(1), match.group(2).lower()) if match else (None, None)
 
 
+NOT_UTF8 = "member name is not valid UTF-8: keys, shards and reports are UTF-8 text (rename it, e.g. with `convmv`, and pack the tar again)"
+
+
+def printable(name: str) -> str:
+    """A member name for errors.jsonl and the screen: bytes that are not UTF-8 (kept by the header reader
+    as lone surrogates) shown as \\xNN escapes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def passed_over(name: str) -> str | None:
-    """Why a regular member is no part of a sample (hidden, WebDataset metadata, no extension), or None."""
+    """Why a regular member is no part of a sample (a name that is not UTF-8, hidden, WebDataset metadata,
+    no extension), or None."""
+    if printable(name) != name:
+        return NOT_UTF8
     key = split_name(name)[0]
     if name.rstrip("/").rsplit("/", 1)[-1].startswith("."):  # .DS_Store, macOS tar's ._name files
         return "hidden member"
@@ -94,7 +106,7 @@ class _Count:
         self.no_header = False  # the file does not start with a valid header
 
     def pass_over(self, reason: str, name: str) -> None:
-        self.passed.setdefault(reason, [0, name])[0] += 1
+        self.passed.setdefault(reason, [0, printable(name)])[0] += 1
 
     def member(self, m: T.Member) -> None:
         if not m.regular:
@@ -138,7 +150,7 @@ class _Count:
         if damaged is None:
             self.rejections.append([f"{self.rel}@{start}", reason.split(";", 1)[0]])
         else:
-            self.rejections.append([f"{self.rel}:{damaged}", reason])
+            self.rejections.append([f"{self.rel}:{printable(damaged)}", reason])
 
     def damage(self, d: T.Damage) -> None:
         """A damaged header: its sample is rejected when its name still reads, else the samples on both
@@ -167,11 +179,11 @@ class _Count:
             reason = (f"truncated tar: the file ends at byte {t.at:,} without the end-of-archive blocks; "
                       "this sample may lack members")
         else:
-            reason = f"truncated tar: the file ends at byte {t.at:,}, inside member {t.name!r}"
+            reason = f"truncated tar: the file ends at byte {t.at:,}, inside member {printable(t.name)!r}"
         if g is not None and (key is None or g.key == key):
             g.problem = g.problem or reason
         elif key is not None:
-            self.rejections.append([f"{self.rel}:{key}", reason])
+            self.rejections.append([f"{self.rel}:{printable(key)}", reason])
 
     def finish(self) -> list[_Group]:
         """The samples to build; the others become rejections (duplicate keys, no content, ...)."""
