@@ -267,7 +267,7 @@ def count_tar(rf, opts, base: str) -> RowCount:
         return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'strerror', None) or e}")
     if not count.seen and (size == 0 or count.no_header):
         return RowCount(0, 0, 0, 0, 0, "", error=_not_a_tar(size))
-    keys = [f"{rf.stem_key}/{make_key(g.key)}" for g in groups]
+    groups, keys = _unique(rf, groups, count.rejections)
     order = sorted(range(len(groups)), key=keys.__getitem__)
     index = np.empty(len(groups), INDEX_DTYPE)
     index["number"] = [groups[i].number for i in order]
@@ -289,6 +289,24 @@ def count_tar(rf, opts, base: str) -> RowCount:
                       base + ".npy", keys=base + ".keys.arrow", tar=_info(groups, count.rejections))
     write(base + ".json", json.dumps(asdict(result), sort_keys=True))  # last: marks the count complete
     return result
+
+
+def _unique(rf, groups: list[_Group], rejections: list) -> tuple[list[_Group], list[str]]:
+    """The samples whose keys are the tar's own, with their keys: members whose names differ only in what
+    the key sanitising drops would give one key twice (the other sources' keys are checked later, by
+    key_order); every sample of such a key is rejected, whatever their order in the tar."""
+    keys = [f"{rf.stem_key}/{make_key(g.key)}" for g in groups]
+    times: dict[str, list[str]] = {}
+    for g, key in zip(groups, keys):
+        times.setdefault(key, []).append(g.key)
+    if all(len(names) == 1 for names in times.values()):
+        return groups, keys
+    for key, names in sorted(times.items()):
+        for name in sorted(names) if len(names) > 1 else []:
+            rejections.append([f"{rf.rel}:{name}", f"ambiguous sample: the members {sorted(names)!r} of one tar all "
+                                                   f"give the key {key!r}; rename them apart"])
+    kept = [(g, k) for g, k in zip(groups, keys) if len(times[k]) == 1]
+    return [g for g, _ in kept], [k for _, k in kept]
 
 
 def _not_a_tar(size: int) -> str:
