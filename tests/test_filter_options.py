@@ -5,6 +5,7 @@ off), and every filter is a declared `Filter`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -107,3 +108,51 @@ def test_every_filter_is_a_declared_filter(name):
     assert isinstance(f, Filter)
     assert f.verdict is None or f.columns[f.verdict] is not None
     assert f.decides is (name != "pii")
+
+
+def test_a_text_over_the_bound_is_removed_as_too_large_and_never_filtered(tmp_path, monkeypatch):
+    """`--filter-max-bytes`: a larger text is counted and listed as too-large, and no filter sees it
+    (each holds a few copies of a text); the others are filtered as before."""
+    import pyarrow.parquet as pq
+
+    from shardkit.stages.filters.gopher import GopherQuality
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.txt").write_text(GOOD * 40)  # ~40 KB of good text: kept without the bound
+    (src / "small.txt").write_text(GOOD)
+    seen = []
+    real = GopherQuality.check
+    monkeypatch.setattr(GopherQuality, "check", lambda self, text: seen.append(len(text)) or real(self, text))
+    args = ["build", str(src), str(tmp_path / "out"), "--workers", "0", "--no-progress", "--filter", "gopher-quality",
+            "--filter-max-bytes", "20KB"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "too-large: max_bytes 1" in result.output
+    assert seen == [len(GOOD)]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["samples"] == 1 and manifest["build"]["config"]["filter_max_bytes"] == 20_000
+    counts = manifest["build"]["curation"]["counts"]
+    assert counts["curation.too-large.max_bytes"] == 1 and counts["curation.bytes.too-large"] == len(GOOD * 40)
+    [row] = pq.read_table(sorted((tmp_path / "out" / "curation").glob("filtered-*.parquet"))).to_pylist()
+    assert row["key"] == "big" and (row["filter"], row["rule"]) == ("too-large", "max_bytes")
+    result = CliRunner().invoke(main, args[:-2] + ["--filter-max-bytes", "none", "--allow-empty"])
+    assert result.exit_code == 0 and "too-large" not in result.output  # none: no bound
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["build"]["config"]["filter_max_bytes"] is None
+
+
+def test_the_default_bound_leaves_the_recorded_config_as_it_was():
+    from shardkit.config import BuildConfig
+
+    cfg = BuildConfig("src", "out")
+    assert cfg.filter_max_bytes == 10_000_000 and "filter_max_bytes" not in cfg.recorded()
+    assert BuildConfig("src", "out", filter_max_bytes=None).recorded()["filter_max_bytes"] is None
+
+
+def test_annotating_leaves_a_text_over_the_bound_unscored():
+    from shardkit.stages.attributes import score_texts
+
+    scorers = [make_filter("gopher-quality"), make_filter("text-length")]
+    scores = score_texts([GOOD, GOOD * 40, None], scorers, max_bytes=20_000)
+    assert scores.columns["text_chars"].to_pylist() == [len(GOOD.strip()), None, None]
+    assert scores.failed == {"gopher-quality": 1, "text-length": 1} and scores.keep.tolist() == [True] * 3

@@ -255,7 +255,8 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
-    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii)
+    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii,
+                                     max_bytes=cfg.filter_max_bytes)
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
     with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
         return _build(cfg, dedup, curation)

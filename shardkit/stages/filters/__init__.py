@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from shardkit.contract import decode_text
+from shardkit.config.build import MAX_DOC_BYTES
 from shardkit.errors import BadOption, ConfigError
 from shardkit.stages.filters import limits
 from shardkit.stages.filters.base import Filter
@@ -29,6 +30,7 @@ from shardkit.stages.filters.pii import PII
 
 FILTERS: dict[str, type[Filter]] = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetition,
                                     "c4": C4, "fineweb": FineWeb, "lang": Lang, "pii": PII, "text-length": TextLength}
+TOO_LARGE = "too-large"  # the counters' and filtered list's name for a text over --filter-max-bytes
 STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
 # and the volume the filters saw and removed (the share of the corpus, hence of training compute, saved):
 VOLUME = (f"{STAT}.input.documents", f"{STAT}.input.bytes", f"{STAT}.bytes.")  # the last + <filter>
@@ -83,10 +85,13 @@ class Curation:
     filters as given, PII masking last (it edits what is kept, never decides)."""
 
     steps: tuple[Filter, ...]
+    max_bytes: int | None = MAX_DOC_BYTES  # a larger text is removed as too-large, never given to the filters
 
     @classmethod
-    def from_options(cls, names, options=(), lang=None, lang_threshold=0.65, mask_pii=False) -> "Curation":
-        """The build's curation from its flags (--filter, --filter-option, --lang, --lang-threshold, --mask-pii)."""
+    def from_options(cls, names, options=(), lang=None, lang_threshold=0.65, mask_pii=False,
+                     max_bytes: int | None = MAX_DOC_BYTES) -> "Curation":
+        """The build's curation from its flags (--filter, --filter-option, --lang, --lang-threshold, --mask-pii,
+        --filter-max-bytes)."""
         wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names or ()) if n.strip()]
         opts = parse_options(options)
         if lang:
@@ -98,7 +103,7 @@ class Curation:
         unused = sorted(set(opts) - set(order))
         if unused:
             raise ConfigError(f"--filter-option for {', '.join(unused)}, which is not run: add it to --filter")
-        return cls(tuple(make_filter(n, opts.get(n)) for n in order))
+        return cls(tuple(make_filter(n, opts.get(n)) for n in order), max_bytes)
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -153,19 +158,36 @@ def rejections_by_filter(stats: dict) -> dict[str, dict[str, int]]:
     return removed
 
 
+def text_bytes(value) -> int:
+    """A text's size in UTF-8 bytes, counted without a copy of it."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    if value.isascii():
+        return len(value)
+    return sum(len(value[i:i + (1 << 20)].encode("utf-8", "replace")) for i in range(0, len(value), 1 << 20))
+
+
 def curate(samples, *, curation: Curation, stats: dict, dropped: list):
     """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
-    `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass."""
+    `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass.
+    A text over `curation.max_bytes` is removed as (TOO_LARGE, 'max_bytes') before it is decoded: the
+    filters hold several copies of a text (lines, words, n-gram arrays), ~20 times its size."""
     for sample in samples:
         value = sample.fields.get("txt")
         if value is None:
             yield sample
             continue
-        text, _ = decode_text(value)
-        size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else len(text.encode("utf-8", "replace"))
+        size = text_bytes(value)
         for key, n in ((VOLUME[0], 1), (VOLUME[1], size)):
             stats[key] = stats.get(key, 0) + n
-        edited, rejected = curation.apply(text, stats)
+        if curation.max_bytes is not None and size > curation.max_bytes:
+            rejected = (TOO_LARGE, "max_bytes")
+        else:
+            text, _ = decode_text(value)
+            edited, rejected = curation.apply(text, stats)
+        if rejected is not None and rejected[0] == TOO_LARGE:
+            key = f"{STAT}.{TOO_LARGE}.max_bytes"
+            stats[key] = stats.get(key, 0) + 1
         if rejected is not None:
             stats[VOLUME[2] + rejected[0]] = stats.get(VOLUME[2] + rejected[0], 0) + size
             meta = sample.meta

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 from shardkit.stages.filters.base import F64, I32, RuleFilter, over, ratio, under
+from shardkit.stages.filters.limits import parse_grams
 from shardkit.stages.filters.words import words
 
 # Characters that make a word a "symbol word" when it holds nothing else (datatrove's PUNCTUATION
@@ -92,13 +93,6 @@ class GopherQuality(RuleFilter):
         yield "alpha_words_ratio", "alpha_words", lambda: under(self.min_alpha_words_ratio, s["alpha_words_ratio"])
         yield "stop_words", "stop_words", lambda: under(self.min_stop_words, s["stop_words"])
 
-
-
-def parse_grams(value) -> tuple[tuple[int, float], ...]:
-    """'2:0.2,3:0.18' or ((2, 0.2), (3, 0.18)) -> ((2, 0.2), (3, 0.18))."""
-    if isinstance(value, str):
-        value = [p.split(":") for p in value.split(",") if p.strip()]
-    return tuple((int(n), float(x)) for n, x in value)
 
 
 _PARAGRAPH = re.compile(r"\n{2,}")

@@ -9,6 +9,13 @@ import math
 OFF_WORDS = ("none", "off")  # what --filter-option VALUE turns a limit (or a rule's flag) off with
 
 
+def parse_grams(value) -> tuple[tuple[int, float], ...]:
+    """'2:0.2,3:0.18' or ((2, 0.2), (3, 0.18)) -> ((2, 0.2), (3, 0.18))."""
+    if isinstance(value, str):
+        value = [p.split(":") for p in value.split(",") if p.strip()]
+    return tuple((int(n), float(x)) for n, x in value)
+
+
 def kind(cls, option: str) -> str:
     """'flag', 'words' (a list of words), 'pairs' (n-gram: fraction), 'float' or 'int', from the field's
     declared type (`min_avg_word_length: float | None = 3` is a float, though its default is an int)."""
@@ -63,8 +70,6 @@ def problem(cls, option: str, value) -> str | None:
     if value is None or what in ("flag", "words"):
         return None
     if what == "pairs":
-        from shardkit.stages.filters.gopher import parse_grams
-
         try:
             grams = parse_grams(value)
         except (TypeError, ValueError):
