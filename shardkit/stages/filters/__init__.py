@@ -99,7 +99,8 @@ class Curation:
             wanted.append("lang")
         if mask_pii:
             wanted.append("pii")
-        order = sorted(dict.fromkeys(wanted), key=lambda n: (n != "lang", n == "pii", wanted.index(n)))
+        last = {n for n in wanted if not getattr(FILTERS.get(n), "decides", True)}  # they edit what is kept (PII)
+        order = sorted(dict.fromkeys(wanted), key=lambda n: (n != "lang", n in last, wanted.index(n)))
         unused = sorted(set(opts) - set(order))
         if unused:
             raise ConfigError(f"--filter-option for {', '.join(unused)}, which is not run: add it to --filter")
