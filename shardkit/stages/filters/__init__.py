@@ -172,7 +172,8 @@ def curate(samples, *, curation: Curation, stats: dict, dropped: list):
     """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
     `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass.
     A text over `curation.max_bytes` is removed as (TOO_LARGE, 'max_bytes') before it is decoded: the
-    filters hold several copies of a text (lines, words, n-gram arrays): 0.7-0.8 GB for a 50 MB one (bench/RESULTS.md)."""
+    filters hold several copies of a text (lines, words, n-gram arrays): 0.7-0.8 GB for a 50 MB one
+    (bench/RESULTS.md)."""
     for sample in samples:
         value = sample.fields.get("txt")
         if value is None:
