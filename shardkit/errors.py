@@ -38,6 +38,11 @@ class BadURL(ConfigError):
     status 2), found before anything is written."""
 
 
+class BadOption(ConfigError):
+    """A flag's value that cannot be read or is out of range (`--filter-option fineweb.line_punct_thr=nan`):
+    bad usage (exit status 2), found before anything is written."""
+
+
 class ManifestError(ShardkitError):
     """manifest.json is missing, unreadable, of an unknown version, or unsafe."""
 

@@ -12,6 +12,10 @@ _OPTIONS = [
     click.option("--filter-option", "filter_option", multiple=True, metavar="FILTER.OPTION=VALUE",
                  help="Change a threshold, e.g. gopher-quality.min_doc_words=30 or c4.min_num_sentences=3 "
                       "(none turns a limit off); repeat for more."),
+    click.option("--filter-max-bytes", "filter_max_bytes", default="10MB", show_default=True, metavar="SIZE",
+                 callback=lambda ctx, param, value: _max_bytes(value),
+                 help="A text larger than this is not filtered (the filters hold a few copies of a text): it is "
+                      "removed and counted as too-large; none: no bound."),
     click.option("--lang", default=None, metavar="CODES",
                  help="Keep texts whose language (py3langid, 97 languages) is one of these ISO 639-1 codes, "
                       "e.g. en,de."),
@@ -25,6 +29,18 @@ _OPTIONS = [
                  "documents, keeping the copy in the first document in key order (dolma's paragraph dedup, "
                  "independent of order and workers). Runs after --dedup-exact, before the filters."),
 ]
+
+
+def _max_bytes(value: str) -> int | None:
+    from shardkit.config import parse_bytes
+    from shardkit.errors import ConfigError
+
+    if value is None or str(value).strip().lower() in ("none", "off"):
+        return None
+    try:
+        return parse_bytes(value)
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def curation_options(fn):

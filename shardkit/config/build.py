@@ -17,6 +17,10 @@ from shardkit.errors import ON_ERROR_CHOICES, ConfigError
 from shardkit.identity import check_embedded_workers
 
 
+MAX_DOC_BYTES = 10_000_000  # --filter-max-bytes' default: a page of text is ~10 KB; 10 MB is a book shelf
+NEW_DEFAULTS = {"filter_max_bytes": MAX_DOC_BYTES}  # BuildConfig.recorded leaves these out at their default
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """`shardkit build SRC OUT`: every CLI flag is one field here."""
@@ -65,6 +69,9 @@ class BuildConfig:
     lang: str | None = None
     lang_threshold: float = 0.65
     mask_pii: bool = False
+    # A text larger than this is not given to the filters (each holds a few copies of it): removed and counted
+    # as too-large (--filter-max-bytes; None: no bound).
+    filter_max_bytes: int | None = MAX_DOC_BYTES
     dedup_exact: bool = False
     dedup_paragraphs: bool = False  # remove lines repeated across documents, the first copy in key order kept
     annotate: bool = False  # keep every sample; store the scores of the filters and --dedup as attribute tables
@@ -86,6 +93,7 @@ class BuildConfig:
         positive("image_size", self.image_size, "--image-size", allow_none=True)
         positive("unit_samples", self.unit_samples, "--unit-samples", allow_none=True)
         check_embedded_workers(self.workers, self.scheduler)
+        positive("filter_max_bytes", self.filter_max_bytes, "--filter-max-bytes", allow_none=True)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
         if self.resize_mode != "none" and self.image_size is None and self.resize_mode != "shorter":
@@ -135,9 +143,11 @@ class BuildConfig:
         return self.image_size if self.resize_mode in ("center-crop", "pad") else None
 
     def recorded(self) -> dict:
-        """The output-affecting part of the config, as written into the manifest."""
+        """The output-affecting part of the config, as written into the manifest. A field added since
+        datasets were built is left out at its default (NEW_DEFAULTS), so their hashes still match."""
         d = asdict(self)
-        return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
+        return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY and not (
+            k in NEW_DEFAULTS and d[k] == NEW_DEFAULTS[k])}
 
     def output_hash(self) -> str:
         blob = json.dumps(self.recorded(), sort_keys=True).encode()

@@ -255,7 +255,8 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
-    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii)
+    curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii,
+                                     max_bytes=cfg.filter_max_bytes)
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
     with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
         return _build(cfg, dedup, curation)
@@ -287,7 +288,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                         key=lambda r: (r.path, r.stage, r.reason))
     _remove_stale(cfg, shards, len(b.plans))
     _remove_stale_scan(b)
-    durable.write_errors(cfg.out, rejections)
+    durable.write_errors(cfg.out, rejections + b.inv.renamed)  # renamed samples are kept: not counted as rejected
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     stats = {}
@@ -310,7 +311,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=tok_stats)}
     classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
     manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
-                        build=build_record, errors={"count": len(rejections), "by_reason": count_by_reason(rejections)},
+                        build=build_record, errors=_errors_record(rejections, b.inv.renamed),
                         extra=extra)
     attach(cfg.out, manifest, curate.manifest_attributes(cfg, [r.attributes for r in results if r.attributes]))
     write_manifest(cfg.out, manifest)
@@ -325,6 +326,12 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
                        b.scanned.samples - b.inv.samples - exact, manifest, b.dedup, b.scanned.notes,
                        dict(sorted(stats.items())), exact)
+
+
+def _errors_record(rejections: list, renamed: list) -> dict:
+    """The manifest's `errors`: rejections by reason, and the samples kept under a new key (both in errors.jsonl)."""
+    record = {"count": len(rejections), "by_reason": count_by_reason(rejections)}
+    return dict(record, renamed=len(renamed)) if renamed else record
 
 
 def _nothing_passed(cfg: BuildConfig, rejections: list, stats: dict, b: _Plan) -> str:

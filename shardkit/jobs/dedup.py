@@ -184,7 +184,7 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
     with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
         if store.exists(store.join(cfg.src, MANIFEST_NAME)):
-            if any(v for k, v in (curation or {}).items() if k != "lang_threshold"):  # a flag that curates
+            if any(v for k, v in (curation or {}).items() if k not in ("lang_threshold", "filter_max_bytes")):
                 raise ConfigError(f"{cfg.src} is a built dataset: the curation flags run while building; give "
                                   "dedup the raw folder, or run build_map(..., curation=...) over the dataset")
             return dedup_dataset(cfg)

@@ -50,6 +50,7 @@ class Inventory:
     kinds: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)  # read, but maybe not as the user meant (summary)
     image_exts: set[str] = field(default_factory=set)  # image formats seen ('jpg', 'png', …), lowercase
+    renamed: list[Rejection] = field(default_factory=list)  # kept under a new key (key_order.unique_keys)
 
     @property
     def samples(self) -> int:
@@ -151,7 +152,10 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     blow = O.exploded(listing.files, listing.row_files, counts)
     extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id])) for rf in listing.row_files
              if rf.id in blow]
-    table = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
+    table, renamed = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
+    if renamed:
+        listing.notes.append(f"{len(renamed)} samples share a key with another source's: each kept under a key of "
+                             f"its own, `KEY_<8 hex digits>` (listed in errors.jsonl as {O.RENAMED!r})")
     classes, labels, row_labels = _folder_classes(table, listing, counts, cfg)
     tar_classes, tar_row_labels, notes = tar_labels(listing.row_files, counts, cfg)
     if tar_classes is not None:  # the tars' cls members label their samples (sources.tars.tar_labels)
@@ -169,7 +173,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
                      label_index, O.pieces_in_order(table, blocks), rejections, classes,
                      _kinds(table, listing.row_files, counts), listing.notes + notes,
                      listing.image_exts | {e for info in parquet for e in info.get("image_exts", [])}
-                     | {e for c in counts.values() for e in c.tar.get("image_exts", [])})
+                     | {e for c in counts.values() for e in c.tar.get("image_exts", [])}, renamed)
 
 
 def _row_kinds(rf: W.RowFile, count: RowCount) -> int:

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit.errors import Rejection
 from shardkit.sources import walk as W
-from shardkit.sources.index import RowCount, key_bounds, keys_of, load_index
+from shardkit.sources.index import RowCount, key_bounds, keys_of, keys_table, load_index
 
 ATOMS = -1  # Piece.source of a run of the sorted file-sample table
+RENAMED = "key collision"  # the reason of a renamed sample's record in errors.jsonl (it is kept)
 
 
 @dataclass(frozen=True)
@@ -58,34 +60,47 @@ def _source_of(row: dict) -> str:
     return row["files"][0]
 
 
-def unique_keys(table, counts):
-    """Rename colliding keys (e.g. 'a.jsonl' line 1 vs 'a/000001.txt') `{key}_{sha1(source)[:8]}`, sorted."""
+def _shown(row: dict, counts) -> str:
+    """The sample's source as errors.jsonl names it: a file, `docs.jsonl:LINE` or `shards/a.tar:MEMBER`."""
+    count = counts[row["row_file"]] if row["row_file"] >= 0 else None
+    if count is not None and count.keys is not None:
+        return f"{row['files'][0]}:{keys_table(count.keys).column('member')[row['row']].as_py()}"
+    return _source_of(row)
+
+
+def unique_keys(table, counts) -> tuple[object, list[Rejection]]:
+    """Rename colliding keys (e.g. 'a.jsonl' line 1 vs 'a/000001.txt', or two tars' members)
+    `{key}_{sha1(source)[:8]}`, sorted; with one record per renamed sample (for errors.jsonl). The new
+    key depends on the sample's own source only, so the rule gives the same keys in any listing order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     table = _sorted(table)
     keys = table.column("key")
     if len(keys) < 2:
-        return table
+        return table, []
     same = pc.equal(keys.slice(0, len(keys) - 1), keys.slice(1)).to_numpy(zero_copy_only=False)
     dup = np.zeros(len(keys), bool)
     dup[:-1] |= same
     dup[1:] |= same
     if not dup.any():
-        return table
+        return table, []
     new_keys, stamps = keys.to_pylist(), table.column("stamp").to_numpy().copy()
+    renamed = []
     for i in np.flatnonzero(dup).tolist():
         row = {n: table.column(n)[i].as_py() for n in ("files", "row_file", "row")}
         if row["row_file"] >= 0:
             row["number"] = int(load_index(counts[row["row_file"]])["number"][row["row"]])
         digest = hashlib.sha1(_source_of(row).encode("utf-8")).hexdigest()[:8]
-        new_keys[i] = f"{new_keys[i]}_{digest}"
+        old, new_keys[i] = new_keys[i], f"{new_keys[i]}_{digest}"
         stamps[i] = W.stamp_digest(f"{stamps[i]}|{new_keys[i]}")
+        renamed.append(Rejection(_shown(row, counts), "source", f"{RENAMED}: another source gives the key {old!r}; "
+                                 f"written as {new_keys[i]!r}"))
     table = table.set_column(0, "key", pa.array(new_keys, pa.string()))
     table = _sorted(table.set_column(table.schema.get_field_index("stamp"), "stamp", pa.array(stamps)))
     assert not pc.any(pc.equal(table.column("key").slice(0, len(keys) - 1), table.column("key").slice(1))).as_py(), \
         "sample keys must be unique"
-    return table
+    return table, sorted(renamed, key=lambda r: (r.path, r.reason))
 
 
 def _range(rf: W.RowFile, count: RowCount) -> tuple[str, str]:
@@ -93,17 +108,19 @@ def _range(rf: W.RowFile, count: RowCount) -> tuple[str, str]:
 
 
 def exploded(table, row_files, counts) -> set[int]:
-    """Row files whose key range holds another sample's key (or another row file's first key)."""
+    """Row files whose key range holds another sample's key, or overlaps another row file's range (on
+    either side: `dupA.tar` holding `x/1` .. `y/9` and `dupA/x.tar` holding `5` both explode)."""
     keys = _sorted(table).column("key")
     live = sorted((_range(rf, counts[rf.id]), rf.id) for rf in row_files if counts[rf.id].rows)
-    out = set()
+    out, reach = set(), None  # reach: the largest last key of the ranges sorted before this one
     for i, ((first, last), rid) in enumerate(live):
         if _bisect(keys, first) != _bisect(keys, last, right=True):
             out.add(rid)
-        if i + 1 < len(live) and live[i + 1][0][0] <= last:
+        if reach is not None and first <= reach:  # overlaps an earlier range (its first key sorts before)
             out.add(rid)
-        if i and live[i - 1][0][0] == first:
+        if i + 1 < len(live) and live[i + 1][0][0] <= last:  # overlaps a later one (the next starts first)
             out.add(rid)
+        reach = last if reach is None else max(reach, last)
     return out
 
 

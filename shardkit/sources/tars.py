@@ -57,8 +57,20 @@ def split_name(name: str) -> tuple[str | None, str | None]:
     return (match.group(1), match.group(2).lower()) if match else (None, None)
 
 
+NOT_UTF8 = "member name is not valid UTF-8: keys, shards and reports are UTF-8 text (rename it, e.g. with `convmv`, and pack the tar again)"
+
+
+def printable(name: str) -> str:
+    """A member name for errors.jsonl and the screen: bytes that are not UTF-8 (kept by the header reader
+    as lone surrogates) shown as \\xNN escapes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def passed_over(name: str) -> str | None:
-    """Why a regular member is no part of a sample (hidden, WebDataset metadata, no extension), or None."""
+    """Why a regular member is no part of a sample (a name that is not UTF-8, hidden, WebDataset metadata,
+    no extension), or None."""
+    if printable(name) != name:
+        return NOT_UTF8
     key = split_name(name)[0]
     if name.rstrip("/").rsplit("/", 1)[-1].startswith("."):  # .DS_Store, macOS tar's ._name files
         return "hidden member"
@@ -94,7 +106,7 @@ class _Count:
         self.no_header = False  # the file does not start with a valid header
 
     def pass_over(self, reason: str, name: str) -> None:
-        self.passed.setdefault(reason, [0, name])[0] += 1
+        self.passed.setdefault(reason, [0, printable(name)])[0] += 1
 
     def member(self, m: T.Member) -> None:
         if not m.regular:
@@ -138,7 +150,7 @@ class _Count:
         if damaged is None:
             self.rejections.append([f"{self.rel}@{start}", reason.split(";", 1)[0]])
         else:
-            self.rejections.append([f"{self.rel}:{damaged}", reason])
+            self.rejections.append([f"{self.rel}:{printable(damaged)}", reason])
 
     def damage(self, d: T.Damage) -> None:
         """A damaged header: its sample is rejected when its name still reads, else the samples on both
@@ -167,11 +179,11 @@ class _Count:
             reason = (f"truncated tar: the file ends at byte {t.at:,} without the end-of-archive blocks; "
                       "this sample may lack members")
         else:
-            reason = f"truncated tar: the file ends at byte {t.at:,}, inside member {t.name!r}"
+            reason = f"truncated tar: the file ends at byte {t.at:,}, inside member {printable(t.name)!r}"
         if g is not None and (key is None or g.key == key):
             g.problem = g.problem or reason
         elif key is not None:
-            self.rejections.append([f"{self.rel}:{key}", reason])
+            self.rejections.append([f"{self.rel}:{printable(key)}", reason])
 
     def finish(self) -> list[_Group]:
         """The samples to build; the others become rejections (duplicate keys, no content, ...)."""
@@ -255,7 +267,7 @@ def count_tar(rf, opts, base: str) -> RowCount:
         return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'strerror', None) or e}")
     if not count.seen and (size == 0 or count.no_header):
         return RowCount(0, 0, 0, 0, 0, "", error=_not_a_tar(size))
-    keys = [f"{rf.stem_key}/{make_key(g.key)}" for g in groups]
+    groups, keys = _unique(rf, groups, count.rejections)
     order = sorted(range(len(groups)), key=keys.__getitem__)
     index = np.empty(len(groups), INDEX_DTYPE)
     index["number"] = [groups[i].number for i in order]
@@ -277,6 +289,24 @@ def count_tar(rf, opts, base: str) -> RowCount:
                       base + ".npy", keys=base + ".keys.arrow", tar=_info(groups, count.rejections))
     write(base + ".json", json.dumps(asdict(result), sort_keys=True))  # last: marks the count complete
     return result
+
+
+def _unique(rf, groups: list[_Group], rejections: list) -> tuple[list[_Group], list[str]]:
+    """The samples whose keys are the tar's own, with their keys: members whose names differ only in what
+    the key sanitising drops would give one key twice (the other sources' keys are checked later, by
+    key_order); every sample of such a key is rejected, whatever their order in the tar."""
+    keys = [f"{rf.stem_key}/{make_key(g.key)}" for g in groups]
+    times: dict[str, list[str]] = {}
+    for g, key in zip(groups, keys):
+        times.setdefault(key, []).append(g.key)
+    if all(len(names) == 1 for names in times.values()):
+        return groups, keys
+    for key, names in sorted(times.items()):
+        for name in sorted(names) if len(names) > 1 else []:
+            rejections.append([f"{rf.rel}:{name}", f"ambiguous sample: the members {sorted(names)!r} of one tar all "
+                                                   f"give the key {key!r}; rename them apart"])
+    kept = [(g, k) for g, k in zip(groups, keys) if len(times[k]) == 1]
+    return [g for g, _ in kept], [k for _, k in kept]
 
 
 def _not_a_tar(size: int) -> str:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.stages.filters import FILTERS
+from shardkit.config.build import MAX_DOC_BYTES
+from shardkit.stages.filters import FILTERS, text_bytes
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +88,26 @@ class Scores:
     failed: dict = field(default_factory=dict)  # scorer -> documents it raised on (scores null, kept)
 
 
-def score_texts(texts: list, scorers: list) -> Scores:
+def score_texts(texts: list, scorers: list, max_bytes: int | None = MAX_DOC_BYTES) -> Scores:
     """Every document through the scorers, in order: each sees the text the previous one left (a
     scorer with `edit(text)` changes it: dropped lines, masked addresses), as a build's filters run.
     A bool column a scorer declares but its `score` leaves out is its verdict, `keep`'s answer.
     A document without text gets null scores and is kept; one a scorer raises on gets that scorer's
     columns null, is kept and is counted in `failed` (a scorer's bug or a document it cannot read
-    must not stop a build)."""
+    must not stop a build). A text over `max_bytes` is not scored (the filters would hold several
+    copies of it): null scores, kept, counted in `failed` for every scorer."""
     import pyarrow as pa
 
     n = len(texts)
     keep, rules, failed = np.ones(n, bool), [None] * n, {}
     values = {c: [None] * n for s in scorers for c in s.columns}
     for i, text in enumerate(texts):
+        if text is not None and max_bytes is not None and text_bytes(text) > max_bytes:
+            log.warning("a document of %d bytes is over %d: not scored (its columns are null)", text_bytes(text),
+                        max_bytes)
+            for scorer in scorers:
+                failed[scorer.name] = failed.get(scorer.name, 0) + 1
+            continue
         for scorer in scorers if text is not None else ():
             try:
                 row, ok, rule = _one(scorer, text)

@@ -3,9 +3,11 @@ verdict from the signals alone, and an early-stopping check for builds that keep
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 import pyarrow as pa
+
+from shardkit.stages.filters import limits
 
 F64, I32 = pa.float64(), pa.int32()
 
@@ -16,13 +18,34 @@ def ratio(a: float, b: float) -> float:
 
 
 def over(limit, value) -> bool:
-    """A maximum that rejects; a limit of None or 0 is off, as in datatrove."""
-    return bool(limit) and value > limit
+    """A maximum that rejects; a limit of None is off (datatrove's 0 is read as None: limits.settled)."""
+    return limit is not None and value > limit
 
 
 def under(limit, value) -> bool:
-    """A minimum that rejects; a limit of None or 0 is off."""
-    return bool(limit) and value < limit
+    """A minimum that rejects; a limit of None is off."""
+    return limit is not None and value < limit
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """What `build --filter`, `build --annotate` and `shardkit annotate` ask of a curation filter. Its
+    options are the fields of a frozen dataclass, checked by limits.settle (None: a limit is off)."""
+
+    name: str  # the registry's name; the counters are curation.<name>.<rule>
+    decides: bool  # False: it never rejects, only counts what it edits (PII); score() gives those counts
+    verdict: str | None  # its bool column that keep() fills (score() leaves it out), or None
+
+    @property
+    def columns(self) -> dict: ...  # {column: pyarrow type}: what annotating stores
+
+    def score(self, text: str) -> dict: ...  # its signals: a pure function of the text and the options
+
+    def keep(self, scores: dict) -> tuple[bool, str | None]: ...  # (kept, the rule that rejects)
+
+    def check(self, text: str) -> tuple[bool, str | None]: ...  # keep(score(text)), stopping early
+
+    def edit(self, text: str) -> str: ...  # the text the next filter sees
 
 
 class RuleFilter:
@@ -31,11 +54,21 @@ class RuleFilter:
     reading the signals dict s). Options are the subclass's dataclass fields."""
 
     name: ClassVar[str] = ""
+    decides: ClassVar[bool] = True
     SIGNALS: ClassVar[dict] = {}
+    FRACTIONS: ClassVar[frozenset] = frozenset()  # options that are fractions, in [0, 1]
+    OFF: ClassVar[dict] = {}  # option -> an old spelling of off (C4's -1, datatrove's 0), read as None
+
+    def __post_init__(self):
+        limits.settle(self)
 
     @property
     def prefix(self) -> str:
         return self.name.replace("-", "_")
+
+    @property
+    def verdict(self) -> str | None:
+        return self.prefix
 
     def signals(self) -> dict:
         return dict(self.SIGNALS)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardkit.stages.filters.base import F64, I32, RuleFilter, ratio, under
+from shardkit.stages.filters.base import F64, I32, RuleFilter, over, ratio, under
 from shardkit.stages.filters.gopher import TERMINAL_PUNCTUATION, duplicates
 from shardkit.stages.filters.words import sentences, words
 
@@ -25,14 +25,15 @@ POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "us
 
 @dataclass(frozen=True)
 class C4(RuleFilter):
-    """C4's heuristics. A rule of -1 (or False) is off."""
+    """C4's heuristics. A limit of None is off (-1, C4's own spelling, is read as None); a rule's flag
+    False is off."""
 
     name: ClassVar[str] = "c4"
     remove_citations: bool = True
     filter_no_terminal_punct: bool = True
-    min_num_sentences: int = 5
-    min_words_per_line: int = 3
-    max_word_length: int = 1000
+    min_num_sentences: int | None = 5
+    min_words_per_line: int | None = 3
+    max_word_length: int | None = 1000
     filter_lorem_ipsum: bool = True
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
@@ -40,6 +41,7 @@ class C4(RuleFilter):
 
     SIGNALS: ClassVar[dict] = {"lines": I32, "kept_lines": I32, "lorem_ipsum_line": I32,
                                "curly_bracket_line": I32, "sentences": I32}
+    OFF: ClassVar[dict] = {"min_num_sentences": -1, "min_words_per_line": -1, "max_word_length": -1}
 
     def _lines(self, text: str, stop_early: bool):
         """(kept lines, sentences in them, first line with lorem ipsum, first with '{', lines)."""
@@ -48,13 +50,13 @@ class C4(RuleFilter):
         for i, line in enumerate(lines):
             line = line.strip()
             parts = line.split()
-            if self.max_word_length != -1 and any(len(w) > self.max_word_length for w in parts):
+            if self.max_word_length is not None and any(len(w) > self.max_word_length for w in parts):
                 continue
             if self.remove_citations:
                 line = CITATION.sub("", line)
             if self.filter_no_terminal_punct and (not line.endswith(END_PUNCTUATION) or line.endswith("...")):
                 continue
-            if len(parts) < self.min_words_per_line:
+            if under(self.min_words_per_line, len(parts)):
                 continue
             lower = line.lower()
             if self.filter_lorem_ipsum and "lorem ipsum" in lower:
@@ -71,7 +73,7 @@ class C4(RuleFilter):
                 continue
             if self.filter_policy and any(p in lower for p in POLICY):
                 continue
-            if self.min_num_sentences != -1:
+            if self.min_num_sentences is not None:
                 count += sentences(line)
             kept.append(line)
         return kept, count, lorem, curly, len(lines)
@@ -90,8 +92,7 @@ class C4(RuleFilter):
             return mine >= 0 and (other < 0 or mine < other)
         yield "curly_bracket_line", "lorem_ipsum", lambda: first("lorem_ipsum")
         yield "curly_bracket_line", "curly_bracket", lambda: first("curly_bracket")
-        yield "sentences", "too_few_sentences", lambda: self.min_num_sentences != -1 and under(
-            self.min_num_sentences, s["sentences"])
+        yield "sentences", "too_few_sentences", lambda: under(self.min_num_sentences, s["sentences"])
 
     def check(self, text: str) -> tuple[bool, str | None]:
         kept, count, lorem, curly, _ = self._lines(text, True)
@@ -99,7 +100,7 @@ class C4(RuleFilter):
             return False, "lorem_ipsum"
         if curly >= 0:
             return False, "curly_bracket"
-        if self.min_num_sentences != -1 and count < self.min_num_sentences:
+        if under(self.min_num_sentences, count):
             return False, "too_few_sentences"
         return True, None
 
@@ -110,15 +111,17 @@ class C4(RuleFilter):
 
 @dataclass(frozen=True)
 class FineWeb(RuleFilter):
-    """FineWeb's rules over lines: terminal punctuation, short lines, repeated lines, list-like."""
+    """FineWeb's rules over lines: terminal punctuation, short lines, repeated lines, list-like. A limit
+    of None is off (short_line_length None: no line counts as short)."""
 
     name: ClassVar[str] = "fineweb"
-    line_punct_thr: float = 0.12
+    line_punct_thr: float | None = 0.12
     line_punct_exclude_zero: bool = False
-    short_line_thr: float = 0.67
-    short_line_length: int = 30
-    char_duplicates_ratio: float = 0.01
-    new_line_ratio: float = 0.3
+    short_line_thr: float | None = 0.67
+    short_line_length: int | None = 30
+    char_duplicates_ratio: float | None = 0.01
+    new_line_ratio: float | None = 0.3  # newlines per word: may pass 1
+    FRACTIONS: ClassVar[frozenset] = frozenset({"line_punct_thr", "short_line_thr", "char_duplicates_ratio"})
 
     SIGNALS: ClassVar[dict] = {"lines": I32, "line_punct_ratio": F64, "short_line_ratio": F64,
                                "char_dup_ratio": F64, "list_ratio": F64}
@@ -127,14 +130,15 @@ class FineWeb(RuleFilter):
         lines = [line for line in text.split("\n") if line.strip() != ""]
         yield "lines", len(lines)
         yield "line_punct_ratio", ratio(sum(1 for ln in lines if ln and ln[-1] in TERMINAL_PUNCTUATION), len(lines))
-        yield "short_line_ratio", ratio(sum(1 for ln in lines if len(ln) <= self.short_line_length), len(lines))
+        short = self.short_line_length
+        yield "short_line_ratio", 0.0 if short is None else ratio(sum(len(ln) <= short for ln in lines), len(lines))
         yield "char_dup_ratio", ratio(duplicates(lines)[1], len(text.replace("\n", "")))
         yield "list_ratio", ratio(text.count("\n"), len(words(text)))
 
     def _rules(self, s: dict):
         yield "lines", "empty", lambda: s["lines"] == 0
-        yield "line_punct_ratio", "line_punct_ratio", lambda: s["line_punct_ratio"] < self.line_punct_thr and not (
-            s["line_punct_ratio"] == 0 and self.line_punct_exclude_zero)
-        yield "short_line_ratio", "short_line_ratio", lambda: s["short_line_ratio"] > self.short_line_thr
-        yield "char_dup_ratio", "char_dup_ratio", lambda: s["char_dup_ratio"] > self.char_duplicates_ratio
-        yield "list_ratio", "list_ratio", lambda: s["list_ratio"] > self.new_line_ratio
+        yield "line_punct_ratio", "line_punct_ratio", lambda: under(self.line_punct_thr, s["line_punct_ratio"]) and (
+            not (s["line_punct_ratio"] == 0 and self.line_punct_exclude_zero))
+        yield "short_line_ratio", "short_line_ratio", lambda: over(self.short_line_thr, s["short_line_ratio"])
+        yield "char_dup_ratio", "char_dup_ratio", lambda: over(self.char_duplicates_ratio, s["char_dup_ratio"])
+        yield "list_ratio", "list_ratio", lambda: over(self.new_line_ratio, s["list_ratio"])

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 from shardkit.stages.filters.base import F64, I32, RuleFilter, over, ratio, under
+from shardkit.stages.filters.limits import parse_grams
 from shardkit.stages.filters.words import words
 
 # Characters that make a word a "symbol word" when it holds nothing else (datatrove's PUNCTUATION
@@ -58,6 +59,10 @@ class GopherQuality(RuleFilter):
     SIGNALS: ClassVar[dict] = {"words": I32, "avg_word_length": F64, "hash_ratio": F64, "ellipsis_ratio": F64,
                                "bullet_lines_ratio": F64, "ellipsis_lines_ratio": F64, "alpha_words_ratio": F64,
                                "stop_words": I32}
+    FRACTIONS: ClassVar[frozenset] = frozenset({"max_symbol_word_ratio", "max_bullet_lines_ratio",
+                                                "max_ellipsis_lines_ratio", "min_alpha_words_ratio"})
+    OFF: ClassVar[dict] = {name: 0 for name in ("min_doc_words", "max_doc_words", "min_avg_word_length",
+                                                "max_avg_word_length", "min_stop_words") + tuple(FRACTIONS)}
 
     def _steps(self, text: str):
         toks = words(text)
@@ -88,13 +93,6 @@ class GopherQuality(RuleFilter):
         yield "alpha_words_ratio", "alpha_words", lambda: under(self.min_alpha_words_ratio, s["alpha_words_ratio"])
         yield "stop_words", "stop_words", lambda: under(self.min_stop_words, s["stop_words"])
 
-
-
-def parse_grams(value) -> tuple[tuple[int, float], ...]:
-    """'2:0.2,3:0.18' or ((2, 0.2), (3, 0.18)) -> ((2, 0.2), (3, 0.18))."""
-    if isinstance(value, str):
-        value = [p.split(":") for p in value.split(",") if p.strip()]
-    return tuple((int(n), float(x)) for n, x in value)
 
 
 _PARAGRAPH = re.compile(r"\n{2,}")
@@ -165,7 +163,12 @@ class GopherRepetition(RuleFilter):
     top_n_grams: tuple = ((2, 0.2), (3, 0.18), (4, 0.16))
     dup_n_grams: tuple = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
 
+    FRACTIONS: ClassVar[frozenset] = frozenset({"dup_para_frac", "dup_para_char_frac", "dup_line_frac",
+                                                "dup_line_char_frac"})
+    OFF: ClassVar[dict] = {name: 0 for name in FRACTIONS}  # datatrove's spelling of off
+
     def __post_init__(self):
+        super().__post_init__()  # off as None (none for a list of n-grams: no n-gram rule), ranges checked
         object.__setattr__(self, "top_n_grams", parse_grams(self.top_n_grams))
         object.__setattr__(self, "dup_n_grams", parse_grams(self.dup_n_grams))
 

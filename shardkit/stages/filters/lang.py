@@ -45,19 +45,27 @@ class Lang(RuleFilter):
 
     name: ClassVar[str] = "lang"
     languages: tuple[str, ...] = ()
-    threshold: float = 0.65
-    max_chars: int = 4096
+    threshold: float | None = 0.65  # None: any probability
+    max_chars: int | None = 4096  # None (or 0): the whole text
+    FRACTIONS: ClassVar[frozenset] = frozenset({"threshold"})
+    OFF: ClassVar[dict] = {"max_chars": 0}
 
     def __post_init__(self):
         langs = self.languages.split(",") if isinstance(self.languages, str) else self.languages
-        object.__setattr__(self, "languages", tuple(sorted({x.strip() for x in langs if x.strip()})))
-        if not isinstance(self.threshold, (int, float)) or not 0.0 <= self.threshold < 1.0:
+        object.__setattr__(self, "languages", tuple(sorted({x.strip() for x in langs or () if x.strip()})))
+        if self.threshold is not None and (not isinstance(self.threshold, (int, float)) or isinstance(
+                self.threshold, bool) or not 0.0 <= self.threshold < 1.0):
             raise ConfigError(f"lang threshold {self.threshold!r}: expected a probability in [0, 1) "
                               "(--lang-threshold, e.g. 0.65)")
         unknown = sorted(set(self.languages) - set(known_languages()))
         if unknown:
             raise ConfigError(f"--lang {','.join(unknown)}: not a language the model knows; choose among "
                               f"{', '.join(known_languages())}")
+        super().__post_init__()
+
+    @property
+    def verdict(self) -> str | None:
+        return None  # its columns are the language and its probability; keep() decides from them
 
     @property
     def columns(self) -> dict:
@@ -79,7 +87,7 @@ class Lang(RuleFilter):
             return False, "unscored"
         if self.languages and scores["lang"] not in self.languages:
             return False, "other_language"
-        if scores["lang_score"] <= self.threshold:
+        if self.threshold is not None and scores["lang_score"] <= self.threshold:
             return False, "low_score"
         return True, None
 

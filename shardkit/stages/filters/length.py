@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from shardkit.stages.filters import limits
 
 
 @dataclass(frozen=True)
@@ -11,13 +14,16 @@ class TextLength:
     bound), counted after stripping surrounding whitespace: the simplest quality rule, a floor
     against stubs, and a scorer whose decisions anyone can check by hand."""
 
-    min_chars: int = 100
+    min_chars: int | None = 100  # None: no lower bound
     max_chars: int | None = None
-    name = "text-length"
+    name: ClassVar[str] = "text-length"
+    decides: ClassVar[bool] = True
+    verdict: ClassVar[str] = "text_length"  # keep()'s answer; score() gives the length only
 
     def __post_init__(self):
+        limits.settle(self)
         for field, value in (("min_chars", self.min_chars), ("max_chars", self.max_chars)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and not isinstance(value, int):
                 raise ValueError(f"text-length: {field}={value!r}; expected an integer >= 0")
 
     @property
@@ -38,7 +44,7 @@ class TextLength:
 
     def keep(self, scores: dict) -> tuple[bool, str | None]:
         n = scores["text_chars"]
-        if n < self.min_chars:
+        if self.min_chars is not None and n < self.min_chars:
             return False, f"text-length: fewer than {self.min_chars} characters"
         if self.max_chars is not None and n > self.max_chars:
             return False, f"text-length: more than {self.max_chars} characters"
