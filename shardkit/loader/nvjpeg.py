@@ -42,6 +42,7 @@ class NvImageCodec:
         self.decoder = nvimgcodec.Decoder(device_id=self.device.index, backends=backends)
         self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.RGB, allow_any_depth=False)
         self.stream = torch.cuda.Stream(self.device)
+        self._codestream = nvimgcodec.CodeStream
 
     def fence(self):
         """Training thread: the consumer's stream and an event after all it has queued so far."""
@@ -66,6 +67,6 @@ class NvImageCodec:
 
     def decode(self, blobs):
         """Encoded images -> (3,H,W) uint8 CUDA tensors (None: not decoded), in one native call."""
-        images = self.decoder.decode([b.tobytes() for b in blobs], params=self.params,
-                                     cuda_stream=self.stream.cuda_stream)
+        streams = [self._codestream(b.tobytes()) for b in blobs]  # parses the headers: what each backend can take
+        images = self.decoder.decode(streams, params=self.params, cuda_stream=self.stream.cuda_stream)
         return [None if im is None else torch.from_dlpack(im).permute(2, 0, 1) for im in images]
