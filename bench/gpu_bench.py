@@ -281,7 +281,8 @@ def main(argv=None):
                       lambda: gpu_feed.section_s(bench, d, args, device)),
                 "w": (f"W D over {args.windows} windows of {args.window:g} s: default, cuda, nvjpeg",
                       lambda: gpu_feed.section_w(bench, d, args, device)),
-                "n": ("N C decode=nvjpeg beside a training step, img/s", lambda: gpu_feed.section_n(bench, d, args, device)),
+                "n": ("N C decode=nvjpeg beside a training step, img/s",
+                      lambda: gpu_feed.section_n(bench, d, args, device)),
                 "k": (f"K build_pool_bench at {os.cpu_count()} cores", lambda: section_k(args))}
     for key in args.sections:
         title, run = sections[key]

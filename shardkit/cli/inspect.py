@@ -63,8 +63,8 @@ def inspect(dataset, as_json):
     click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
     jpeg = info["jpeg"]
     if jpeg and jpeg.get("progressive"):
-        click.echo(f"  jpeg     {jpeg['share']:.0%} of {jpeg['sampled']} sampled {jpeg['field']} images are progressive "
-                   "JPEG: GPUs' hardware decoders take baseline only (decode='nvjpeg' falls back to slower "
+        click.echo(f"  jpeg     {jpeg['share']:.0%} of {jpeg['sampled']} sampled {jpeg['field']} images are "
+                   "progressive JPEG: GPUs' hardware decoders take baseline only (decode='nvjpeg' falls back to slower "
                    "backends for them); rebuild with `shardkit build` (it writes baseline 4:2:0)")
     for name, spec in (m.extra.get("attributes") or {}).get("columns", {}).items():  # what where= can use
         click.echo(f"  attr     {name:<20} {spec['type']:<8} ({spec['scorer']})")
