@@ -97,3 +97,39 @@ def test_the_default_copy_moves_every_tensor_of_a_batch():
     meter = StarvationMeter(warmup=0, log_every=0)
     moved = meter.to_device({"x": torch.ones(2), "__key__": ["a", "b"]}, "cpu")
     assert moved["x"].tolist() == [1.0, 1.0] and moved["__key__"] == ["a", "b"]
+
+
+class BusyWorkers:
+    """A WorkerCpu stand-in: the workers kept `cores` cores busy."""
+
+    def __init__(self, cores):
+        self.cores = cores
+
+    def watch(self, pids):
+        pass
+
+    def sample(self):
+        pass
+
+    def figures(self):
+        return {"worker_cpu_cores": self.cores, "workers_measured": 4}
+
+
+def _crowded_run(monkeypatch, cores):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    clock = Clock()
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=BusyWorkers(cores),
+                            copy=slow_copy(clock, 0.001))
+    meter.num_workers = 4
+    run(meter, clock, 30, wait_s=0.010, step_s=0.060)  # 14% starved, the step the largest part
+    return meter.summary()["advice"]
+
+
+def test_workers_crowding_out_the_loop_are_named(monkeypatch):
+    line = _crowded_run(monkeypatch, 3.9)
+    assert line.startswith("the workers keep 3.9 of 4 cores busy, leaving the training loop less than a core")
+    assert "lower num_workers (now 4) to 3 or fewer" in line
+
+
+def test_workers_leaving_a_core_free_are_not_blamed(monkeypatch):
+    assert "leaving the training loop" not in _crowded_run(monkeypatch, 2.5)

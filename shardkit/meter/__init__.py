@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -279,6 +280,9 @@ class StarvationMeter:
         )
         if "transfer" in out:
             out["advice"] = _transfer.with_transfer(out["advice"], out["transfer"])
+        note = _transfer.crowded(out, os.cpu_count() or 1)
+        if note is not None:  # the machine, not the loader: too few cores left to the training loop
+            out["advice"] = f"{note}; {out['advice']}"
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture

@@ -167,6 +167,26 @@ def split_line(split: dict) -> str:
             f"host→device copy {split['copy_pct']:.0f}%, step {split['step_pct']:.0f}%")
 
 
+# The training loop's thread needs a core of its own to launch kernels: workers keeping more than
+# cores - CORES_FOR_LOOP busy crowd it out.
+CORES_FOR_LOOP = 1.0
+NOTE_FROM = 5.0  # % starved (or GPU idle) below which the run is fine whatever the cores do
+
+
+def crowded(figures: dict, cpus: int) -> str | None:
+    """The lever when the workers leave the training loop less than a core and the step (the host
+    side of it) is the largest part: fewer workers, not more."""
+    used, workers = figures.get("worker_cpu_cores"), figures.get("num_workers")
+    split = figures.get("transfer")
+    idle = figures.get("gpu_idle_pct", figures.get("starved_pct", 0.0))
+    if used is None or used <= cpus - CORES_FOR_LOOP or idle < NOTE_FROM or (split and largest(split) != "step"):
+        return None
+    fewer = max(1, int(cpus - CORES_FOR_LOOP))
+    return (f"the workers keep {used:.1f} of {cpus} cores busy, leaving the training loop less than a core to "
+            f"launch its kernels: lower num_workers (now {workers}) to {min(fewer, workers or fewer)} or fewer "
+            "(make_loader's default leaves a core)")
+
+
 def with_transfer(line: str, split: dict) -> str:
     """The advice line given the split: the transfer's lever first when it is the largest part of
     the host side, added after the line when it is worth a mention, else the line unchanged."""
