@@ -9,8 +9,9 @@
 #    wheels/ into a folder of their own (torch and the system's packages are left as they are);
 # 2. runs the one GPU test (nvImageCodec's backend against PIL) and prints the decode path;
 # 3. bench/gpu_bench.py sections W (D whole windows: default, cuda, nvjpeg), P (profiler trace and
-#    per-step breakdown, meter vs profiler), N (C nvjpeg beside a step), S (workers x threads x
-#    pin sweep), K (build_pool_bench at all cores); gpu_bench.json is rewritten after each section.
+#    per-step breakdown, meter vs profiler), N (C nvjpeg beside a step), K (build_pool_bench at all
+#    cores), S (workers x threads x pin sweep, printed config by config); gpu_bench.json is
+#    rewritten after each section, so a run cut short keeps what it measured.
 set -u
 PY=${PY:-python3}  # the device's python3 (torch, torchvision, pyarrow, pillow)
 cd "$(dirname "$0")/.."
@@ -38,6 +39,6 @@ PY
 timeout 60 "$PY" -m pytest -q -p no:cacheprovider "tests/test_decode_ahead.py::test_nvimgcodec_backend_runs_on_a_gpu" \
   2>&1 | tail -3
 LEFT=$((590 - ($(date +%s) - START)))
-timeout "$LEFT" "$PY" bench/gpu_bench.py --sections "${SECTIONS:-wpnsk}" --out "$OUT" \
+timeout "$LEFT" "$PY" bench/gpu_bench.py --sections "${SECTIONS:-wpnks}" --out "$OUT" \
   --window "${WINDOW:-20}" --sweep-seconds "${SWEEP_SECONDS:-4}" ${EXTRA:-} 2>&1 | grep -v "^USDT" | tee "$OUT/gpu_bench.log"
 echo "device_run.sh: $(( $(date +%s) - START )) s; figures in $OUT/gpu_bench.json, trace $OUT/trace_d_cpu.json.gz (chrome://tracing, Perfetto)"

@@ -35,7 +35,7 @@ def warm_slots(it, ld, device, at_least: int):
     (a slot is registered the first time a batch in it reaches the main process)."""
     transport = ld._transport
     quiet, seen, last = 0, 0, -1
-    while seen < at_least or quiet < 3 * max(1, ld.num_workers):
+    while seen < at_least or quiet < 2 * max(1, ld.num_workers):
         batch = next(it)
         locks = len(transport._locks) if transport is not None else 0
         quiet = quiet + 1 if locks == last else 0
@@ -118,6 +118,7 @@ def section_w(bench, d, args, device):
         med = statistics.median(rates)
         out[name] = {"img/s (median)": med, "of synthetic": med / synth, "windows": [round(r) for r in rates],
                      "workers": ld.num_workers, "decode path": memory.PATHS.get("decode"), **warm,
+                     "images decoded by PIL instead": ld._ahead.cpu_fallbacks if ld._ahead is not None else None,
                      "GPU idle %": s.get("gpu_idle_pct"), "host wait %": s["starved_pct"],
                      "transfer": s.get("transfer"), "advice": s["advice"]}
         ld.close()
@@ -218,11 +219,12 @@ def section_s(bench, d, args, device):
                 os.environ["SHARDKIT_WORKER_THREADS"] = threads  # read by the workers as they start
                 ld = _loader(bench, d, args, workers=workers, pin_memory=pin and device.type == "cuda")
                 it = forever(ld)
-                warm_slots(it, ld, device, at_least=2 * workers)
+                warm_slots(it, ld, device, at_least=workers)
                 (rate,) = windows(it, step, device, window=args.sweep_seconds, count=1)
                 ld.close()
                 name = f"workers={workers} threads={'1' if threads == '1' else 'library default'} pin={pin}"
                 out[name] = rate / synth
+                print(f"  {name}: {rate:,.0f} img/s, {rate / synth:.2f} of synthetic", flush=True)
                 best = max(best or (0, ""), (rate / synth, name))
     os.environ.pop("SHARDKIT_WORKER_THREADS", None)
     from shardkit.loader import default_workers

@@ -42,6 +42,7 @@ class DecodeAhead:
         self.backend = backend
         self.depth = depth
         self.cpu_fallbacks = 0  # images the backend refused, decoded on the CPU instead
+        self.warned = False
 
     def run(self, batches):
         """Yield `batches` (dicts with Encoded columns) decoded, in order."""
@@ -78,7 +79,10 @@ class DecodeAhead:
         try:
             decoded = list(self.backend.decode([blobs[i] for i in present])) if present else []
         except Exception as e:  # the whole call failed: try each image, to name the one at fault
-            log.debug("batch decode failed (%s): decoding image by image", e)
+            if not self.warned:
+                self.warned = True  # one line, not one per batch
+                log.warning("a batch decode failed (%s: %s): such batches are decoded image by image",
+                            type(e).__name__, e)
             decoded = [self._one(blobs[i], name, i, keys, e) for i in present]
         if len(decoded) != len(present):
             raise DecodeError(f"the decoder returned {len(decoded)} images for {len(present)} of field {name!r}")

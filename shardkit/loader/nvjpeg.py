@@ -40,7 +40,9 @@ class NvImageCodec:
         backends = [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, k)) for k in kinds
                     if hasattr(nvimgcodec.BackendKind, k)]
         self.decoder = nvimgcodec.Decoder(device_id=self.device.index, backends=backends)
-        self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.RGB, allow_any_depth=False)
+        spec = nvimgcodec.ColorSpec
+        rgb = getattr(spec, "SRGB", None) or spec.RGB  # SRGB in recent releases, RGB in older ones
+        self.params = nvimgcodec.DecodeParams(color_spec=rgb, allow_any_depth=False)
         self.stream = torch.cuda.Stream(self.device)
         self._codestream = nvimgcodec.CodeStream
 
