@@ -133,3 +133,47 @@ def test_workers_crowding_out_the_loop_are_named(monkeypatch):
 
 def test_workers_leaving_a_core_free_are_not_blamed(monkeypatch):
     assert "leaving the training loop" not in _crowded_run(monkeypatch, 2.5)
+
+
+class StreamEvents:
+    """torch.cuda.Event stand-ins on a fake stream: record() stamps the time the stream reaches it."""
+
+    def __init__(self, clock):
+        self.clock, self.queued_until = clock, 0.0
+
+    def enqueue(self, seconds):  # an asynchronous copy: the host returns at once
+        self.queued_until = max(self.queued_until, self.clock()) + seconds
+
+    def __call__(self):
+        stream = self
+
+        class Event:
+            def record(self):
+                self.t = max(stream.clock(), stream.queued_until)
+
+            def query(self):
+                return True
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):  # milliseconds, like torch.cuda.Event
+                return (end.t - self.t) * 1e3
+        return Event()
+
+
+def test_on_cuda_the_copy_is_timed_by_events_on_its_stream():
+    """A page-locked copy returns at once on the host; the events around it on the stream see its
+    40 ms, and the split names it (the host alone would have seen nothing)."""
+    clock = Clock()
+    stream = StreamEvents(clock)
+
+    def async_copy(batch, device, pin):
+        stream.enqueue(0.040)
+        return batch
+    meter = StarvationMeter(warmup=0, log_every=0, device="cuda", event_factory=stream, clock=clock,
+                            copy=async_copy)
+    run(meter, clock, 30, wait_s=0.010, step_s=0.050)
+    split = meter.summary()["transfer"]
+    assert split["copy_blocked_s"] == 0.0 and abs(split["copy_s"] - 30 * 0.040) < 1e-9
+    assert abs(split["copy_pct"] - 40) <= 3  # 40 of wait 10 + copy 40 + step 50 ms
