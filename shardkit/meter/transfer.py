@@ -90,6 +90,8 @@ class TransferTimer:
 
     def step_done(self, counted: bool) -> None:
         """Fold the step's figures into the totals (when counted) and start the next step."""
+        if not self._step[2] and not self._step[0]:  # no copy through the meter this step: nothing to fold
+            return
         lock, blocked, copies, pageable = self._step
         self._step = [0.0, 0.0, 0, 0]
         if not counted:
