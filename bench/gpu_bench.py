@@ -1,4 +1,11 @@
-"""Issue 25's "must reach" figures in one run on a GPU machine, or a small CPU-fallback run.
+"""The GPU figures in one run on a GPU machine, or a small CPU-fallback run.
+
+Sections P, S, W, N (bench/gpu_feed.py) find what stands between the workers and the step;
+K runs bench/build_pool_bench.py on this machine's cores. The device run of all of them, with the
+wheels it needs installed first, is bench/device_run.sh (<= 10 minutes on 16 cores):
+  bash bench/device_run.sh
+A dry run of every section on the CPU, tiny (no CUDA needed; decode="nvjpeg" reports why not):
+  python bench/gpu_bench.py --smoke --out /tmp/gpu_bench_smoke
 
   A. raw 224² into device memory, batch 256, 15 workers: not pinned vs pinned (page-locked slots)
   B. R ranks x W workers on one machine (LOCAL_WORLD_SIZE=R, default num_workers), all at once:
@@ -28,6 +35,12 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPU = dict(images=6000, size=224, batch=256, workers=15, ranks=8, seconds=6.0, model="resnet18")
 CPU = dict(images=256, size=64, batch=32, workers=2, ranks=2, seconds=2.0, model="small")
+# Sections P/S/W/N/K: window lengths, sweep, profiler steps, build bench sizes (the device run: FEED)
+FEED = dict(window=20.0, windows=3, sweep_seconds=4.0, sweep_workers="6,8,12,15", profile_steps=24,
+            c_window=5.0, build_images="2000,12000", build_reps=1)
+SMOKE = dict(images=96, size=32, batch=8, workers=2, ranks=2, seconds=0.5, model="small", window=0.5, windows=3,
+             sweep_seconds=0.3, sweep_workers="1,2", profile_steps=20, c_window=0.3, build_images="24,48",
+             build_reps=1)
 
 
 def data(args):
@@ -195,6 +208,17 @@ def _train_on_shards(d, args, device, step, decode):
     return rate, meter.summary()
 
 
+def section_k(args):
+    """bench/build_pool_bench.py on this machine (the 16-core build: incremental rate, fixed start)."""
+    cmd = [sys.executable, os.path.join(HERE, "build_pool_bench.py"), "--images", args.build_images,
+           "--reps", str(args.build_reps), "--workdir", os.path.join(args.out, "build-pool")]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])))
+    lines = (run.stdout + run.stderr).strip().splitlines()
+    return {"command": " ".join(cmd), "exit": run.returncode,
+            **{f"line {i}": line for i, line in enumerate(lines[-6:])}}
+
+
 def _device(args):
     if args.cpu:
         return torch.device("cpu")
@@ -209,14 +233,22 @@ def main(argv=None):
     p.add_argument("--out", default="/tmp/shardkit-gpu-bench")
     p.add_argument("--child", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--raw-root", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--sections", default="abcde", help="which sections to run, e.g. ab")
+    p.add_argument("--sections", default=None, help="which sections to run, e.g. ab (default abcde; "
+                   "--smoke: pswnk)")
+    p.add_argument("--smoke", action="store_true", help="every section tiny on the CPU (a dry run of the device run)")
+    for key, value in FEED.items():
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, type=type(value), default=None,
+                       help=f"default {value} (--smoke: {SMOKE[key]})")
     for key, value in GPU.items():
         if key != "model":
             p.add_argument(f"--{key}", type=type(value), default=None, help=f"default {GPU[key]} (--cpu: {CPU[key]})")
     args = p.parse_args(argv)
-    for key, value in (CPU if args.cpu else GPU).items():
+    args.cpu = args.cpu or args.smoke
+    for key, value in {**FEED, **(SMOKE if args.smoke else CPU if args.cpu else GPU)}.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    args.sweep_workers = [int(w) for w in str(args.sweep_workers).split(",")]
+    args.sections = args.sections or ("pswnk" if args.smoke else "abcde")
     if args.model == "resnet18":
         try:
             import torchvision  # noqa: F401
@@ -226,6 +258,11 @@ def main(argv=None):
     if args.child is not None:
         return child(args, args.child)
     device = _device(args)
+    os.makedirs(args.out, exist_ok=True)
+    sys.path.insert(0, HERE)
+    import gpu_feed
+
+    bench = sys.modules[__name__]
     d = data(args)
     report = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
               "cores": os.cpu_count(), "torch": torch.__version__, "images": d.samples, "size": args.size,
@@ -237,17 +274,30 @@ def main(argv=None):
                 "d": (f"D {args.model} bf16 on JPEG shards vs device-resident batch, img/s",
                       lambda: section_d(d, args, device)),
                 "e": ("E slots lent vs copied out (no pinning), raw into device, img/s",
-                      lambda: section_e(d, args, device))}
+                      lambda: section_e(d, args, device)),
+                "p": (f"P torch.profiler over {args.profile_steps} steps of D, decode=cpu",
+                      lambda: gpu_feed.section_p(bench, d, args, device)),
+                "s": ("S sweep workers x library threads x pin_memory, D decode=cpu, of synthetic",
+                      lambda: gpu_feed.section_s(bench, d, args, device)),
+                "w": (f"W D over {args.windows} windows of {args.window:g} s: default, cuda, nvjpeg",
+                      lambda: gpu_feed.section_w(bench, d, args, device)),
+                "n": ("N C decode=nvjpeg beside a training step, img/s",
+                      lambda: gpu_feed.section_n(bench, d, args, device)),
+                "k": (f"K build_pool_bench at {os.cpu_count()} cores", lambda: section_k(args))}
     for key in args.sections:
         title, run = sections[key]
         t0 = time.perf_counter()
-        report[title] = run()
+        try:
+            report[title] = run()
+        except Exception as e:  # one section failing must not cost the others' figures on a lent device
+            import traceback
+
+            report[title] = {"failed": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
         print(f"## {title} ({time.perf_counter() - t0:.0f} s)", flush=True)
         for name, value in report[title].items():
-            print(f"  {name}: {value:,.1f}" if isinstance(value, float) else f"  {name}: {value}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
-        json.dump(report, f, indent=2)
+            print(f"  {name}: {value:,.2f}" if isinstance(value, float) else f"  {name}: {value}", flush=True)
+        with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:  # after each section: a cut run keeps them
+            json.dump(report, f, indent=2, default=str)
 
 
 if __name__ == "__main__":

@@ -238,8 +238,8 @@ def test_gpu_decode_options_are_checked(jpegs, monkeypatch):
 
     root, _ = jpegs
     ds = StreamingDataset(root, fields=["jpg", "cls"])
-    with pytest.raises(ConfigError, match="decode='nvjpeg': expected 'cpu'"):
-        make_loader(ds, batch_size=4, num_workers=0, decode="nvjpeg")
+    with pytest.raises(ConfigError, match="decode=.jpeg2000.: expected .cpu."):
+        make_loader(ds, batch_size=4, num_workers=0, decode="jpeg2000")
     monkeypatch.setattr(gpu_decode, "gpu_decoder", lambda: (_pil_decoder([]), ""))
     transformed = StreamingDataset(root, fields=["jpg", "cls"], batch_transform=lambda b: b)
     with pytest.raises(ConfigError, match="transform / batch_transform would see encoded bytes"):

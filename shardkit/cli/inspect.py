@@ -9,6 +9,17 @@ import click
 from shardkit.cli.options import human_bytes
 
 
+def _jpeg_kinds(manifest, dataset: str):
+    """The share of progressive JPEGs in a bounded sample of headers, or None (no JPEG field, or
+    the shards cannot be read here: inspect still summarises the manifest)."""
+    from shardkit.manifest.jpeg_kinds import progressive_share
+
+    try:
+        return progressive_share(manifest, dataset)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 @click.command()
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -32,6 +43,7 @@ def inspect(dataset, as_json):
         "errors": m.errors,
         "build": m.build,
         "attributes": m.extra.get("attributes"),
+        "jpeg": _jpeg_kinds(m, dataset),
     }
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
@@ -49,5 +61,10 @@ def inspect(dataset, as_json):
         click.echo(f"  {fmt:<8} {len(shards)} shards, {human_bytes(sum(sizes))} "
                    f"(min {human_bytes(min(sizes))}, max {human_bytes(max(sizes))})")
     click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
+    jpeg = info["jpeg"]
+    if jpeg and jpeg.get("progressive"):
+        click.echo(f"  jpeg     {jpeg['share']:.0%} of {jpeg['sampled']} sampled {jpeg['field']} images are "
+                   "progressive JPEG: GPUs' hardware decoders take baseline only (decode='nvjpeg' falls back to slower "
+                   "backends for them); rebuild with `shardkit build` (it writes baseline 4:2:0)")
     for name, spec in (m.extra.get("attributes") or {}).get("columns", {}).items():  # what where= can use
         click.echo(f"  attr     {name:<20} {spec['type']:<8} ({spec['scorer']})")

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import ConfigError, from_worker
 from shardkit.identity import local_world_size, usable_cores
 from shardkit.loader import signals
+from shardkit.loader.decode_ahead import DecodeAhead
 from shardkit.loader.gpu_decode import BatchDecoder, choose
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
@@ -38,6 +39,10 @@ class StreamingLoader(DataLoader):
         group = dataset.group_size(batch_size)
         prefetch_factor = prefetch_factor if group == 1 else max(2, -(-prefetch_factor // group))
         gpu_decode = BatchDecoder(gpu_decoder) if gpu_decoder is not None else None
+        # decode="nvjpeg": a decode thread takes the Encoded columns after unpacking (loader/decode_ahead.py)
+        self._ahead = DecodeAhead(gpu_decoder) if hasattr(gpu_decoder, "scope") else None
+        if self._ahead is not None:
+            gpu_decode = _encoded
         self._transport = SlotTransport(num_workers, _slots(dataset, num_workers, prefetch_factor),
                                         pin=pin_memory, gpu_decode=gpu_decode) if num_workers else None
         # batch_size=None: the stream already yields batches; in_order keeps the round-robin
@@ -95,9 +100,13 @@ class StreamingLoader(DataLoader):
 
     def _count(self, items, sizes: list[int], where: tuple):
         ds, pos, j = self.source, self.source.position, 0
-        for item in _unwrapped(items):
+        unpacked = (self._transport.unpack(item) if self._transport is not None else item
+                    for item in _unwrapped(items))
+        if self._ahead is not None:  # decoded on the decode thread, one batch ahead of this loop
+            unpacked = self._ahead.run(unpacked)
+        for item in unpacked:
             # A worker item is one batch, or a group of consecutive batches (packed token rows).
-            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+            for batch in ds.received(item):
                 if j >= len(sizes) or (pos.epoch, pos.layers) != where:
                     raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches "
                                        f"of epoch {pos.epoch}: set_epoch() was called during an epoch")
@@ -128,6 +137,11 @@ class StreamingLoader(DataLoader):
         (Mixture.proportions); None for a single dataset."""
         report = getattr(self.source, "proportions", None)
         return report() if report is not None else None
+
+
+def _encoded(enc):
+    """The transport's decode step for decode="nvjpeg": images stay encoded for the decode thread."""
+    return enc
 
 
 def _unwrapped(items):
@@ -215,7 +229,12 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
     set-ups need; None: the platform's default). `decode="cuda"`: workers ship images encoded and
     the main process decodes each batch on the GPU (nvJPEG, `shardkit[gpu]`), giving CUDA tensors;
     without torchvision or CUDA, or with num_workers=0, the workers decode on the CPU as by default
-    (one warning line). The dataset is left as given."""
+    (one warning line). `decode="nvjpeg"`: the same, decoded by nvImageCodec (the GPU's hardware
+    JPEG engine, `shardkit[gpu-cu12]` / `[gpu-cu13]`) on a thread of its own, one batch ahead of
+    the loop; images of another size are resized and center-cropped on the GPU to the batch's most
+    common size; a ConfigError where it cannot run. `decode="auto"`: nvImageCodec, else
+    torchvision, else the CPU workers (the path taken: shardkit.loader.memory.PATHS["decode"]).
+    The dataset is left as given."""
     import torch
 
     if not isinstance(dataset, EpochDataset):
@@ -233,9 +252,9 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
         if multiprocessing_context not in START_METHODS:
             raise ConfigError(f"multiprocessing_context={multiprocessing_context!r}: expected one of "
                               "'fork', 'spawn', 'forkserver' or None (the platform's default)")
-    gpu_decoder = choose(decode) if num_workers or decode not in ("cpu", "cuda") else None
+    gpu_decoder = choose(decode, num_workers)
     if gpu_decoder is not None and (getattr(dataset, "transform", None) or getattr(dataset, "batch_transform", None)):
-        raise ConfigError("decode='cuda' decodes images after the workers, so the dataset's transform / "
+        raise ConfigError(f"decode={decode!r} decodes images after the workers, so the dataset's transform / "
                           "batch_transform would see encoded bytes: apply it to the GPU batch in the training "
                           "loop, or use decode='cpu'")
     if pin_memory is None:

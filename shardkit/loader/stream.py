@@ -7,6 +7,7 @@ import os
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.loader import signals
+from shardkit.loader.threads import cap_worker_threads
 
 
 class BatchStream(IterableDataset):
@@ -34,6 +35,9 @@ class BatchStream(IterableDataset):
         # next one.
         if get_worker_info() is not None:  # a worker process: right after torch's set-up and worker_init_fn
             signals.take_in_worker(self.main_pid)
+            if not getattr(self, "_capped", False):  # library threads: one per worker (loader/threads.py)
+                self._capped = True
+                cap_worker_threads()
         if self.transport is None:
             return self.dataset.batches(self.batch_size, self.drop_last)
         self.transport.start_iteration()

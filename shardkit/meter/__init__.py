@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from shardkit.errors import ConfigError
 from shardkit.fs import atomic_write
 from shardkit.identity import rank_world
+from shardkit.meter import transfer as _transfer
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
@@ -157,12 +159,15 @@ class StarvationMeter:
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
                  *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter,
-                 worker_cpu: WorkerCpu | None = None):
+                 worker_cpu: WorkerCpu | None = None, pin: bool = False, copy=None, lock=None):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
         self._cpu = worker_cpu or WorkerCpu()  # the loader's workers' CPU, for the advice's levers
         self._io = None  # the dataset whose io_stats() may report network waits
         self._gpu = CudaGapTimer(event_factory) if device == "cuda" else None
+        # The copy to the device, when it goes through the meter (wrap(to=...), to_device): meter/transfer.py
+        self._moves = _transfer.TransferTimer(clock, copy=copy, lock=lock, pin=pin, events=(
+            self._gpu._make if self._gpu is not None else None))
         self.num_workers: int | None = None
         self.data = data  # None: read from the loader wrap() is given (profile_of)
         self._epoch_start = False  # the next recorded step is the first of a wrap() (an epoch start)
@@ -179,8 +184,9 @@ class StarvationMeter:
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
 
     # -- measuring ---------------------------------------------------------------------------
-    def wrap(self, iterable):
-        """Yield the batches of `iterable`, timing each wait and each step."""
+    def wrap(self, iterable, to: str | None = None):
+        """Yield the batches of `iterable`, timing each wait and each step; with `to` (a device),
+        each batch is moved there first, the copy timed apart (meter/transfer.py)."""
         self.num_workers = getattr(iterable, "num_workers", self.num_workers)
         if self.data is None:
             self.data = profile_of(iterable)
@@ -201,7 +207,7 @@ class StarvationMeter:
             if self._gpu is not None:
                 self._gpu.batch_arrived()
             try:
-                yield batch
+                yield batch if to is None else self.to_device(batch, to)
             finally:
                 # Runs on resume and also when the loop breaks (generator closed): the step ends here.
                 self.record(t1 - t0, clock() - t1, batch_size_of(batch))
@@ -212,6 +218,7 @@ class StarvationMeter:
         counted = self._warm_left == 0
         if self._gpu is not None:
             self._gpu.step_ended(counted)
+        self._moves.step_done(counted)
         if not counted:
             self._epoch_start = False
             self._warm_left -= 1
@@ -232,6 +239,11 @@ class StarvationMeter:
             self._close_window()
         if self.config.log_every and len(self._waits) % self.config.log_every == 0 and log.isEnabledFor(logging.INFO):
             log.info(self.log_line())
+
+    def to_device(self, batch, device: str):
+        """The batch moved to `device` (page-locked first with pin=True), timed as this step's
+        transfer: the meter then splits the step into waiting, page-lock + copy, and the rest."""
+        return self._moves.move(batch, device)
 
     def _close_window(self) -> None:
         i, samples = self._window_start
@@ -259,12 +271,18 @@ class StarvationMeter:
             out.update(network_wait_s=io.get("network_wait_s", 0.0), bytes_fetched=io.get("bytes_fetched", 0),
                        fetch_cpu_s=io.get("fetch_cpu_s", 0.0))
         out.update(self._worker_figures(out["wait_s"] + out["step_s"], out.get("fetch_cpu_s", 0.0)))
+        out.update(self._moves.figures(out["wait_s"], out["step_s"]))
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
+        if "transfer" in out:
+            out["advice"] = _transfer.with_transfer(out["advice"], out["transfer"])
+        note = _transfer.crowded(out, os.cpu_count() or 1)
+        if note is not None:  # the machine, not the loader: too few cores left to the training loop
+            out["advice"] = f"{note}; {out['advice']}"
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture
@@ -357,6 +375,8 @@ class StarvationMeter:
                          + (f", spent {s['fetch_cpu_pct']:.0f}% of their CPU fetching" if "fetch_cpu_pct" in s else ""))
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
+        if "transfer" in s:
+            lines.append(_transfer.split_line(s["transfer"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]
         return "\n".join(lines)
 
@@ -372,7 +392,8 @@ class StarvationMeter:
         return {"seen": self._seen, "skipped": self._skipped, "samples": self._samples,
                 "waits": self._waits.tobytes(), "steps": self._steps.tobytes(), "window_start": self._window_start,
                 "windows": list(self.windows), "epoch_starts": self._starts.tobytes(),
-                "gpu": None if self._gpu is None else (self._gpu.idle_s, self._gpu.busy_s)}
+                "gpu": None if self._gpu is None else (self._gpu.idle_s, self._gpu.busy_s),
+                "transfer": self._moves.state()}
 
     def load_state_dict(self, state: dict) -> None:
         self._seen, self._skipped, self._samples = state["seen"], state["skipped"], state["samples"]
@@ -385,5 +406,6 @@ class StarvationMeter:
         self.windows = list(state["windows"])
         self._starts = array("q")
         self._starts.frombytes(state.get("epoch_starts", b""))  # absent from states saved before it was kept
+        self._moves.load(state.get("transfer"))
         if self._gpu is not None and state.get("gpu") is not None:
             self._gpu.idle_s, self._gpu.busy_s = state["gpu"]

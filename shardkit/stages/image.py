@@ -107,7 +107,9 @@ def encode(im, encoding: str, quality: int) -> bytes:
         return np.asarray(im, dtype=np.uint8).tobytes()
     buf = io.BytesIO()
     if encoding == "jpeg":
-        im.save(buf, "JPEG", quality=quality)
+        # Baseline (not progressive), 4:2:0 chroma: what GPUs' hardware JPEG engines take
+        # (decode="nvjpeg"); PIL's defaults, spelled out so a PIL change cannot move them.
+        im.save(buf, "JPEG", quality=quality, subsampling="4:2:0", progressive=False, optimize=False)
     elif encoding == "png":
         im.save(buf, "PNG", compress_level=6)
     elif encoding == "webp":
