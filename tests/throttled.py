@@ -166,7 +166,9 @@ class Store:
                         if n == 0:
                             break
                         sent += n
-                        if store.rate:
+                        # Paced before each next chunk, not after the last: the answer ends when its
+                        # last byte is sent (spans of GETs that follow one another do not overlap).
+                        if store.rate and start + sent < end:
                             ahead = sent / store.rate - (time.monotonic() - began)
                             if ahead > 0:
                                 time.sleep(ahead)
