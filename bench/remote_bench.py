@@ -273,8 +273,8 @@ def first_batches(roots: dict, store, cache: str, rounds: int, codes: list[str])
             for code in (codes if r % 2 == 0 else codes[::-1]):
                 url = f"{store.url}/{os.path.basename(root)}"
                 env = dict(os.environ, PYTHONPATH=code)  # cwd: sys.path's '' is not another checkout
-                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, cwd=code, check=True,
-                                     capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, cwd=code,
+                                     check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
                 results.setdefault((kind, size, code), []).append(json.loads(got))
     for (kind, size, code), runs in results.items():
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
@@ -296,13 +296,19 @@ print(json.dumps([rate, first, n, cpu]))
 
 
 def checkout(rev: str, work: str) -> str:
-    """A detached worktree of this repository at `rev` (made once under `work`, kept): its folder."""
+    """The shardkit package of this repository at `rev`, exported once under `work` (git archive: no
+    worktree registered): the folder to put on PYTHONPATH."""
     repo = os.path.join(HERE, "..")
     sha = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
                          capture_output=True, text=True).stdout.strip()
     path = os.path.join(work, f"code-{sha[:12]}")
     if not os.path.isdir(path):
-        subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", path, sha], check=True, capture_output=True)
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        tar = subprocess.run(["git", "-C", repo, "archive", sha, "shardkit"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=tar, check=True)
+        os.rename(tmp, path)  # whole or not at all
     return path
 
 
@@ -357,8 +363,8 @@ def main() -> None:
     ap.add_argument("--code", action="append", default=None,
                     help="with --first-batch: a shardkit checkout to measure (repeat to compare; default: this one)")
     ap.add_argument("--baseline", action="append", default=None, metavar="REV",
-                    help="instead of the runs: raw http epochs of this checkout and of REV (a git worktree of this "
-                         "repository made under --work), each in a fresh process, interleaved (repeatable)")
+                    help="instead of the runs: raw http epochs of this checkout and of REV (its shardkit package "
+                         "exported under --work), each in a fresh process, interleaved (repeatable)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench2"))
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
