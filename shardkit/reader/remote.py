@@ -17,9 +17,8 @@ import numpy as np
 
 from shardkit.errors import ShardError
 from shardkit.fs import RangeIgnored, is_remote
-from shardkit.reader import ranged
+from shardkit.reader import download, ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
-from shardkit.reader.download import PART
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.values import values_checked
@@ -167,7 +166,7 @@ class Remote:
 
     def _parts(self, s: int) -> int:
         """The GETs fetching shard s whole queues on the connections (its index is fetched apart)."""
-        return max(1, -(-self.shards[s].bytes // PART))
+        return max(1, -(-self.shards[s].bytes // download.PART))
 
     def _fetch(self, s: int, wait: bool = True) -> PinnedShard | None:
         shard = self.shards[s]
