@@ -38,7 +38,7 @@ class Store:
         self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
         self.gets, self.range_gets, self.heads = Counter(), Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
-        self.spans: list[tuple[float, float, str]] = []  # (received, answered) of each GET with its body
+        self.spans: list[tuple[float, float, str, int]] = []  # (received, answered, path, bytes) of each GET
         self.dead = threading.Event()
         self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
         self._lock = threading.Lock()
@@ -64,7 +64,7 @@ class Store:
     def most_at_once(self, suffix: str) -> int:
         """The most files ending in `suffix` that had a GET in flight at one time."""
         spans = [x for x in self.spans if x[2].endswith(suffix)]
-        return max((len({p for s, e, p in spans if s <= t < e}) for t, _, _ in spans), default=0)
+        return max((len({p for s, e, p, _ in spans if s <= t < e}) for t, *_ in spans), default=0)
 
     def shard_bytes(self) -> int:
         """Bytes sent of files under /shards/ (shards and their index sidecars)."""
@@ -149,7 +149,7 @@ class Store:
                     stop = start + (end - start) // 2 if cut else end
                     store.count_sent(self.path, self._send(path, start, stop) - (end - start))  # a cut send
                     with store._lock:
-                        store.spans.append((received, time.monotonic(), self.path))
+                        store.spans.append((received, time.monotonic(), self.path, end - start))
                     if cut or not length:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
