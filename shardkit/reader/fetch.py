@@ -226,14 +226,14 @@ class Fetcher:
 
     def _start(self, s: int) -> Future | None:  # under the lock
         if not self._closed and s not in self._started and s not in self._taken:
-            self._started[s] = self._pool.submit(self._run, s, self._tickets)
+            cost = self._cost(s) if self._slots else 0  # here: an error raises to the caller, leaves no gap
+            self._started[s] = self._pool.submit(self._run, s, self._tickets, cost)
             self._tickets += 1
             return self._started[s]
         return None
 
-    def _run(self, s: int, ticket: int):
+    def _run(self, s: int, ticket: int, cost: int):
         """pin(s) once the pins started before it run and the connections have room for its GETs."""
-        cost = self._cost(s) if self._slots else 0
         with self._cond:
             while not self._closed and (ticket != self._next or (self._busy and self._busy + cost > self._slots)):
                 self._cond.wait()
