@@ -5,7 +5,7 @@ rate and WebDataset over the same store, in one run, interleaved.
     .venv/bin/python bench/remote_bench.py --rounds 1 --sizes 16MB
     .venv/bin/python bench/remote_bench.py --profile           # where the remote path's CPU goes
     .venv/bin/python bench/remote_bench.py --first-batch 4 --code . --code ../main   # fresh processes
-    .venv/bin/python bench/remote_bench.py --baseline 340a179 --rounds 4 --sizes 16MB  # A/B, raw http
+    .venv/bin/python bench/remote_bench.py --baseline 340a179 --rounds 5 --sizes 16MB --n-jpeg 0  # A/B, raw http
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
 connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
