@@ -5,6 +5,7 @@ rate and WebDataset over the same store, in one run, interleaved.
     .venv/bin/python bench/remote_bench.py --rounds 1 --sizes 16MB
     .venv/bin/python bench/remote_bench.py --profile           # where the remote path's CPU goes
     .venv/bin/python bench/remote_bench.py --first-batch 4 --code . --code ../main   # fresh processes
+    .venv/bin/python bench/remote_bench.py --baseline 340a179 --rounds 5 --sizes 16MB --n-jpeg 0  # A/B, raw http
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
 connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
@@ -103,7 +104,7 @@ def prepare(work: str, n_raw: int, n_jpeg: int, sizes) -> dict:
     from shardkit.writers import get_writer
 
     roots = {(kind, size): os.path.join(work, f"{kind}-{n}-{size}") for kind, n in (("raw", n_raw), ("jpeg", n_jpeg))
-             for size in sizes}
+             for size in sizes if n > 0}
     if all(os.path.exists(os.path.join(r, "manifest.json")) for r in roots.values()):
         return roots
     with Pool(2) as pool:
@@ -271,9 +272,9 @@ def first_batches(roots: dict, store, cache: str, rounds: int, codes: list[str])
         for (kind, size), root in roots.items():
             for code in (codes if r % 2 == 0 else codes[::-1]):
                 url = f"{store.url}/{os.path.basename(root)}"
-                env = dict(os.environ, PYTHONPATH=code)
-                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, check=True,
-                                     capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                env = dict(os.environ, PYTHONPATH=code)  # cwd: sys.path's '' is not another checkout
+                got = subprocess.run([sys.executable, "-c", FIRST, kind, root, url, cache], env=env, cwd=code,
+                                     check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
                 results.setdefault((kind, size, code), []).append(json.loads(got))
     for (kind, size, code), runs in results.items():
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
@@ -281,6 +282,88 @@ def first_batches(roots: dict, store, cache: str, rounds: int, codes: list[str])
         print(f"{kind} {size} ({code}): first batch local {med['local']:.2f} s, http {med['http']:.2f} s, "
               f"webdataset {med['webdataset']:.2f} s; http - local median {statistics.median(gaps):+.2f} s "
               f"({', '.join(f'{g:+.2f}' for g in gaps)})")
+
+
+EPOCH = """
+import json, sys, time
+sys.path[:0] = [%r, %r]
+import remote_bench
+src, cache = sys.argv[1:3]
+loader = remote_bench.shardkit_loader(src, cache if cache != "-" else None)[1]
+rate, first, n, cpu = remote_bench.epoch(loader)
+print(json.dumps([rate, first, n, cpu]))
+""" % (HERE, os.path.join(HERE, "..", "tests"))
+
+
+def checkout(rev: str, work: str) -> str:
+    """The shardkit package of this repository at `rev`, exported once under `work` (git archive: no
+    worktree registered): the folder to put on PYTHONPATH."""
+    repo = os.path.join(HERE, "..")
+    sha = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    path = os.path.join(work, f"code-{sha[:12]}")
+    if not os.path.isdir(path):
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        tar = subprocess.run(["git", "-C", repo, "archive", sha, "shardkit"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=tar, check=True)
+        os.rename(tmp, path)  # whole or not at all
+    return path
+
+
+def in_flight(spans) -> float:
+    """Mean GETs of whole-shard parts (1 MiB or more) in flight while any was: what the store saw of
+    how the fetches overlap (2 workers x 8 connections: up to 16)."""
+    parts = [(s, e) for s, e, _, n in spans if n >= 1 << 20]
+    if not parts:
+        return 0.0
+    events, busy, held, last = sorted([(s, 1) for s, _ in parts] + [(e, -1) for _, e in parts]), 0.0, 0, 0.0
+    for t, step in events:
+        busy += (t - last) if held else 0.0
+        held, last = held + step, t
+    return sum(e - s for s, e in parts) / busy
+
+
+def baseline_rounds(roots: dict, store, cache: str, rounds: int, codes: dict) -> None:
+    """Raw datasets: one epoch per run in a fresh process (imports done before the clock starts),
+    local with this checkout and http with each of `codes` ({name: checkout}), interleaved and
+    rotated each round; medians and the ratios of each code's http rate to the first's, and the
+    parts in flight the store saw (less noisy than rates on a loaded machine)."""
+    runs: dict = {}
+    for r in range(rounds):
+        for (kind, size), root in roots.items():
+            if kind != "raw":
+                continue
+            url = f"{store.url}/{os.path.basename(root)}"
+            variants = [("local", codes[next(iter(codes))], root, "-")] + \
+                [(f"http {name}", code, url, cache) for name, code in codes.items()]
+            k = r % len(variants)
+            for name, code, src, c in variants[k:] + variants[:k]:  # rotate: no variant always first
+                seen = len(store.spans)
+                got = subprocess.run([sys.executable, "-c", EPOCH, src, c], env=dict(os.environ, PYTHONPATH=code),
+                                     cwd=code, check=True, capture_output=True, text=True).stdout.split("\n")[-2]
+                rate, first, n, cpu = json.loads(got)
+                parts = in_flight(store.spans[seen:])
+                runs.setdefault((kind, size, name), []).append((rate, first, parts))
+                print(f"round {r}: raw {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
+                      f"parts in flight {parts:4.1f}  ({n} samples)", flush=True)
+    from shardkit.manifest import load_manifest
+
+    print(f"\nmedian of {rounds} round(s); store: 50 ms to the first byte, 25 MB/s per connection")
+    for (kind, size), root in roots.items():
+        if kind != "raw":
+            continue
+        m = load_manifest(root)
+        per = sum(s.bytes for s in m.shards) / m.samples
+        med = {name: tuple(statistics.median(x[i] for x in v) for i in range(3))
+               for (k, z, name), v in runs.items() if (k, z) == (kind, size)}
+        goal = 0.8 * min(med["local"][0], LINK / per)
+        base = med[f"http {next(iter(codes))}"]
+        for name, (rate, first, parts) in med.items():
+            print(f"  raw {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
+                  f"parts in flight {parts:4.1f}  / goal {rate / goal:.2f}  / {next(iter(codes))} {rate / base[0]:.2f}")
+        print(f"  raw {size:7s} goal: 0.8 x min(local, 8 x 25 MB/s) = {goal:.0f} samples/s, first batch <= 1.5 s")
 
 
 def main() -> None:
@@ -295,6 +378,9 @@ def main() -> None:
                     help="instead of the runs: seconds to the first batch in fresh processes, ROUNDS rounds")
     ap.add_argument("--code", action="append", default=None,
                     help="with --first-batch: a shardkit checkout to measure (repeat to compare; default: this one)")
+    ap.add_argument("--baseline", action="append", default=None, metavar="REV",
+                    help="instead of the runs: raw http epochs of this checkout and of REV (its shardkit package "
+                         "exported under --work), each in a fresh process, interleaved (repeatable)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench2"))
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -311,6 +397,14 @@ def main() -> None:
             server.wait()
         return
     store = Store(args.work, latency=0.05, rate=25e6)
+    if args.baseline:
+        codes = {"current": os.path.abspath(os.path.join(HERE, ".."))}
+        codes.update({rev: checkout(rev, args.work) for rev in args.baseline})
+        try:
+            baseline_rounds(roots, store, cache, args.rounds, codes)
+        finally:
+            store.close()
+        return
     if args.first_batch:
         try:
             first_batches(roots, store, cache, args.first_batch, args.code or [os.path.join(HERE, "..")])

@@ -38,6 +38,7 @@ class Store:
         self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
         self.gets, self.range_gets, self.heads = Counter(), Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
+        self.spans: list[tuple[float, float, str, int]] = []  # (received, answered, path, bytes) of each GET
         self.dead = threading.Event()
         self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
         self._lock = threading.Lock()
@@ -59,6 +60,11 @@ class Store:
     def requests(self) -> int:
         """Requests answered so far (GETs with their bodies, and HEADs): the store's round trips."""
         return sum(self.gets.values()) + sum(self.heads.values())
+
+    def most_at_once(self, suffix: str) -> int:
+        """The most files ending in `suffix` that had a GET in flight at one time."""
+        spans = [x for x in self.spans if x[2].endswith(suffix)]
+        return max((len({p for s, e, p, _ in spans if s <= t < e}) for t, *_ in spans), default=0)
 
     def shard_bytes(self) -> int:
         """Bytes sent of files under /shards/ (shards and their index sidecars)."""
@@ -111,6 +117,7 @@ class Store:
                 self._answer(body=True)
 
             def _answer(self, body: bool):
+                received = time.monotonic()
                 time.sleep(store.latency)
                 path = os.path.join(store.root, self.path.split("?")[0].lstrip("/"))
                 if store.dead.is_set():  # a kept-alive connection of a dead store: cut, no answer
@@ -141,6 +148,8 @@ class Store:
                     store.count_sent(self.path, end - start)
                     stop = start + (end - start) // 2 if cut else end
                     store.count_sent(self.path, self._send(path, start, stop) - (end - start))  # a cut send
+                    with store._lock:
+                        store.spans.append((received, time.monotonic(), self.path, end - start))
                     if cut or not length:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -157,7 +166,9 @@ class Store:
                         if n == 0:
                             break
                         sent += n
-                        if store.rate:
+                        # Paced before each next chunk, not after the last: the answer ends when its
+                        # last byte is sent (spans of GETs that follow one another do not overlap).
+                        if store.rate and start + sent < end:
                             ahead = sent / store.rate - (time.monotonic() - began)
                             if ahead > 0:
                                 time.sleep(ahead)

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardkit.errors import ShardError
 from shardkit.fs import RangeIgnored, is_remote
-from shardkit.reader import ranged
+from shardkit.reader import download, ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
@@ -34,6 +34,11 @@ RANGED_FROM = 64 << 20
 RANGED_SHARE = 0.1
 RANGED_MAX = 256 << 20
 RANGE_THREADS = 8  # threads for rows read by range, per connection
+# Whole-shard GETs a process may have queued on its connections, per connection: what it fetches is
+# claimed (other processes wait for it, their own connections idle), so it claims little more than
+# it downloads; twice, so that a connection finds its next GET queued as a shard ends (the next
+# shard's index and claim take a round trip).
+FETCH_QUEUE = 2
 
 
 class Remote:
@@ -100,7 +105,8 @@ class Remote:
             order = (s for s in self._walk.first_uses() if is_remote(self.shards.root(s)))
             self._fetcher = Fetcher(lambda s: on_cpu(self.net, lambda: self._fetch(s, wait=False)),
                                     lambda s: self.cache(s).reserve(nbytes(self.shards[s])), ShardCache.release, order,
-                                    self.config.fetch_ahead, skip=set(self._held))
+                                    self.config.fetch_ahead, skip=set(self._held), cost=self._parts,
+                                    slots=FETCH_QUEUE * self.config.connections)
 
     def pinned(self, needs: dict) -> dict:
         """{shard: PinnedShard} for {shard: rows a batch reads of it}: the whole file (local, or a
@@ -157,6 +163,10 @@ class Remote:
             if part is not None:
                 part.close()
         self._walk = self._fetcher = None
+
+    def _parts(self, s: int) -> int:
+        """The GETs fetching shard s whole queues on the connections (its index is fetched apart)."""
+        return max(1, -(-self.shards[s].bytes // download.PART))
 
     def _fetch(self, s: int, wait: bool = True) -> PinnedShard | None:
         shard = self.shards[s]

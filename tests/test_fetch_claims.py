@@ -1,0 +1,124 @@
+"""Fetching ahead claims a shard for one process only when that process's connections are about to
+download it: a process that claimed every shard a batch wanted left the other workers' connections
+idle while it fetched them all on its own (half the rate with 2 workers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from factory import make_dataset, read_epoch, same_batches
+from throttled import Store
+
+from shardkit.manifest import load_manifest
+from shardkit.reader import download as download_module
+from shardkit.reader.fetch import Fetcher
+
+HANG = 120  # a hang guard: each wait below ends on its condition
+
+
+class Claims:
+    """A cache shared by processes, as the fetchers see it: pin(s) claims shard s for one of them
+    (None when another has it, as ShardCache.pin_shard(wait=False) answers), then downloads until
+    `gate` opens."""
+
+    def __init__(self):
+        self.owner: dict[int, str] = {}
+        self.order: dict[str, list[int]] = {}
+        self.lock, self.gate = threading.Lock(), threading.Event()
+
+    def pin(self, who: str):
+        def pin(s: int):
+            with self.lock:
+                if self.owner.setdefault(s, who) != who:
+                    return None
+                self.order.setdefault(who, []).append(s)
+            self.gate.wait(HANG)
+            return f"{who}:{s}"
+        return pin
+
+    def of(self, who: str) -> list[int]:
+        with self.lock:
+            return list(self.order.get(who, []))
+
+    def until(self, who: str, n: int) -> list[int]:
+        deadline = time.monotonic() + HANG
+        while len(self.of(who)) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.of(who)
+
+
+def fetcher(claims: Claims, who: str, slots: int = 16) -> Fetcher:
+    # 4 GETs a shard (16 MB shards in 4 MiB parts) and 8 connections queueing 16: 4 shards at once
+    return Fetcher(claims.pin(who), lambda s: "room", lambda r: None, iter(()), ahead=8,
+                   cost=lambda s: 4, slots=slots)
+
+
+def test_a_worker_claims_only_what_its_connections_download_and_the_next_worker_takes_the_rest():
+    claims = Claims()
+    first, second = fetcher(claims, "first"), fetcher(claims, "second")
+    try:
+        wanted = [7, 3, 18, 0, 11, 5, 9, 14, 1, 16, 2, 12, 4, 17, 6, 10, 13, 8, 15]  # a batch's 19 shards
+        first.want(wanted)
+        assert claims.until("first", 4) == wanted[:4]  # in the order wanted
+        second.want(wanted)  # the other worker's first batch, while the first's shards still download
+        assert claims.until("second", 4) == wanted[4:8]
+        time.sleep(0.2)  # nothing more is claimed while those download
+        assert claims.of("first") == wanted[:4] and claims.of("second") == wanted[4:8]
+        claims.gate.set()
+        got = {s: (first.take(s), second.take(s)) for s in wanted}
+        assert sorted(claims.of("first") + claims.of("second")) == sorted(wanted)  # each shard once
+        for s, (a, b) in got.items():  # fetched by one, the other told another process has it
+            owner = "first" if s in claims.of("first") else "second"
+            assert (a, b) == ((f"first:{s}", None) if owner == "first" else (None, f"second:{s}"))
+    finally:
+        claims.gate.set()
+        first.close()
+        second.close()
+
+
+def test_a_shard_larger_than_the_queue_is_fetched_alone_and_the_fetches_keep_their_order():
+    claims = Claims()
+    one = fetcher(claims, "one", slots=3)  # a shard's 4 GETs exceed the 3 queued: one shard at a time
+    try:
+        one.want([5, 2, 8])
+        assert claims.until("one", 1) == [5]
+        time.sleep(0.2)
+        assert claims.of("one") == [5]
+        claims.gate.set()
+        assert [one.take(s) for s in (5, 2, 8)] == ["one:5", "one:2", "one:8"] and claims.of("one") == [5, 2, 8]
+    finally:
+        claims.gate.set()
+        one.close()
+
+
+def test_a_closed_fetcher_claims_nothing_more():
+    claims = Claims()
+    one = fetcher(claims, "one")
+    one.want(list(range(10)))
+    assert claims.until("one", 4) == [0, 1, 2, 3]
+    one.close()
+    claims.gate.set()
+    time.sleep(0.2)
+    assert claims.of("one") == [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("claims"), 36, shards=4, fields=("raw", "cls", "txt"))
+
+
+def test_the_store_sees_at_most_the_shards_the_connections_queue(data, tmp_path, monkeypatch):
+    root, _ = data
+    shards = load_manifest(root).shards
+    monkeypatch.setattr(download_module, "PART", min(s.bytes for s in shards) // 5)  # 5+ GETs a shard
+    store = Store(root, latency=0.01, rate=4e6)
+    try:
+        # 2 connections queue 4 GETs: each shard (5+ parts) is fetched alone, its parts 2 at a time
+        ds, remote = read_epoch(store.url, tmp_path / "cache", connections=2)
+        assert store.most_at_once(".tar") == 1
+        assert all(store.range_gets["/" + s.path] >= 5 for s in shards)
+    finally:
+        store.close()
+    same_batches(read_epoch(root, tmp_path / "unused")[1], remote)
