@@ -32,6 +32,11 @@ class ConfigError(ShardkitError, ValueError):
     """A configuration value is invalid (names the value, what was expected, and the flag)."""
 
 
+class BadOption(ConfigError):
+    """An option that names something unusable (a model file missing, of the wrong kind, without the
+    label asked for): bad usage (exit status 2), found in the client before any worker starts."""
+
+
 class BadURL(ConfigError):
     """A location (SRC, OUT, a dataset) that is neither a local path nor a URL shardkit can use: a
     malformed URL, an unknown protocol, or a backend whose package is not installed. Bad usage (exit

@@ -71,11 +71,11 @@ def describe(error: BaseException) -> tuple[int, str]:
     """(exit status, one line) for a failure: what went wrong and how to fix it."""
     import errno
 
-    from shardkit.errors import BadURL, FolderLocked
+    from shardkit.errors import BadOption, BadURL, FolderLocked
 
     if isinstance(error, FolderLocked):
         return EXIT_LOCKED, str(error)
-    if isinstance(error, BadURL):  # a location that is no folder and no usable URL: bad usage, nothing written
+    if isinstance(error, (BadURL, BadOption)):  # a location or a file an option names, unusable: bad usage, nothing written
         return EXIT_USAGE, str(error)
     if isinstance(error, ShardkitError):
         return EXIT_FAILED, str(error)

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from shardkit.contract import decode_text
 from shardkit.errors import ConfigError
 from shardkit.stages.filters.c4 import C4, FineWeb
+from shardkit.stages.filters.classifier import FastText
 from shardkit.stages.filters.gopher import GopherQuality, GopherRepetition
 from shardkit.stages.filters.lang import Lang
 from shardkit.stages.filters.length import TextLength
 from shardkit.stages.filters.pii import PII
 
 FILTERS = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetition, "c4": C4, "fineweb": FineWeb,
-           "lang": Lang, "pii": PII, "text-length": TextLength}
+           "lang": Lang, "pii": PII, "text-length": TextLength, "fasttext": FastText}
 STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
 # and the volume the filters saw and removed (the share of the corpus, hence of training compute, saved):
 VOLUME = (f"{STAT}.input.documents", f"{STAT}.input.bytes", f"{STAT}.bytes.")  # the last + <filter>
@@ -37,6 +38,8 @@ def _value(text: str, default, name: str):
     try:
         if low in ("none", "off") and not isinstance(default, bool):
             return None
+        if isinstance(default, str):  # a path or a label (fasttext.model, fasttext.label)
+            return text.strip()
         if isinstance(default, bool):
             if low not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(text)
@@ -52,10 +55,19 @@ def _value(text: str, default, name: str):
         raise ConfigError(f"--filter-option {name}={text}: expected a value like {default!r}") from None
 
 
+def _split(items) -> list[str]:
+    """Each --filter-option value cut before every `,NAME.OPTION=`: several options in one flag
+    (fasttext.model=m.bin,fasttext.label=__label__hq), while commas inside a value stay
+    (gopher-repetition.top_n_grams=2:0.2,3:0.18)."""
+    import re
+
+    return [part for item in items for part in re.split(r",(?=[a-z0-9-]+\.[a-z0-9_]+=)", str(item))]
+
+
 def parse_options(items) -> dict[str, dict]:
     """('gopher-quality.min_doc_words=30', ...) -> {'gopher-quality': {'min_doc_words': 30}}."""
     out: dict = {}
-    for item in items:
+    for item in _split(items):
         head, sep, text = str(item).partition("=")
         name, dot, option = head.strip().partition(".")
         if not sep or not dot:

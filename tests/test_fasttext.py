@@ -1,0 +1,136 @@
+"""--filter fasttext and the fasttext scorer: a model trained here with the binding itself (nothing
+downloaded) scores and filters the same at 0 and 2 workers, its score is an attribute `where=` can
+use, and a missing, wrong or label-less model is a one-line error (exit 2) before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from conftest import tree_bytes
+from shardkit.cli import main
+from shardkit.config import BuildConfig
+from shardkit.jobs.build import build
+from shardkit.reader.dataset import StreamingDataset
+
+fasttext = pytest.importorskip("fasttext")  # the extra shardkit[fasttext] (in dev)
+
+GOOD = "the river runs past the old mill and turns toward the quiet valley where farmers grow wheat".split()
+BAD = "buy cheap casino now free bonus win click deal offer limited prize".split()
+
+
+def _text(rng, words, n) -> str:
+    return "\n".join(" ".join(rng.choice(words) for _ in range(n // 3)) for _ in range(3))
+
+
+def _train(fn, path, **kw) -> None:
+    """fn(**kw) saved to path. On a corpus this small the binding's training can end before its first
+    loss report and raise "Encountered NaN" (a race in its progress check: 0 examples seen, 0/0), so
+    it is tried again; the model itself is never NaN."""
+    for _ in range(20):
+        try:
+            fn(**kw).save_model(str(path))
+            return
+        except RuntimeError as e:
+            if "NaN" not in str(e):
+                raise
+    raise AssertionError("fastText training raised NaN 20 times")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A supervised model (__label__hq / __label__lq), an unsupervised one, and a file of another kind."""
+    folder = tmp_path_factory.mktemp("ft")
+    rng = random.Random(0)
+    with open(folder / "train.txt", "w") as f:
+        for _ in range(300):
+            f.write(f"__label__hq {_text(rng, GOOD, 30).replace(chr(10), ' ')}\n")
+            f.write(f"__label__lq {_text(rng, BAD, 30).replace(chr(10), ' ')}\n")
+    kw = dict(input=str(folder / "train.txt"), minCount=1, thread=1, verbose=0)
+    _train(fasttext.train_supervised, folder / "quality.bin", epoch=5, dim=16, bucket=10000, wordNgrams=2, **kw)
+    _train(fasttext.train_unsupervised, folder / "vectors.bin", epoch=1, dim=8, bucket=1000, **kw)
+    (folder / "notes.bin").write_bytes(b"not a model\n" * 10)
+    return folder
+
+
+@pytest.fixture
+def raw(tmp_path):
+    """A .jsonl corpus whose documents mix the two vocabularies in every proportion."""
+    rng = random.Random(1)
+    os.makedirs(tmp_path / "raw")
+    with open(tmp_path / "raw" / "docs.jsonl", "w") as f:
+        for i in range(120):
+            mix = GOOD * (i % 7) + BAD * (6 - i % 7) + GOOD
+            f.write(json.dumps({"text": _text(rng, mix, 30)}) + "\n")
+    return tmp_path / "raw"
+
+
+def _options(model_dir, **kw) -> tuple:
+    opts = {"model": str(model_dir / "quality.bin"), "label": "__label__hq", "threshold": 0.5, **kw}
+    return (",".join(f"fasttext.{k}={v}" for k, v in opts.items()),)
+
+
+def _build(raw, out, model_dir, workers, **kw):
+    return build(BuildConfig(str(raw), str(out), filter="fasttext", filter_option=_options(model_dir),
+                             max_samples_per_shard=25, format="parquet", workers=workers, progress=False, **kw))
+
+
+def _keys(out) -> list[str]:
+    return sorted(k for f in sorted((out / "shards").glob("*.parquet"))
+                  for k in pq.read_table(f, columns=["__key__"]).column(0).to_pylist())
+
+
+def test_same_scores_and_kept_set_at_0_and_2_workers_as_the_bindings_predict(tmp_path, raw, model_dir):
+    a = _build(raw, tmp_path / "a", model_dir, 0)
+    b = _build(raw, tmp_path / "b", model_dir, 2)
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    m = fasttext.load_model(str(model_dir / "quality.bin"))
+    texts = [json.loads(line)["text"] for line in open(raw / "docs.jsonl")]
+    kept = sorted(f"docs/{i:06d}" for i, t in enumerate(texts, 1)
+                  if dict(zip(*m.predict(t.replace("\n", " "), k=-1))).get("__label__hq", 0.0) >= 0.5)
+    assert 0 < len(kept) < len(texts) and _keys(tmp_path / "a") == kept == _keys(tmp_path / "b")
+    assert a.stats["curation.fasttext.low_score"] == len(texts) - len(kept) == b.stats["curation.fasttext.low_score"]
+
+    # --annotate: every sample kept, the score an attribute column where= chooses by
+    ann = [_build(raw, tmp_path / f"ann{w}", model_dir, w, annotate=True) for w in (0, 2)]
+    assert ann[0].samples == len(texts) and tree_bytes(tmp_path / "ann0") == tree_bytes(tmp_path / "ann2")
+    scores = pq.read_table(sorted((tmp_path / "ann0" / "attributes").glob("*.parquet"))).to_pylist()
+    want = {f"docs/{i:06d}": dict(zip(*m.predict(t.replace("\n", " "), k=-1))).get("__label__hq", 0.0)
+            for i, t in enumerate(texts, 1)}
+    assert all(abs(r["fasttext_score"] - want[r["__key__"]]) < 1e-6 for r in scores) and len(scores) == len(texts)
+    ds = StreamingDataset(str(tmp_path / "ann0"), where="fasttext_score >= 0.5", shuffle=False)
+    assert sorted(s["__key__"] for s in ds) == kept
+
+
+def test_cli_filter_option_in_one_flag(tmp_path, raw, model_dir):
+    res = CliRunner().invoke(main, ["build", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress",
+                                    "--filter", "fasttext", "--filter-option", _options(model_dir)[0]])
+    assert res.exit_code == 0, res.output
+    assert "fasttext: low_score" in res.output
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model": "missing.bin"}, "no such file"),
+    ({"label": "__label__edu"}, "has no such label; its labels: __label__"),
+    ({"model": "vectors.bin"}, "a skipgram (word vector) model has no labels"),
+    ({"model": "notes.bin"}, "not a fastText model"),
+])
+def test_a_bad_model_is_one_line_exit_2_before_any_worker(tmp_path, raw, model_dir, monkeypatch, change, message):
+    import distributed
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
+    if "model" in change:
+        change = {"model": str(model_dir / change["model"])}
+    res = CliRunner().invoke(main, ["build", str(raw), str(tmp_path / "out"), "--workers", "2", "--no-progress",
+                                    "--filter", "fasttext", "--filter-option", _options(model_dir, **change)[0]])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "shards").exists()
