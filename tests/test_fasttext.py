@@ -107,6 +107,17 @@ def test_same_scores_and_kept_set_at_0_and_2_workers_as_the_bindings_predict(tmp
     assert sorted(s["__key__"] for s in ds) == kept
 
 
+def test_interface_columns_match_scores(model_dir):
+    from shardkit.stages.filters import Curation, parse_options
+
+    f = Curation.from_options("fasttext", _options(model_dir)).steps[0]
+    scores = f.score("the river runs\npast the mill")
+    assert set(f.columns) - set(scores) == {"fasttext"} and 0.5 < scores["fasttext_score"] <= 1.0
+    assert f.check("buy cheap casino now") == (False, "low_score") and f.score("x") == f.score("x")
+    assert parse_options(["fasttext.threshold=none"]) == {"fasttext": {"threshold": None}}
+    assert len(f.digest) == 16 and f.digest in repr(f)  # the model's bytes are in the fingerprint
+
+
 def test_cli_filter_option_in_one_flag(tmp_path, raw, model_dir):
     res = CliRunner().invoke(main, ["build", str(raw), str(tmp_path / "out"), "--workers", "0", "--no-progress",
                                     "--filter", "fasttext", "--filter-option", _options(model_dir)[0]])
