@@ -145,3 +145,25 @@ def test_a_bad_model_is_one_line_exit_2_before_any_worker(tmp_path, raw, model_d
     assert res.exit_code == 2, res.output
     assert message in res.output and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "shards").exists()
+
+
+def test_shardkit_annotate_takes_scorer_options(tmp_path, raw, model_dir):
+    build(BuildConfig(str(raw), str(tmp_path / "out"), max_samples_per_shard=25, workers=0, progress=False))
+    runs = []
+    for workers in ("0", "2"):
+        res = CliRunner().invoke(main, ["annotate", str(tmp_path / "out"), "--scorers", "gopher-quality,fasttext",
+                                        "--scorer-option", _options(model_dir)[0], "--scorer-option",
+                                        "gopher-quality.min_doc_words=none", "--workers", workers, "--no-progress"])
+        assert res.exit_code == 0, res.output
+        assert "fasttext_score" in res.output and "gopher_quality" in res.output
+        runs.append(tree_bytes(tmp_path / "out" / "attributes"))
+        (tmp_path / "out" / "attributes").rename(tmp_path / f"attributes{workers}")
+        os.remove(tmp_path / "out" / "manifest.json")
+        build(BuildConfig(str(raw), str(tmp_path / "out"), max_samples_per_shard=25, workers=0, progress=False))
+    assert runs[0] == runs[1]
+    bad = CliRunner().invoke(main, ["annotate", str(tmp_path / "out"), "--scorers", "fasttext", "--workers", "0",
+                                    "--scorer-option", "c4.min_num_sentences=2"])
+    assert bad.exit_code == 1 and "--scorer-option for c4, which is not run" in bad.output
+    bad = CliRunner().invoke(main, ["annotate", str(tmp_path / "out"), "--scorers", "fasttext", "--workers", "0",
+                                    "--scorer-option", f"fasttext.model={model_dir / 'vectors.bin'}"])
+    assert bad.exit_code == 2 and "word vector" in bad.output

@@ -165,6 +165,7 @@ class AnnotateConfig:
 
     out: str
     scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
+    scorer_option: tuple[str, ...] = ()  # SCORER.OPTION=VALUE, --filter-option's syntax (stages.filters.parse_options)
     select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
     workers: int | None = None
     scheduler: str | None = None
@@ -172,6 +173,7 @@ class AnnotateConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "select", tuple(self.select))
+        object.__setattr__(self, "scorer_option", tuple(self.scorer_option))
         if not self.scorers and not self.select:
             raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
                               "(--select \"lang == 'en'\")")
