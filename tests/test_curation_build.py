@@ -316,3 +316,13 @@ def test_a_build_the_filters_empty_says_so(tmp_path):
     with pytest.raises(EmptyInput, match=r"0 inputs rejected .*; 5 removed by the curation filters .*--filter-option"):
         _build(tmp_path / "src", tmp_path / "out", workers=0)
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_where_on_a_token_dataset_is_refused_with_the_reason(tmp_path):
+    from shardkit.reader.dataset import StreamingDataset
+
+    _distinct_corpus(tmp_path / "src")
+    _build(tmp_path / "src", tmp_path / "tok", workers=0, tokenizer="bpe:300", seq_len=16, format="parquet",
+           dedup_exact=False, mask_pii=False)
+    with pytest.raises(ConfigError, match="holds token rows, which have no attributes: a packed row mixes"):
+        StreamingDataset(str(tmp_path / "tok"), where="fasttext_score > 0.5")

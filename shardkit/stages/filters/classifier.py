@@ -19,6 +19,7 @@ from shardkit.errors import BadOption, ConfigError
 
 INSTALL = "pip install 'shardkit[fasttext]'"
 _MODELS: dict = {}  # (path, size, mtime_ns) -> this process's loaded model
+_PREDICT: dict = {}  # (path, digest) -> this process's predict function (_predictor)
 _LOCK = threading.Lock()
 
 
@@ -42,6 +43,22 @@ def model(path: str):
         if key not in _MODELS:
             _MODELS[key] = _binding().load_model(path)
         return _MODELS[key]
+
+
+def _predictor(path: str, digest: str):
+    """text line (ending in '\n') -> [(probability, label), ...] for this process's model of `path`:
+    the call the binding's own `predict` makes (`model.f.predict`), without its per-call numpy array;
+    found once per process and model version (`digest`: FastText's hash of the file's bytes)."""
+    fn = _PREDICT.get((path, digest))
+    if fn is None:
+        m = model(path)
+        core = getattr(m, "f", None)
+        if core is not None and hasattr(core, "predict"):
+            fn = lambda line: core.predict(line, -1, 0.0, "strict")  # noqa: E731
+        else:  # a binding without that attribute: its public predict, zipped the same way
+            fn = lambda line: list(zip(*reversed(m.predict(line[:-1], k=-1))))  # noqa: E731
+        _PREDICT[(path, digest)] = fn
+    return fn
 
 
 def _sha256(path: str) -> str:
@@ -106,8 +123,7 @@ class FastText:
         """{'fasttext_score': the label's probability} (0.0 where the model does not rank it)."""
         if self.max_chars:
             text = text[:self.max_chars]
-        labels, probs = model(self.model).predict(text.replace("\n", " "), k=-1)
-        for label, p in zip(labels, probs):
+        for p, label in _predictor(self.model, self.digest)(text.replace("\n", " ") + "\n"):
             if label == self.label:
                 return {"fasttext_score": min(1.0, float(p))}
         return {"fasttext_score": 0.0}
