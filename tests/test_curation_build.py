@@ -326,3 +326,19 @@ def test_where_on_a_token_dataset_is_refused_with_the_reason(tmp_path):
            dedup_exact=False, mask_pii=False)
     with pytest.raises(ConfigError, match="holds token rows, which have no attributes: a packed row mixes"):
         StreamingDataset(str(tmp_path / "tok"), where="fasttext_score > 0.5")
+
+
+def test_the_tokenizer_trains_on_the_curated_text(tmp_path):
+    _distinct_corpus(tmp_path / "src")
+    with open(tmp_path / "src" / "c.jsonl", "w") as f:  # what gopher-repetition removes: one word, 300 times
+        f.write(json.dumps({"text": " ".join(["qzxvokjuw"] * 300)}) + "\n")
+
+    def vocab(name, **kw) -> set:
+        r = _build(tmp_path / "src", tmp_path / name, workers=0, tokenizer="bpe:400", format="parquet", lang=None,
+                   dedup_exact=False, **kw)
+        tok = json.loads((tmp_path / name / "tokenizer.json").read_text())
+        return r, {t for t in tok["model"]["vocab"] if "qzx" in t or "vok" in t}
+
+    _, plain = vocab("plain", filter=None)
+    r, curated = vocab("curated", filter="gopher-repetition")
+    assert plain and not curated and rule_counts(r.stats)
