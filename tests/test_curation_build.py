@@ -63,7 +63,7 @@ def _filtered(out) -> list[dict]:
 
 def rule_counts(stats: dict) -> dict:
     """The rejections by filter and rule (curation.<filter>.<rule>), without PII counts and volumes."""
-    return {k: v for k, v in stats.items() if k.startswith("curation.") and k.split(".")[1] not in ("pii", "input", "bytes")}
+    return {k: v for k, v in stats.items() if k.startswith("curation.") and k.split(".")[1] not in ("pii", "input", "bytes", "tokens")}
 
 
 def _removed_texts(files: dict, removed) -> list[dict]:
@@ -342,3 +342,27 @@ def test_the_tokenizer_trains_on_the_curated_text(tmp_path):
     _, plain = vocab("plain", filter=None)
     r, curated = vocab("curated", filter="gopher-repetition")
     assert plain and not curated and rule_counts(r.stats)
+
+
+@pytest.mark.parametrize("seq_len", [None, 16])
+def test_savings_in_tokens_add_up(tmp_path, seq_len):
+    from tokenizers import Tokenizer
+
+    _distinct_corpus(tmp_path / "src")
+    res = CliRunner().invoke(main, ["build", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "0",
+                                    "--no-progress", "--filter", FILTERS, "--lang", "en,de", "--mask-pii",
+                                    "--tokenizer", "bpe:300", "--format", "parquet",
+                                    *(["--seq-len", str(seq_len)] if seq_len else [])])
+    assert res.exit_code == 0, res.output
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["build"]["curation"]["counts"]
+    tok = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    texts = {f"{name[:-6]}/{i:06d}": json.loads(line)["text"] for name in ("a.jsonl", "b.jsonl")
+             for i, line in enumerate(open(tmp_path / "src" / name), 1)}
+    n = {k: len(tok.encode(t, add_special_tokens=False).ids) for k, t in texts.items()}
+    removed = {}
+    for r in _filtered(tmp_path / "out"):
+        removed[r["filter"]] = removed.get(r["filter"], 0) + n[r["key"]]
+    kept = sum(n[k] for k in texts if k not in {r["key"] for r in _filtered(tmp_path / "out")})
+    assert counts["curation.input.tokens"] == sum(n.values()) == kept + sum(removed.values())
+    assert {k.split(".", 2)[2]: v for k, v in counts.items() if k.startswith("curation.tokens.")} == removed
+    assert len(removed) >= 3 and f"{sum(removed.values()) / sum(n.values()):.1%} of tokens" in res.output

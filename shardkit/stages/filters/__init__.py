@@ -30,6 +30,7 @@ FILTERS = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetitio
 STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
 # and the volume the filters saw and removed (the share of the corpus, hence of training compute, saved):
 VOLUME = (f"{STAT}.input.documents", f"{STAT}.input.bytes", f"{STAT}.bytes.")  # the last + <filter>
+TOKENS = (f"{STAT}.input.tokens", f"{STAT}.tokens.")  # with a tokenizer: the same in tokens (the last + <filter>)
 
 
 def _value(text: str, default, name: str):
@@ -168,14 +169,16 @@ def rejections_by_filter(stats: dict) -> dict[str, dict[str, int]]:
     removed: dict = {}
     for key, n in stats.items():
         parts = key.split(".")
-        if parts[0] == STAT and parts[1] not in ("pii", "input", "bytes", "dedup-paragraphs"):
+        if parts[0] == STAT and parts[1] not in ("pii", "input", "bytes", "tokens", "dedup-paragraphs"):
             removed.setdefault(parts[1], {})[parts[2]] = n
     return removed
 
 
-def curate(samples, *, curation: Curation, stats: dict, dropped: list):
+def curate(samples, *, curation: Curation, stats: dict, dropped: list, count=None):
     """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
-    `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass."""
+    `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass.
+    `count(text) -> tokens` (a build with a tokenizer): each text's tokens as it came in, counted
+    into TOKENS (all, and per filter what it removed), so kept + removed = the input's tokens."""
     for sample in samples:
         value = sample.fields.get("txt")
         if value is None:
@@ -185,9 +188,14 @@ def curate(samples, *, curation: Curation, stats: dict, dropped: list):
         size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else len(text.encode("utf-8", "replace"))
         for key, n in ((VOLUME[0], 1), (VOLUME[1], size)):
             stats[key] = stats.get(key, 0) + n
+        tokens = count(text) if count is not None else 0
+        if count is not None:
+            stats[TOKENS[0]] = stats.get(TOKENS[0], 0) + tokens
         edited, rejected = curation.apply(text, stats)
         if rejected is not None:
             stats[VOLUME[2] + rejected[0]] = stats.get(VOLUME[2] + rejected[0], 0) + size
+            if count is not None:
+                stats[TOKENS[1] + rejected[0]] = stats.get(TOKENS[1] + rejected[0], 0) + tokens
             meta = sample.meta
             dropped.append((sample.key, meta.get("source_path"), meta.get("source_row"), *rejected))
             continue
