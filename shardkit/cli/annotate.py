@@ -13,8 +13,9 @@ from shardkit.stages.filters import FILTERS
 @click.option("--scorers", default=None, metavar="NAMES",
               help=f"Comma-separated scorers whose columns to add: {', '.join(sorted(FILTERS))}.")
 @click.option("--scorer-option", "scorer_option", multiple=True, metavar="SCORER.OPTION=VALUE",
-              help="A scorer's option, as --filter-option takes it (e.g. fasttext.model=q.bin,fasttext.label=__label__hq "
-                   "or gopher-quality.min_doc_words=30; none turns a limit off); repeat for more.")
+              help="A scorer's option, as --filter-option takes it (e.g. fasttext.model=q.bin,"
+                   "fasttext.label=__label__hq or gopher-quality.min_doc_words=30; none turns a limit off); "
+                   "repeat for more.")
 @click.option("--select", "select", multiple=True, metavar="EXPR",
               help="Store the kept samples per shard of this where= expression (repeatable), so training "
                    "processes plan it without reading every shard's attributes.")
@@ -40,8 +41,8 @@ def annotate(out, scorers, scorer_option, select, workers, scheduler, progress):
     from shardkit.config import AnnotateConfig
     from shardkit.jobs.annotate import annotate as run_annotate
 
-    result = run_annotate(AnnotateConfig(out=out, scorers=scorers, scorer_option=scorer_option, select=select, workers=workers,
-                                         scheduler=scheduler, progress=progress))
+    result = run_annotate(AnnotateConfig(out=out, scorers=scorers, scorer_option=scorer_option, select=select,
+                                         workers=workers, scheduler=scheduler, progress=progress))
     click.echo(annotate_summary(result))
 
 
