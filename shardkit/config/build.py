@@ -336,8 +336,7 @@ class DedupConfig:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
         remote_policy(self)  # --timeout, --retries
         if self.curation is not None:
-            unknown = sorted(set(self.curation) - set(CURATION_FIELDS))
-            if not isinstance(self.curation, dict) or unknown:
+            if not isinstance(self.curation, dict) or set(self.curation) - set(CURATION_FIELDS):
                 raise ConfigError(f"DedupConfig(curation={self.curation!r}): expected a dict of BuildConfig's curation "
                                   f"fields ({', '.join(CURATION_FIELDS)})")
 
