@@ -7,8 +7,9 @@ import click
 _OPTIONS = [
     click.option("--filter", "filter", default=None, metavar="NAMES",
                  help="Curation filters run on each text, in order: gopher-quality, gopher-repetition, c4, fineweb "
-                      "(Gopher/C4/FineWeb rules at datatrove's defaults). Removed samples are counted per filter and "
-                      "rule, and listed in OUT/curation/filtered-NNNNN.parquet."),
+                      "(Gopher/C4/FineWeb rules at datatrove's defaults), fasttext (your own classifier: "
+                      "--filter-option fasttext.model=PATH,fasttext.label=__label__hq). Removed samples are counted "
+                      "per filter and rule, and listed in OUT/curation/filtered-NNNNN.parquet."),
     click.option("--filter-option", "filter_option", multiple=True, metavar="FILTER.OPTION=VALUE",
                  help="Change a threshold, e.g. gopher-quality.min_doc_words=30 or c4.min_num_sentences=3 "
                       "(none turns a limit off); repeat for more."),
