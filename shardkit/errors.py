@@ -32,15 +32,16 @@ class ConfigError(ShardkitError, ValueError):
     """A configuration value is invalid (names the value, what was expected, and the flag)."""
 
 
+class BadOption(ConfigError):
+    """A flag's value that cannot be read or is out of range (`--filter-option fineweb.line_punct_thr=nan`),
+    or names something unusable (a model file missing, of the wrong kind, without the label asked for):
+    bad usage (exit status 2), found in the client before anything is written or any worker starts."""
+
+
 class BadURL(ConfigError):
     """A location (SRC, OUT, a dataset) that is neither a local path nor a URL shardkit can use: a
     malformed URL, an unknown protocol, or a backend whose package is not installed. Bad usage (exit
     status 2), found before anything is written."""
-
-
-class BadOption(ConfigError):
-    """A flag's value that cannot be read or is out of range (`--filter-option fineweb.line_punct_thr=nan`):
-    bad usage (exit status 2), found before anything is written."""
 
 
 class ManifestError(ShardkitError):

@@ -281,7 +281,7 @@ def test_cli_annotate_and_its_errors(corpus):
                                        "--select", "text_length"])
     assert result.exit_code == 0, result.output
     assert "text_length          bool" in result.output and "samples: text_length" in result.output
-    for args, says in ((["--scorers", "nope"], "expected a comma-separated list of c4, fineweb"),
+    for args, says in ((["--scorers", "nope"], "expected a comma-separated list of c4, fasttext, fineweb"),
                        ([], "nothing to do"), (["--select", "lang == 'en'"], "no attribute column 'lang'")):
         bad = CliRunner().invoke(main, ["annotate", out, "--workers", "0", *args])
         assert bad.exit_code == 1 and says in bad.output, bad.output

@@ -30,7 +30,7 @@ def test_a_good_document_passes(name):
     assert f.check(GOOD) == (True, None) == f.keep(f.score(GOOD))
 
 
-@pytest.mark.parametrize("name", sorted(FILTERS))
+@pytest.mark.parametrize("name", sorted(set(FILTERS) - {"fasttext"}))  # fasttext needs a model: test_fasttext.py
 def test_interface_columns_match_scores(name):
     f = make_filter(name, {"languages": ("en",)} if name == "lang" else None)
     scores = f.score(GOOD)

@@ -14,6 +14,7 @@ from conftest import tree_bytes
 from curation_docs import CASES, FRENCH, GERMAN, GOOD, SENTENCES
 from shardkit.cli import main
 from shardkit.config import BuildConfig
+from shardkit.errors import ConfigError
 from shardkit.jobs.build import build
 
 FILTERS = "gopher-quality,gopher-repetition,c4,fineweb"
@@ -62,7 +63,7 @@ def _filtered(out) -> list[dict]:
 
 def rule_counts(stats: dict) -> dict:
     """The rejections by filter and rule (curation.<filter>.<rule>), without PII counts and volumes."""
-    return {k: v for k, v in stats.items() if k.startswith("curation.") and k.split(".")[1] not in ("pii", "input", "bytes")}
+    return {k: v for k, v in stats.items() if k.startswith("curation.") and k.split(".")[1] not in ("pii", "input", "bytes", "tokens")}
 
 
 def _removed_texts(files: dict, removed) -> list[dict]:
@@ -202,8 +203,70 @@ def test_dedup_of_a_raw_folder_runs_the_filters(tmp_path):
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["samples"] == ref.samples and m["build"]["curation"]["counts"] == {
         k: v for k, v in ref.stats.items() if k.startswith("curation.")}
-    again = CliRunner().invoke(main, ["dedup", str(tmp_path / "out"), str(tmp_path / "o2"), "--filter", "c4"])
-    assert again.exit_code == 1 and "is a built dataset" in again.output
+    again = CliRunner().invoke(main, ["dedup", str(tmp_path / "out"), str(tmp_path / "o2"), "--dedup-exact"])
+    assert again.exit_code == 1 and "already links texts equal once normalised" in again.output
+
+
+def _distinct_corpus(folder) -> None:
+    """_corpus's rule-trippers, languages and PII beside 30 good documents distinct enough for MinHash
+    (random sentences), one of them copied: the dedup and the filters both have work."""
+    import random
+
+    rng = random.Random(7)
+    words = [("river", "valley", "school", "market", "garden", "bridge", "forest", "village", "harbour", "chapel"),
+             ("quiet", "old", "green", "narrow", "busy", "distant", "bright", "famous", "simple", "northern"),
+             ("leads", "belongs", "returns", "points", "turns", "opens", "moves", "listens", "speaks", "waits")]
+
+    def sentence() -> str:
+        n, a, v = (rng.choice(w) for w in words)
+        return f"The {a} {n} {v} to the {rng.choice(words[1])} {rng.choice(words[0])} with {rng.randrange(99)} friends and a {n}."
+
+    good = ["\n".join(sentence() for _ in range(9)) for _ in range(31)]
+    bad = list(dict.fromkeys(doc for name in ("gopher-quality", "c4", "fineweb")
+                             for rule, doc, on, _ in CASES[name] if not on and doc.strip()))
+    files = {"a.jsonl": good[:15] + bad[:6] + [GERMAN, good[3]],
+             "b.jsonl": good[15:30] + bad[6:] + [FRENCH, good[30] + "\nMail ann@mail.com today."]}
+    os.makedirs(folder, exist_ok=True)
+    for name, texts in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dedup_of_a_built_dataset_keeps_what_build_keeps_with_the_same_flags(tmp_path, workers):
+    """build RAW --filter --lang --mask-pii --dedup == build RAW, then dedup DATASET --filter --lang
+    --mask-pii: the same samples and texts (PII masked), the same list of what the filters removed,
+    the same counts in the manifest."""
+    _distinct_corpus(tmp_path / "src")
+    ref = _build(tmp_path / "src", tmp_path / "ref", workers=0, dedup=True, dedup_exact=False)
+    _build(tmp_path / "src", tmp_path / "plain", workers=0, filter=None, lang=None, mask_pii=False, dedup_exact=False)
+    res = CliRunner().invoke(main, ["dedup", str(tmp_path / "plain"), str(tmp_path / "out"), "--workers", str(workers),
+                                    "--no-progress", "--filter", FILTERS, "--lang", "en,de", "--mask-pii"])
+    assert res.exit_code == 0, res.output
+    texts = _texts(tmp_path / "out")
+    assert texts == _texts(tmp_path / "ref") and not any("ann@mail.com" in t for t in texts.values())
+    assert _filtered(tmp_path / "out") == _filtered(tmp_path / "ref") and _filtered(tmp_path / "ref")
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["samples"] == ref.samples and m["build"]["curation"]["counts"] == {
+        k: v for k, v in ref.stats.items() if k.startswith("curation.")}
+    assert "gopher-quality:" in res.output and "1 email addresses" in res.output and len(texts) > 20
+    tars = sorted(s["path"] for s in m["shards"] if s["format"] == "tar")
+    assert tars and all((tmp_path / "out" / p).is_file() for p in tars)
+
+
+def test_dedup_config_curation_and_the_older_side_dict_agree(tmp_path):
+    from shardkit.config import DedupConfig
+    from shardkit.jobs.dedup import dedup
+
+    _distinct_corpus(tmp_path / "src")
+    _build(tmp_path / "src", tmp_path / "plain", workers=0, filter=None, lang=None, mask_pii=False, dedup_exact=False)
+    flags = {"filter": "c4,fineweb", "lang": "en"}
+    a = dedup(DedupConfig(str(tmp_path / "plain"), str(tmp_path / "a"), workers=0, progress=False, curation=flags))
+    b = dedup(DedupConfig(str(tmp_path / "plain"), str(tmp_path / "b"), workers=0, progress=False), flags)
+    assert a.summary["curation"] == b.summary["curation"] and a.summary["curation"]
+    assert _texts(tmp_path / "a") == _texts(tmp_path / "b")
+    with pytest.raises(ConfigError, match="curation fields"):
+        DedupConfig("x", "y", curation={"filters": "c4"})
 
 
 def _boilerplate(folder, order=("a.jsonl", "b.jsonl")) -> None:
@@ -253,3 +316,53 @@ def test_a_build_the_filters_empty_says_so(tmp_path):
     with pytest.raises(EmptyInput, match=r"0 inputs rejected .*; 5 removed by the curation filters .*--filter-option"):
         _build(tmp_path / "src", tmp_path / "out", workers=0)
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_where_on_a_token_dataset_is_refused_with_the_reason(tmp_path):
+    from shardkit.reader.dataset import StreamingDataset
+
+    _distinct_corpus(tmp_path / "src")
+    _build(tmp_path / "src", tmp_path / "tok", workers=0, tokenizer="bpe:300", seq_len=16, format="parquet",
+           dedup_exact=False, mask_pii=False)
+    with pytest.raises(ConfigError, match="holds token rows, which have no attributes: a packed row mixes"):
+        StreamingDataset(str(tmp_path / "tok"), where="fasttext_score > 0.5")
+
+
+def test_the_tokenizer_trains_on_the_curated_text(tmp_path):
+    _distinct_corpus(tmp_path / "src")
+    with open(tmp_path / "src" / "c.jsonl", "w") as f:  # what gopher-repetition removes: one word, 300 times
+        f.write(json.dumps({"text": " ".join(["qzxvokjuw"] * 300)}) + "\n")
+
+    def vocab(name, **kw) -> set:
+        r = _build(tmp_path / "src", tmp_path / name, workers=0, tokenizer="bpe:400", format="parquet", lang=None,
+                   dedup_exact=False, **kw)
+        tok = json.loads((tmp_path / name / "tokenizer.json").read_text())
+        return r, {t for t in tok["model"]["vocab"] if "qzx" in t or "vok" in t}
+
+    _, plain = vocab("plain", filter=None)
+    r, curated = vocab("curated", filter="gopher-repetition")
+    assert plain and not curated and rule_counts(r.stats)
+
+
+@pytest.mark.parametrize("seq_len", [None, 16])
+def test_savings_in_tokens_add_up(tmp_path, seq_len):
+    from tokenizers import Tokenizer
+
+    _distinct_corpus(tmp_path / "src")
+    res = CliRunner().invoke(main, ["build", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "0",
+                                    "--no-progress", "--filter", FILTERS, "--lang", "en,de", "--mask-pii",
+                                    "--tokenizer", "bpe:300", "--format", "parquet",
+                                    *(["--seq-len", str(seq_len)] if seq_len else [])])
+    assert res.exit_code == 0, res.output
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["build"]["curation"]["counts"]
+    tok = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    texts = {f"{name[:-6]}/{i:06d}": json.loads(line)["text"] for name in ("a.jsonl", "b.jsonl")
+             for i, line in enumerate(open(tmp_path / "src" / name), 1)}
+    n = {k: len(tok.encode(t, add_special_tokens=False).ids) for k, t in texts.items()}
+    removed = {}
+    for r in _filtered(tmp_path / "out"):
+        removed[r["filter"]] = removed.get(r["filter"], 0) + n[r["key"]]
+    kept = sum(n[k] for k in texts if k not in {r["key"] for r in _filtered(tmp_path / "out")})
+    assert counts["curation.input.tokens"] == sum(n.values()) == kept + sum(removed.values())
+    assert {k.split(".", 2)[2]: v for k, v in counts.items() if k.startswith("curation.tokens.")} == removed
+    assert len(removed) >= 3 and f"{sum(removed.values()) / sum(n.values()):.1%} of tokens" in res.output

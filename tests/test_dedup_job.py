@@ -173,7 +173,7 @@ def test_parquet_shards_are_filtered_as_tables_into_the_bytes_the_samples_make(t
         out = tmp_path / f"out-{fast}"
         os.makedirs(out / "shards")
         monkeypatch.setattr(job, "_filter_parquet", lambda *a: taken.append(1) or filter_parquet(*a) if fast else None)
-        info = job._filter_shard((shard, 0, np.array([0, 5, 39])), str(src), manifest, str(out))
+        info, _ = job._filter_shard((shard, 0, np.array([0, 5, 39])), str(src), manifest, str(out))
         outs.append((info, (out / info.path).read_bytes()))
     assert taken and outs[0] == outs[1] and outs[0][0].samples == shard.samples - 3
     # A file without the columns the writer makes now (an older layout) goes through samples.

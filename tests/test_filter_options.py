@@ -19,7 +19,9 @@ from shardkit.stages.filters.base import Filter
 
 DOCS = [GOOD, "", "x", "lorem ipsum {", "#" * 50, "\n\n".join(["the same line."] * 20),
         *(case[1] for cases in CASES.values() for case in cases)]
-OPTIONS = [(name, f.name) for name, cls in sorted(FILTERS.items()) for f in dataclasses.fields(cls)]
+# fasttext scores with a model the test trains (tests/test_fasttext.py runs these checks on it)
+RULES = sorted(name for name in FILTERS if name != "fasttext")
+OPTIONS = [(name, f.name) for name in RULES for f in dataclasses.fields(FILTERS[name])]
 
 
 def _run_over_docs(f) -> None:
@@ -39,7 +41,7 @@ def test_none_turns_each_option_off_and_the_filter_runs(name, option):
     _run_over_docs(make_filter(name, opts))
 
 
-@pytest.mark.parametrize("name", sorted(FILTERS))
+@pytest.mark.parametrize("name", RULES)
 def test_every_option_of_a_filter_none_at_once(name):
     f = make_filter(name, parse_options([f"{name}.{x.name}=none" for x in dataclasses.fields(FILTERS[name])])[name])
     _run_over_docs(f)
@@ -102,7 +104,7 @@ def test_every_violation_named_in_one_line_exit_2(tmp_path):
     assert all(item in err for item in bad), err
 
 
-@pytest.mark.parametrize("name", sorted(FILTERS))
+@pytest.mark.parametrize("name", RULES)
 def test_every_filter_is_a_declared_filter(name):
     f = make_filter(name, {"languages": ("en",)} if name == "lang" else None)
     assert isinstance(f, Filter)

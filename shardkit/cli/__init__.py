@@ -75,7 +75,7 @@ def describe(error: BaseException) -> tuple[int, str]:
 
     if isinstance(error, FolderLocked):
         return EXIT_LOCKED, str(error)
-    if isinstance(error, (BadURL, BadOption)):  # no usable location, a flag value out of range: bad usage
+    if isinstance(error, (BadURL, BadOption)):  # no usable location, a flag value out of range, a file an option names unusable: bad usage
         return EXIT_USAGE, str(error)
     if isinstance(error, ShardkitError):
         return EXIT_FAILED, str(error)

@@ -12,6 +12,10 @@ from shardkit.stages.filters import FILTERS
 @click.argument("out", type=click.Path(exists=True, file_okay=False))
 @click.option("--scorers", default=None, metavar="NAMES",
               help=f"Comma-separated scorers whose columns to add: {', '.join(sorted(FILTERS))}.")
+@click.option("--scorer-option", "scorer_option", multiple=True, metavar="SCORER.OPTION=VALUE",
+              help="A scorer's option, as --filter-option takes it (e.g. fasttext.model=q.bin,"
+                   "fasttext.label=__label__hq or gopher-quality.min_doc_words=30; none turns a limit off); "
+                   "repeat for more.")
 @click.option("--select", "select", multiple=True, metavar="EXPR",
               help="Store the kept samples per shard of this where= expression (repeatable), so training "
                    "processes plan it without reading every shard's attributes.")
@@ -19,7 +23,7 @@ from shardkit.stages.filters import FILTERS
               help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
 @scheduler_option
 @progress_option
-def annotate(out, scorers, select, workers, scheduler, progress):
+def annotate(out, scorers, scorer_option, select, workers, scheduler, progress):
     """Score every sample of the dataset OUT and keep the scores beside its shards (attribute tables,
     one per shard, named in the manifest); the shards themselves are not rewritten.
 
@@ -31,12 +35,14 @@ def annotate(out, scorers, select, workers, scheduler, progress):
       shardkit annotate out/ --scorers text-length
       shardkit annotate out/ --select "text_length and text_chars < 20000"
       shardkit annotate out/ --scorers text-length --scheduler tcp://scheduler:8786
+      shardkit annotate out/ --scorers gopher-quality,fasttext \\
+          --scorer-option fasttext.model=quality.bin,fasttext.label=__label__hq
     """
     from shardkit.config import AnnotateConfig
     from shardkit.jobs.annotate import annotate as run_annotate
 
-    result = run_annotate(AnnotateConfig(out=out, scorers=scorers, select=select, workers=workers,
-                                         scheduler=scheduler, progress=progress))
+    result = run_annotate(AnnotateConfig(out=out, scorers=scorers, scorer_option=scorer_option, select=select,
+                                         workers=workers, scheduler=scheduler, progress=progress))
     click.echo(annotate_summary(result))
 
 

@@ -7,8 +7,9 @@ import click
 _OPTIONS = [
     click.option("--filter", "filter", default=None, metavar="NAMES",
                  help="Curation filters run on each text, in order: gopher-quality, gopher-repetition, c4, fineweb "
-                      "(Gopher/C4/FineWeb rules at datatrove's defaults). Removed samples are counted per filter and "
-                      "rule, and listed in OUT/curation/filtered-NNNNN.parquet."),
+                      "(Gopher/C4/FineWeb rules at datatrove's defaults), fasttext (your own classifier: "
+                      "--filter-option fasttext.model=PATH,fasttext.label=__label__hq). Removed samples are counted "
+                      "per filter and rule, and listed in OUT/curation/filtered-NNNNN.parquet."),
     click.option("--filter-option", "filter_option", multiple=True, metavar="FILTER.OPTION=VALUE",
                  help="Change a threshold, e.g. gopher-quality.min_doc_words=30 or c4.min_num_sentences=3 "
                       "(none turns a limit off); repeat for more."),
@@ -52,24 +53,31 @@ def curation_options(fn):
 
 def curation_lines(stats: dict) -> list[str]:
     """What each curation filter removed, by rule and as a share of the documents and text bytes the
-    filters saw (the training compute not spent on them), and what PII masking replaced."""
+    filters saw (and, with a tokenizer, of their tokens: the training compute not spent on them), and
+    what PII masking replaced."""
     from shardkit.stages.filters import rejections_by_filter
 
     removed = rejections_by_filter(stats)
     docs, size = stats.get("curation.input.documents", 0), stats.get("curation.input.bytes", 0)
+    tokens = stats.get("curation.input.tokens", 0)  # a build with a tokenizer
 
-    def share(n: int, nbytes: int) -> str:
-        return f" ({n / docs:.1%} of documents, {nbytes / size:.1%} of text bytes)" if docs and size else ""
+    def share(n: int, nbytes: int, names=()) -> str:
+        if not (docs and size):
+            return ""
+        removed = sum(stats.get(f"curation.tokens.{name}", 0) for name in names)
+        in_tokens = f", {removed / tokens:.1%} of tokens" if tokens else ""
+        return f" ({n / docs:.1%} of documents, {nbytes / size:.1%} of text bytes{in_tokens})"
 
     lines = []
     if removed:
         total = sum(sum(r.values()) for r in removed.values())
         total_bytes = sum(stats.get(f"curation.bytes.{name}", 0) for name in removed)
-        lines.append(f"  filtered        {total} removed{share(total, total_bytes)} (listed in curation/filtered-*.parquet)")
+        lines.append(f"  filtered        {total} removed{share(total, total_bytes, removed)} (listed in "
+                     "curation/filtered-*.parquet)")
         for name, rules in removed.items():
             detail = ", ".join(f"{rule} {n}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
             n = sum(rules.values())
-            lines.append(f"    {n:>5}  {name}: {detail}{share(n, stats.get(f'curation.bytes.{name}', 0))}")
+            lines.append(f"    {n:>5}  {name}: {detail}{share(n, stats.get(f'curation.bytes.{name}', 0), (name,))}")
     if stats.get("curation.dedup-paragraphs.paragraphs"):  # before the filters: not in their shares
         emptied = stats.get("curation.dedup-paragraphs.emptied", 0)
         lines.append(f"  paragraphs      {stats['curation.dedup-paragraphs.paragraphs']} repeated paragraphs removed"

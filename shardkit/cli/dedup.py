@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
-from shardkit.cli.curation import curation_options
+from shardkit.cli.curation import curation_lines, curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
                                   text_field_option, timeout_option)
@@ -76,6 +76,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
       shardkit dedup data/ out/ --scheduler tcp://scheduler:8786
       shardkit dedup s3://bucket/raw s3://bucket/dedup --scheduler tcp://scheduler:8786
       shardkit dedup crawl/ out/ --filter gopher-quality,c4 --lang en --dedup-exact   # a raw folder, curated
+      shardkit dedup data/ out/ --filter gopher-quality,c4 --lang en --mask-pii      # a built dataset, curated
     """
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup as run_dedup
@@ -85,8 +86,13 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,
                       image_distance=image_distance, partition_size=partition_size, format=fmt,
                       text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler,
-                      on_error=on_error, progress=progress, timeout=timeout, retries=retries)
-    result = run_dedup(cfg, curation)
+                      on_error=on_error, progress=progress, timeout=timeout, retries=retries, curation=curation)
+    result = run_dedup(cfg)
     click.echo(summary_text(result))
+    if any(v for k, v in curation.items() if k != "lang_threshold"):  # what the filters removed, as build says it
+        from shardkit.manifest import load_manifest
+
+        for line in curation_lines(load_manifest(out).build.get("curation", {}).get("counts", {})):
+            click.echo(line)
     click.echo(f"  wrote {out}: {result.summary['output']['samples']} samples in "
                f"{result.summary['output']['shards']} shards; review {out}/dedup/clusters.parquet")

@@ -175,6 +175,7 @@ class AnnotateConfig:
 
     out: str
     scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
+    scorer_option: tuple[str, ...] = ()  # SCORER.OPTION=VALUE, --filter-option's syntax (stages.filters.parse_options)
     select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
     workers: int | None = None
     scheduler: str | None = None
@@ -182,6 +183,7 @@ class AnnotateConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "select", tuple(self.select))
+        object.__setattr__(self, "scorer_option", tuple(self.scorer_option))
         if not self.scorers and not self.select:
             raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
                               "(--select \"lang == 'en'\")")
@@ -239,6 +241,8 @@ def check_cache_options(cfg: BuildConfig) -> None:
         raise ConfigError(f"augment_seed={cfg.augment_seed!r}: expected an integer >= 0 (--augment-seed)")
 
 
+# BuildConfig's curation fields: what DedupConfig.curation may hold (the curation flags of every job)
+CURATION_FIELDS = ("filter", "filter_option", "lang", "lang_threshold", "mask_pii", "dedup_exact", "dedup_paragraphs")
 DEDUP_MODALITIES = ("auto", "text", "image")
 # Weights (false positive, false negative) for datasketch's LSH parameter search. Candidates are checked
 # against the threshold afterwards, so a false positive costs one cheap comparison while a false negative
@@ -308,6 +312,9 @@ class DedupConfig:
     timeout: float = 15.0  # SRC/OUT on a store, as BuildConfig's
     retries: int = 2
     exact_only: bool = False  # equal normalised texts only, no MinHash (build --dedup-exact)
+    # The curation flags, as BuildConfig's fields of the same names ({"filter": "c4", "lang": "en"}); None: off.
+    # A raw SRC's build runs them; a built dataset's text runs through them after the dedup (jobs.dedup).
+    curation: dict | None = None
 
     RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress", "timeout", "retries")
 
@@ -338,6 +345,10 @@ class DedupConfig:
         if not self.image_field:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
         remote_policy(self)  # --timeout, --retries
+        if self.curation is not None:
+            if not isinstance(self.curation, dict) or set(self.curation) - set(CURATION_FIELDS):
+                raise ConfigError(f"DedupConfig(curation={self.curation!r}): expected a dict of BuildConfig's curation "
+                                  f"fields ({', '.join(CURATION_FIELDS)})")
 
     def lsh_params(self) -> tuple[int, int]:
         """(bands, rows) in effect: the ones given, else the optimal pair weighted toward recall."""
@@ -354,7 +365,8 @@ class DedupConfig:
         d = asdict(self)
         d["bands"], d["rows"] = self.lsh_params()
         d["min_shingles"] = self.min_shingles()
-        return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY}
+        # the curation is the manifest's record (build.curation), not the dedup's
+        return {k: d[k] for k in sorted(d) if k not in self.RUNTIME_ONLY and k != "curation"}
 
     def build_config(self) -> BuildConfig:
         """The build `shardkit dedup RAW OUT` runs: input bytes kept (encode keep), this config's settings."""
@@ -362,4 +374,4 @@ class DedupConfig:
                            image_field=self.image_field, workers=self.workers, scheduler=self.scheduler, on_error=self.on_error,
                            progress=self.progress, dedup=True, dedup_threshold=self.threshold,
                            dedup_verify=self.verify, image_distance=self.image_distance, timeout=self.timeout,
-                           retries=self.retries)
+                           retries=self.retries, **(self.curation or {}))

@@ -58,10 +58,22 @@ def annotate(cfg: AnnotateConfig) -> AnnotateResult:
         return _annotate(cfg)
 
 
+def scorer_options(cfg: AnnotateConfig) -> dict:
+    """{scorer: {option: value}} of --scorer-option (the syntax of --filter-option), each for a scorer named."""
+    from shardkit.stages.filters import parse_options
+
+    options = parse_options(cfg.scorer_option)
+    named = {n.strip() for n in (cfg.scorers or "").split(",")}
+    unused = sorted(set(options) - named)
+    if unused:
+        raise ConfigError(f"--scorer-option for {', '.join(unused)}, which is not run: add it to --scorers")
+    return options
+
+
 def _scorers(cfg: AnnotateConfig, previous: Attributes | None) -> tuple[list, dict]:
     """(the scorers a rerun may run: named now, or stored before and rebuilt with the same options;
     {name: fingerprint} of everything the tables will hold)."""
-    named = make_scorers(cfg.scorers) if cfg.scorers else []
+    named = make_scorers(cfg.scorers, scorer_options(cfg)) if cfg.scorers else []
     fingerprints = {s.name: fingerprint(s) for s in named}
     runnable = list(named)
     for name, meta in (previous.scorers if previous else {}).items():

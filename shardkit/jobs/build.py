@@ -159,12 +159,19 @@ def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> No
     store.remove_tree(units_dir(cfg))
 
 
-def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader):
-    """(shard fields, unit fields, config hash): known before any task runs."""
+def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader, curating: tuple = (None, None)):
+    """(shard fields, unit fields, config hash): known before any task runs. A bpe:N tokenizer trains
+    on the text as curated (`curating`: the Curation the units run, or None, and the paragraph drops)."""
     fields, config_hash = field_specs(inv, cfg), cfg.output_hash()
     tok = None
     if cfg.tokenizer:
-        tok = prepare_tokenizer(cfg, lambda: Corpus(inv, reader), corpus_key(inv))
+        curation, paragraphs = curating
+        key = corpus_key(inv)
+        if curation or paragraphs:  # other filters or drops: other training text
+            blob = json.dumps([curation.record() if curation else None, paragraphs and paragraphs.digest],
+                              sort_keys=True, default=str)
+            key = hashlib.sha256(f"{key}|{blob}".encode()).hexdigest()
+        tok = prepare_tokenizer(cfg, lambda: Corpus(inv, reader, curating), key)
     else:
         store.remove(store.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
     shard_fields = cache_fields(fields, inv, cfg, tok)
@@ -210,7 +217,8 @@ def _prepare(cfg: BuildConfig, dcfg: DedupConfig | None, pending, start: bool, c
         inv, dedup_result = dedup_step(inv, cfg, dcfg, pending)
         dedup_result.summary["execution"].update(execution_of(cfg, pending, execution).record())
     reader = source_reader(inv)
-    fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader)
+    units_curation = None if cfg.annotate else curation or None  # what the units run (--annotate keeps all)
+    fields, unit_fields, config_hash, tok = _fields(inv, cfg, reader, (units_curation, paragraphs))
     if curation or paragraphs:  # the filters' options (defaults included) and the paragraphs removed
         blob = json.dumps([curation.record(), paragraphs and paragraphs.digest], sort_keys=True, default=str)
         config_hash = hashlib.sha256(f"{config_hash}|{blob}".encode()).hexdigest()[:16]

@@ -70,15 +70,37 @@ def corpus_key(inv: Inventory) -> str:
 
 class Corpus:
     """Every document's text in key order, read lazily, to train a tokenizer on (bad inputs are
-    rejected later, by the tasks). Sized, as the trainer's progress wants."""
+    rejected later, by the tasks), as the shards will hold it: through --dedup-paragraphs and the
+    curation filters (`curating`: (Curation or None, ParagraphDrops or None)), so the vocabulary is
+    learnt from the curated text, not from what the filters remove. Sized, as the trainer's progress
+    wants (the count before curation: a progress estimate only)."""
 
-    def __init__(self, inv: Inventory, reader: SourceReader):
+    def __init__(self, inv: Inventory, reader: SourceReader, curating: tuple = (None, None)):
         self.inv, self.reader = inv, reader
+        self.curation, self.paragraphs = curating
 
     def __len__(self) -> int:
         return self.inv.samples
 
     def __iter__(self):
+        for sample in self._curated(self._samples()):
+            text = sample.fields.get("txt")
+            if text is not None:
+                yield text
+
+    def _curated(self, samples):
+        """The build's own stages over the samples (their counts and lists are the tasks' to keep)."""
+        if self.paragraphs:
+            from shardkit.jobs.paragraph_tasks import drop_paragraphs
+
+            samples = drop_paragraphs(samples, drops=self.paragraphs, stats={}, dropped=[])
+        if self.curation:
+            from shardkit.stages.filters import curate
+
+            samples = curate(samples, curation=self.curation, stats={}, dropped=[])
+        return samples
+
+    def _samples(self):
         kinds = self.inv.atoms.column("kinds").to_numpy() if len(self.inv.atoms) else None
         for piece in self.inv.pieces:
             if piece.source == ATOMS:  # only samples with text: images are not read for this
@@ -88,8 +110,8 @@ class Corpus:
                 pieces = [piece]
             for ref in self.reader.refs(pieces):
                 try:
-                    text = ref.make().fields.get("txt")
+                    sample = ref.make()
                 except RejectedInput:
                     continue
-                if text is not None:
-                    yield text
+                if sample.fields.get("txt") is not None:
+                    yield sample

@@ -27,7 +27,7 @@ from shardkit.stages.filters import curate
 from shardkit.jobs.paragraph_tasks import drop_paragraphs
 from shardkit.stages.augment import augmented_images
 from shardkit.stages.image import images
-from shardkit.stages.tokenize import TOKENS_FIELD, tokenize
+from shardkit.stages.tokenize import TOKENS_FIELD, token_counter, tokenize
 from shardkit.writers import get_table_writer, get_writer
 from shardkit.writers.parquet import samples_table, table_samples
 
@@ -186,7 +186,10 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
     if ctx.paragraphs:  # the filters then judge what is left of each text
         stages.append(lambda s: drop_paragraphs(s, drops=ctx.paragraphs, stats=result.stats, dropped=result.dropped))
     if ctx.curation:  # before any costly stage: what a filter removes is never decoded or tokenized
-        stages.append(lambda s: curate(s, curation=ctx.curation, stats=result.stats, dropped=result.dropped))
+        # (with a tokenizer, each text is counted in tokens here, to say what the filters saved in tokens)
+        count = token_counter(ctx.fields[TOKENS_FIELD], cfg.out) if TOKENS_FIELD in ctx.fields else None
+        stages.append(lambda s: curate(s, curation=ctx.curation, stats=result.stats, dropped=result.dropped,
+                                       count=count))
     stages += [lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
               lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
     if TOKENS_FIELD in ctx.fields and not ctx.pack:

@@ -25,31 +25,44 @@ from shardkit.jobs.tasks import progress_bar, run_tasks
 DATASET_BYTES_PER_SECOND = 40e6
 
 
-def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None):
-    """The Dask task of the output stage: one input shard minus the dropped rows, same format, made
-    durable in OUT (fsync'd, or uploaded). A shard that loses nothing and keeps its id is copied byte
-    for byte."""
+def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curation=None):
+    """The Dask task of the output stage: one input shard minus the dropped rows (and, with a curation,
+    minus what its filters remove), same format, made durable in OUT (fsync'd, or uploaded): (its
+    ShardInfo or None when nothing is left, the curation's counters). A shard that loses nothing and
+    keeps its id is copied byte for byte."""
     shard, new_id, drop = task
     if policy is not None:  # the job's waits, in a worker process
         store.use_policy(policy)
-    if not len(drop) and new_id == shard.id:
+    if not len(drop) and new_id == shard.id and not curation:
         for rel, _ in durable.files_of([shard]):  # streamed: from a store, to a store, or both
             with store.open_source(store.join(root, rel)) as f, store.writer(store.join(out, rel)) as g:
                 shutil.copyfileobj(f, g, 4 << 20)
-        return shard
-    info = _filtered(shard, new_id, drop, root, manifest, store.staged(out))
-    for rel, _ in durable.files_of([info]):
+        return shard, {}
+    stats, removed = {}, []
+    info = _filtered(shard, new_id, drop, (root, manifest), store.staged(out), (curation, stats, removed))
+    for rel, _ in durable.files_of([info] if info else []):
         store.publish(out, rel)
-    return info
+    if curation and shard.format == _first_format(manifest):  # one list per shard, whatever its formats
+        from shardkit.jobs.build_tasks import write_filtered
+
+        write_filtered(out, new_id, removed)
+        return info, stats
+    return info, {}
 
 
-def _filtered(shard, new_id: int, drop, root: str, manifest, staged: str):
-    """One shard minus the dropped rows, written under `staged` (OUT, or its staging folder)."""
+def _filtered(shard, new_id: int, drop, src: tuple, staged: str, curating: tuple = (None, None, None)):
+    """One shard minus the dropped rows, written under `staged` (OUT, or its staging folder); with a
+    curation (curating: the Curation, the counters and the list of removed samples it adds to), its
+    kept text goes through stages.filters.curate, the stage build and build_map run. None when
+    nothing is left."""
     from shardkit.reader.shards import read_shard_samples
+    from shardkit.stages.filters import curate
     from shardkit.writers import get_writer
     from shardkit.writers.parquet import write_parquet_table
 
-    if shard.format == "parquet" and not is_remote(root):
+    root, manifest = src
+    curation, stats, removed = curating
+    if shard.format == "parquet" and not is_remote(root) and not curation:
         kept = _filter_parquet(os.path.join(root, shard.path), shard, drop, manifest.fields)
         if kept is not None:
             return write_parquet_table(kept, staged, new_id, manifest.fields, durable=False)
@@ -60,7 +73,16 @@ def _filtered(shard, new_id: int, drop, root: str, manifest, staged: str):
             s.meta.update(source_path=path, source_row=row)
     dropped = set(np.asarray(drop).tolist())
     kept = [s for i, s in enumerate(samples) if i not in dropped]
+    if curation:
+        kept = list(curate(kept, curation=curation, stats=stats, dropped=removed))
+        if not kept:  # as a build's shard the filters empty: no files (shard ids may then have gaps)
+            return None
     return get_writer(shard.format)(kept, staged, new_id, manifest.fields)
+
+
+def _first_format(manifest) -> str:
+    """The format whose shards count the samples (and, under a curation, list what it removed)."""
+    return "parquet" if "parquet" in manifest.formats else "tar"
 
 
 def _filter_parquet(path: str, shard, drop, fields: dict):
@@ -114,27 +136,58 @@ def _shard_tasks(manifest, drop_ids: np.ndarray) -> list[tuple]:
     return [(s, new_id[s.id], drops[s.id]) for s in manifest.shards if s.id in new_id]
 
 
-def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None, progress: bool = True):
+def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None, progress: bool = True,
+                  curation=None):
     """OUT as a dataset: the same shard formats, fields and classes, without the removed and the
-    unreadable samples. errors.jsonl = SRC's + this run's."""
+    unreadable samples (and, with a curation, what its filters removed). errors.jsonl = SRC's + this run's."""
+    from shardkit.jobs.build_tasks import add_stats
     from shardkit.manifest import Manifest
+    from shardkit.stages.filters import STAT
 
     tasks = _shard_tasks(manifest, np.concatenate([result.removed_ids, result.rejected_ids]))
     with progress_bar(len(tasks), desc="dedup write", unit="shard", enabled=progress) as bar:
-        infos = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write",
-                          shared=(src, manifest, out, store.policy()))
+        done = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write",
+                         shared=(src, manifest, out, store.policy(), curation or None))
+    infos, stats = [info for info, _ in done if info is not None], {}
+    for _, counts in done:
+        add_stats(stats, counts)
     try:
         old_errors = store.read(store.join(src, "errors.jsonl")).decode("utf-8")
     except FileNotFoundError:
         old_errors = ""
     durable.write_errors(out, result.rejections, old_errors)
-    fmt = "parquet" if "parquet" in manifest.formats else "tar"
-    samples = sum(i.samples for i in infos if i.format == fmt)
+    samples = sum(i.samples for i in infos if i.format == _first_format(manifest))
     build = dict(manifest.build, dedup=dedup_record(result.summary, samples))
+    if curation:  # what `build --filter` records, this run's filters and counts
+        build["curation"] = {"filters": curation.record(), "counts": dict(sorted(stats.items())),
+                             "filtered": "curation/filtered-*.parquet"}
+        result.summary["curation"] = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
     out_manifest = Manifest(samples=samples, fields=manifest.fields, shards=infos, classes=manifest.classes,
                             build=build, errors=_merge_errors(manifest.errors, result.rejections),
                             extra={k: v for k, v in manifest.extra.items() if k != "attributes"})  # SRC's rows
     return durable.finish(out, out_manifest)
+
+
+def dataset_curation(cfg: DedupConfig, manifest):
+    """The curation a built dataset's text goes through after the dedup (stages.filters.Curation,
+    empty when cfg.curation curates nothing), checked before any worker starts."""
+    from shardkit.config.build import MAX_DOC_BYTES
+    from shardkit.stages.filters import Curation
+
+    c = dict(cfg.curation or {})
+    if c.get("dedup_exact"):
+        raise ConfigError(f"{cfg.src} is a built dataset, whose dedup already links texts equal once normalised "
+                          "(reason exact in dedup/clusters.parquet): leave out --dedup-exact")
+    if c.get("dedup_paragraphs"):
+        raise ConfigError(f"{cfg.src} is a built dataset: --dedup-paragraphs runs while building, before the "
+                          "filters; give dedup the raw folder, or build it with --dedup-paragraphs")
+    curation = Curation.from_options(c.get("filter"), c.get("filter_option") or (), c.get("lang"),
+                                     c.get("lang_threshold", 0.65), c.get("mask_pii", False),
+                                     c.get("filter_max_bytes", MAX_DOC_BYTES))
+    if curation and "txt" not in manifest.fields:
+        raise ConfigError(f"{cfg.src} has no text field (txt) for --filter, --lang or --mask-pii to read; its "
+                          f"fields: {', '.join(manifest.fields)}")
+    return curation
 
 
 def dedup_dataset(cfg: DedupConfig) -> DedupResult:
@@ -143,11 +196,13 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     from shardkit.manifest import load_manifest
 
     manifest = load_manifest(cfg.src)
+    curation = dataset_curation(cfg, manifest)
     if manifest.fields.get("tokens", {}).get("layout") == "packed":
         raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
                           "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
                           "--seq-len ... --dedup")
     store.makedirs(store.join(cfg.out, "shards"))
+    store.remove_tree(store.join(cfg.out, "curation"))  # an earlier run's lists of what its filters removed
     durable.retire_manifest(cfg.out)  # until this run ends, no manifest may name shards it replaces
     execution = plan_execution(cfg.scheduler, cfg.workers,
                                sum(s.bytes for s in manifest.shards_of()) / DATASET_BYTES_PER_SECOND)
@@ -159,7 +214,7 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
         result = find_duplicates(shards, cfg, client, store.join(cfg.out, ".shardkit", "dedup"),
                                  reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
                                  per_partition=per_partition)
-        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress)
+        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation)
     result.summary["execution"].update(execution.record())
     result.summary["output"] = {"samples": out.samples, "shards": len(out.shards_of()),
                                 "images": "stored bytes kept"}
@@ -171,11 +226,15 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
     """`shardkit dedup SRC OUT`: SRC a raw folder or a built dataset; OUT a dataset without the duplicates,
     with OUT/dedup/clusters.parquet and OUT/dedup/summary.json.
 
-    `curation`: BuildConfig's curation fields (filter, filter_option, lang, lang_threshold, mask_pii,
-    dedup_exact) for a raw SRC, whose build runs them as `shardkit build` does."""
+    `cfg.curation` (BuildConfig's curation fields: filter, filter_option, lang, lang_threshold, mask_pii,
+    dedup_exact, dedup_paragraphs) runs as `shardkit build` runs it: a raw SRC's build runs it, a built
+    dataset's text goes through the same stage (stages.filters.curate) after the dedup. `curation`,
+    the older way to pass it, is merged into cfg.curation."""
     from shardkit.jobs.build import build
     from shardkit.manifest import MANIFEST_NAME
 
+    if curation:
+        cfg = replace(cfg, curation={**(cfg.curation or {}), **curation})
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
     store.use_policy(remote_policy(cfg))
     if store.same_location(cfg.src, cfg.out):
@@ -184,8 +243,5 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
     with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
         if store.exists(store.join(cfg.src, MANIFEST_NAME)):
-            if any(v for k, v in (curation or {}).items() if k not in ("lang_threshold", "filter_max_bytes")):
-                raise ConfigError(f"{cfg.src} is a built dataset: the curation flags run while building; give "
-                                  "dedup the raw folder, or run build_map(..., curation=...) over the dataset")
             return dedup_dataset(cfg)
-        return build(replace(cfg.build_config(), **(curation or {})), dedup=cfg).dedup
+        return build(cfg.build_config(), dedup=cfg).dedup

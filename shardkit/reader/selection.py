@@ -259,10 +259,12 @@ def part_of(root: str, manifest, shards, where: str | None, policy=None) -> Part
     part = Part(str(root), np.asarray(shards.ids, np.int64), np.asarray(shards.samples, np.int64))
     if where is None:
         return part
+    if "tokens" in manifest.fields:  # checked first: the reason, not "no such column"
+        raise ConfigError(f"where={where!r}: {root} holds token rows, which have no attributes: a packed row mixes "
+                          "the ends and starts of several documents, so no row has one document's scores (and "
+                          "attributes score text); choose before tokenizing: build --filter ... --tokenizer ..., "
+                          "or build the tokens from the samples where= keeps")
     attributes = load_attributes(manifest, root, policy)
     types = {} if attributes is None else {c: spec["type"] for c, spec in attributes.columns.items()}
     part.where, part.attributes = Where(where, types), attributes
-    if "tokens" in manifest.fields:  # packed rows mix documents: no row has one document's attributes
-        raise ConfigError(f"where={where!r}: {root} holds token rows; filter the text dataset before tokenizing "
-                          "(build --filter), or build the tokens from the samples where= keeps")
     return part

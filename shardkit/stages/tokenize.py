@@ -186,6 +186,14 @@ def _allow_threads() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
+def token_counter(spec: dict, root: str):
+    """text -> its number of tokens (no EOS) under the build's tokenizer: what the curation counts."""
+    from shardkit.store import join
+
+    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
 def encode_ids(tok, texts: list[str], dtype: str, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """All documents' ids, each followed by EOS, as one flat array + document lengths (incl. EOS)."""
     parts = []

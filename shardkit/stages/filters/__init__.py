@@ -23,17 +23,29 @@ from shardkit.errors import BadOption, ConfigError
 from shardkit.stages.filters import limits
 from shardkit.stages.filters.base import Filter
 from shardkit.stages.filters.c4 import C4, FineWeb
+from shardkit.stages.filters.classifier import FastText
 from shardkit.stages.filters.gopher import GopherQuality, GopherRepetition
 from shardkit.stages.filters.lang import Lang
 from shardkit.stages.filters.length import TextLength
 from shardkit.stages.filters.pii import PII
 
 FILTERS: dict[str, type[Filter]] = {"gopher-quality": GopherQuality, "gopher-repetition": GopherRepetition,
-                                    "c4": C4, "fineweb": FineWeb, "lang": Lang, "pii": PII, "text-length": TextLength}
+                                    "c4": C4, "fineweb": FineWeb, "lang": Lang, "pii": PII, "text-length": TextLength,
+                                    "fasttext": FastText}
 TOO_LARGE = "too-large"  # the counters' and filtered list's name for a text over --filter-max-bytes
 STAT = "curation"  # prefix of the build's stat counters: curation.<filter>.<rule>, curation.pii.<kind>
 # and the volume the filters saw and removed (the share of the corpus, hence of training compute, saved):
 VOLUME = (f"{STAT}.input.documents", f"{STAT}.input.bytes", f"{STAT}.bytes.")  # the last + <filter>
+TOKENS = (f"{STAT}.input.tokens", f"{STAT}.tokens.")  # with a tokenizer: the same in tokens (the last + <filter>)
+
+
+def _split(items) -> list[str]:
+    """Each --filter-option value cut before every `,NAME.OPTION=`: several options in one flag
+    (fasttext.model=m.bin,fasttext.label=__label__hq), while commas inside a value stay
+    (gopher-repetition.top_n_grams=2:0.2,3:0.18)."""
+    import re
+
+    return [part for item in items for part in re.split(r",(?=[a-z0-9-]+\.[a-z0-9_]+=)", str(item))]
 
 
 def parse_options(items) -> dict[str, dict]:
@@ -41,7 +53,7 @@ def parse_options(items) -> dict[str, dict]:
     parsed and range-checked, and one ConfigError names every bad one (`fineweb.line_punct_thr=nan`)."""
     out: dict = {}
     bad = []
-    for item in items:
+    for item in _split(items):
         head, sep, text = str(item).partition("=")
         name, dot, option = head.strip().partition(".")
         if not sep or not dot:
@@ -50,7 +62,7 @@ def parse_options(items) -> dict[str, dict]:
         cls = FILTERS.get(name)
         if cls is None:
             raise BadOption(f"--filter-option {item!r}: no filter {name!r}; choose one of {', '.join(FILTERS)}")
-        fields = [f.name for f in dataclasses.fields(cls)]
+        fields = [f.name for f in dataclasses.fields(cls) if f.init]
         if option not in fields:
             raise BadOption(f"--filter-option {item!r}: {name} has no option {option!r}; its options: "
                               f"{', '.join(fields)}")
@@ -154,7 +166,7 @@ def rejections_by_filter(stats: dict) -> dict[str, dict[str, int]]:
     removed: dict = {}
     for key, n in stats.items():
         parts = key.split(".")
-        if parts[0] == STAT and parts[1] not in ("pii", "input", "bytes", "dedup-paragraphs"):
+        if parts[0] == STAT and parts[1] not in ("pii", "input", "bytes", "tokens", "dedup-paragraphs"):
             removed.setdefault(parts[1], {})[parts[2]] = n
     return removed
 
@@ -168,12 +180,14 @@ def text_bytes(value) -> int:
     return sum(len(value[i:i + (1 << 20)].encode("utf-8", "replace")) for i in range(0, len(value), 1 << 20))
 
 
-def curate(samples, *, curation: Curation, stats: dict, dropped: list):
+def curate(samples, *, curation: Curation, stats: dict, dropped: list, count=None):
     """Stage: run the curation over each sample's text; a rejected sample is counted and listed in
     `dropped` as (key, source, source row, filter, rule), and left out. Samples without text pass.
     A text over `curation.max_bytes` is removed as (TOO_LARGE, 'max_bytes') before it is decoded: the
     filters hold several copies of a text (lines, words, n-gram arrays): 0.7-0.8 GB for a 50 MB one
-    (bench/RESULTS.md)."""
+    (bench/RESULTS.md). `count(text) -> tokens` (a build with a tokenizer): each text's tokens as it
+    came in, counted into TOKENS (all, and per filter what it removed), so kept + removed = the input's
+    tokens; a too-large text is not tokenized (that would hold it again) and counts 0 tokens on both sides."""
     for sample in samples:
         value = sample.fields.get("txt")
         if value is None:
@@ -182,16 +196,22 @@ def curate(samples, *, curation: Curation, stats: dict, dropped: list):
         size = text_bytes(value)
         for key, n in ((VOLUME[0], 1), (VOLUME[1], size)):
             stats[key] = stats.get(key, 0) + n
+        tokens = 0
         if curation.max_bytes is not None and size > curation.max_bytes:
             rejected = (TOO_LARGE, "max_bytes")
         else:
             text, _ = decode_text(value)
+            if count is not None:
+                tokens = count(text)
+                stats[TOKENS[0]] = stats.get(TOKENS[0], 0) + tokens
             edited, rejected = curation.apply(text, stats)
         if rejected is not None and rejected[0] == TOO_LARGE:
             key = f"{STAT}.{TOO_LARGE}.max_bytes"
             stats[key] = stats.get(key, 0) + 1
         if rejected is not None:
             stats[VOLUME[2] + rejected[0]] = stats.get(VOLUME[2] + rejected[0], 0) + size
+            if count is not None:
+                stats[TOKENS[1] + rejected[0]] = stats.get(TOKENS[1] + rejected[0], 0) + tokens
             meta = sample.meta
             dropped.append((sample.key, meta.get("source_path"), meta.get("source_row"), *rejected))
             continue

@@ -17,9 +17,11 @@ def parse_grams(value) -> tuple[tuple[int, float], ...]:
 
 
 def kind(cls, option: str) -> str:
-    """'flag', 'words' (a list of words), 'pairs' (n-gram: fraction), 'float' or 'int', from the field's
+    """'text' (a path, a label), 'flag', 'words' (a list of words), 'pairs' (n-gram: fraction), 'float' or 'int', from the field's
     declared type (`min_avg_word_length: float | None = 3` is a float, though its default is an int)."""
     declared = str({f.name: f.type for f in dataclasses.fields(cls)}[option])
+    if declared.startswith("str"):
+        return "text"
     if declared.startswith("bool"):
         return "flag"
     if declared.startswith("tuple[str"):
@@ -38,6 +40,8 @@ def parse(cls, option: str, text: str):
         if low not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError("expected true or false (or none: off)")
         return low in ("true", "1", "yes")
+    if what == "text":
+        return text.strip()
     if what == "words":
         return tuple(w.strip() for w in text.split(",") if w.strip())
     if what == "pairs":
@@ -67,7 +71,7 @@ def problem(cls, option: str, value) -> str | None:
     """What is wrong with a (settled) value: NaN or infinity, a fraction outside [0, 1], a negative
     count; None when it is fine."""
     what = kind(cls, option)
-    if value is None or what in ("flag", "words"):
+    if value is None or what in ("text", "flag", "words"):
         return None
     if what == "pairs":
         try:
