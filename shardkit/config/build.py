@@ -242,7 +242,8 @@ def check_cache_options(cfg: BuildConfig) -> None:
 
 
 # BuildConfig's curation fields: what DedupConfig.curation may hold (the curation flags of every job)
-CURATION_FIELDS = ("filter", "filter_option", "lang", "lang_threshold", "mask_pii", "dedup_exact", "dedup_paragraphs")
+CURATION_FIELDS = ("filter", "filter_option", "lang", "lang_threshold", "mask_pii", "dedup_exact", "dedup_paragraphs",
+                   "filter_max_bytes")
 DEDUP_MODALITIES = ("auto", "text", "image")
 # Weights (false positive, false negative) for datasketch's LSH parameter search. Candidates are checked
 # against the threshold afterwards, so a false positive costs one cheap comparison while a false negative
