@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shardkit.errors import ConfigError, FolderLocked, ShardkitError
 from shardkit.redact import redact
+from shardkit.http_ranges import FLOOR_RATE, Stalled
 from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.http_ranges import get as http_get
 
@@ -185,6 +186,8 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
         except ValueError:  # a code the standard library does not name
             phrase = ""
         return f"HTTP {status} {phrase}".rstrip()
+    if isinstance(error, Stalled):
+        return str(error)
     if isinstance(error, TimeoutError):
         return f"no answer within the {policy.timeout:g} s timeout"
     cuts = [e for e in _chain(error) if _cut(e)]
@@ -274,7 +277,11 @@ def _reader(url: str, policy: RemotePolicy):
     fs, path = filesystem(url, policy)
 
     def read(start, end, into=None):
-        data = fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
+        # An async backend (s3fs, ...) takes a limit on the whole call: its body has the time a
+        # FLOOR_RATE body would take, plus the timeout (its socket bounds each read only).
+        limit = {} if end is None or not getattr(fs, "async_impl", False) else {
+            "timeout": 2 * policy.timeout + (end - (start or 0)) / FLOOR_RATE}
+        data = fs.cat_file(path, **limit) if not start and end is None else fs.cat_file(path, start=start, end=end, **limit)
         if into is None or len(data) != len(into):
             return data
         into[:] = data

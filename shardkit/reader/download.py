@@ -9,9 +9,11 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, wait
 
 from shardkit.errors import ShardError
+from shardkit.http_ranges import FLOOR_RATE, Stalled
 from shardkit.fs import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem, read_bytes,
                          read_range, sha256_file, tmp_name, with_retries)
 
@@ -72,11 +74,15 @@ def _stream(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool
     options = {"block_size": 0, "size": nbytes} if path.startswith(("http://", "https://")) and nbytes else {}
 
     def once() -> None:
-        n = 0
+        n, begun = 0, time.monotonic()
         with fs.open(path, "rb", **options) as src:
             while block := src.read(CHUNK):
                 into.write(block, n)
                 n += len(block)
+                if time.monotonic() - begun > policy.timeout + n / FLOOR_RATE:  # a trickle: http_ranges's floor
+                    raise Stalled(f"the body came at {n / (time.monotonic() - begun):.0f} B/s, below the floor of "
+                                  f"{FLOOR_RATE >> 10} KiB/s, for longer than the {policy.timeout:g} s timeout "
+                                  "(a stalled store)")
         if nbytes is not None and n < nbytes:  # no Content-Length to tell aiohttp it was cut
             raise ShortBody(f"the body ended after {n} of {nbytes} bytes")
         os.ftruncate(into.fd, n)  # a retry may have written less than a longer try before it
