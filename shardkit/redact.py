@@ -38,26 +38,60 @@ def has_credentials(url: str) -> bool:
 
 def scrub(error: BaseException) -> BaseException:
     """`error` and the exceptions it chains (cause, context) with their messages redacted in place, so
-    that a traceback printed from them (--debug) holds no credential either; returns `error`."""
+    that a traceback printed from them (--debug) holds no credential either; a chained exception whose
+    text comes from elsewhere than its args (aiohttp's names its request's URL) is replaced in the
+    chain by a Redacted one, with its text redacted and its traceback. Returns `error`."""
     seen: set[int] = set()
     todo = [error]
     while todo:
         e = todo.pop()
-        if e is None or id(e) in seen:
+        if id(e) in seen:
             continue
         seen.add(id(e))
-        try:
-            e.args = tuple(redact(a) for a in e.args)
-            for name in ("filename", "filename2", "url", "detail", "msg", "message", "reason"):
-                value = getattr(e, name, None)
-                if isinstance(value, str):
-                    setattr(e, name, redact(value))
-            if getattr(e, "__notes__", None):
-                e.__notes__ = [redact(n) for n in e.__notes__]
-        except (AttributeError, TypeError):  # a read-only attribute: its message is left as it is
-            pass
-        todo += [e.__cause__, e.__context__]
+        _scrub_one(e)
+        suppress = e.__suppress_context__
+        for link in ("__cause__", "__context__"):
+            child = getattr(e, link)
+            if child is None:
+                continue
+            _scrub_one(child)
+            if _text(child) != redact(_text(child)):
+                child = _stand_in(child)
+                setattr(e, link, child)
+            todo.append(child)
+        e.__suppress_context__ = suppress  # setting __cause__ sets it
     return error
+
+
+class Redacted(Exception):
+    """Stands in a traceback for an exception whose text held a credential (see scrub)."""
+
+
+def _text(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 — a broken __str__ is no text
+        return ""
+
+
+def _stand_in(e: BaseException) -> Redacted:
+    new = Redacted(f"{type(e).__module__}.{type(e).__qualname__}: {redact(_text(e))}")
+    new.__traceback__, new.__cause__, new.__context__ = e.__traceback__, e.__cause__, e.__context__
+    new.__suppress_context__ = e.__suppress_context__
+    return new
+
+
+def _scrub_one(e: BaseException) -> None:
+    try:
+        e.args = tuple(redact(a) for a in e.args)
+        for name in ("filename", "filename2", "url", "detail", "msg", "message", "reason"):
+            value = getattr(e, name, None)
+            if isinstance(value, str):
+                setattr(e, name, redact(value))
+        if getattr(e, "__notes__", None):
+            e.__notes__ = [redact(n) for n in e.__notes__]
+    except (AttributeError, TypeError):  # a read-only attribute: the text is checked after
+        pass
 
 
 class RedactFilter(logging.Filter):
