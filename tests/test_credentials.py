@@ -114,18 +114,22 @@ def test_a_signed_dataset_url_fails_the_loader_without_its_secret(http, tmp_path
 
 
 def test_an_http_src_with_userinfo_builds_and_stores_no_credential(http, tmp_path):
-    """A source file whose read fails is a rejection naming its URL: errors.jsonl and the manifest
-    hold no credential, nor does the output (with --debug's log lines)."""
+    """A source file whose read fails fails the build in one line without the credential; once it
+    reads, errors.jsonl, the manifest and the output (with --debug's log lines) hold none either."""
     raw = tmp_path / "site" / "raw"
-    (raw / "a").mkdir(parents=True)
-    (raw / "docs.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(4)))
+    raw.mkdir(parents=True)
+    (raw / "docs.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(4)) + "{bad\n")
     (raw / "fail.jsonl").write_text(json.dumps({"text": "never read"}) + "\n")
-    out = tmp_path / "out"
-    result = run("--debug", "build", f"http://user:hunter2@{http.host}/raw", out, "--workers", "0", "--no-progress")
+    src, out = f"http://user:hunter2@{http.host}/raw", tmp_path / "out"
+    result = run("build", src, out, "--workers", "0", "--no-progress")
+    assert result.exit_code == 1 and "cannot read http://***@" in result.stderr and not leaks(shown(result))
+    os.remove(raw / "fail.jsonl")
+    result = run("--debug", "build", src, out, "--workers", "0", "--no-progress")
+    assert result.exit_code == 0, shown(result)
     written = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in
-                      (".json", ".jsonl")) if out.exists() else ""
+                      (".json", ".jsonl"))
+    assert (out / "manifest.json").exists() and "invalid JSON" in (out / "errors.jsonl").read_text()
     assert not leaks(shown(result), written), shown(result)
-    assert (out / "manifest.json").exists() or result.exit_code != 0
 
 
 S3_URL = "s3://AKIASECRETKEY:S3SECRET@shardkit-test/raw"
