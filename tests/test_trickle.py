@@ -10,7 +10,7 @@ import pytest
 from factory import make_dataset
 from throttled import Store
 
-HANG = 300  # seconds: far above the bound (3 tries of a 1 s timeout); only a hang reaches it
+HANG = 120  # seconds: far above the bound (2 tries of a 2 s timeout); only a hang reaches it
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ LOADER = """
 import sys
 from shardkit import StreamingDataset, make_loader
 from shardkit.errors import ShardError
-ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], timeout=1, retries=1)
+ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], timeout=2, retries=1)
 try:
     list(make_loader(ds, batch_size=4, num_workers=int(sys.argv[3])))
 except ShardError as e:
@@ -47,7 +47,7 @@ except ShardError as e:
 def test_a_trickling_store_fails_the_loader_as_a_stall(store, tmp_path, workers):
     out = _run([sys.executable, "-c", LOADER, store.url, str(tmp_path / "cache"), str(workers)])
     assert "ShardError: cannot fetch shard" in out.stdout, out.stdout + out.stderr
-    assert "below the floor of 64 KiB/s, for longer than the 1 s timeout" in out.stdout
+    assert "below the floor of 64 KiB/s, for longer than the 2 s timeout" in out.stdout
     assert "tried 2 time(s)" in out.stdout  # a stall is retried as one
     assert not [f for f in (tmp_path / "cache").rglob("*") if ".tmp-" in f.name]
 
@@ -57,7 +57,7 @@ def test_a_trickling_store_fails_the_loader_as_a_stall(store, tmp_path, workers)
 SHOW = """
 import functools, sys
 import shardkit.reader.dataset as d
-d.StreamingDataset = functools.partial(d.StreamingDataset, timeout=1, retries=1)
+d.StreamingDataset = functools.partial(d.StreamingDataset, timeout=2, retries=1)
 from shardkit.cli import main
 sys.argv[0] = "shardkit"
 main()
