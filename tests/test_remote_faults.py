@@ -189,3 +189,20 @@ def test_an_answer_is_named_by_its_status_even_one_the_standard_library_does_not
     with pytest.raises(RemoteError) as e:
         with_retries("http://127.0.0.1:9/x", RemotePolicy(retries=0), attempt)
     assert said in str(e.value)
+
+
+def test_a_temp_file_the_disk_refuses_to_size_is_removed(data, store, tmp_path, monkeypatch):
+    """The temp file is made at its full size at once (sparse): a disk that refuses that size (a full
+    one, a quota, a file size limit) failed the fetch with the temp file left behind (its descriptor open)."""
+    real, fds = os.ftruncate, []
+
+    def refuse(fd, length):
+        fds.append(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "ftruncate", refuse)
+    cache = tmp_path / "cache"
+    with pytest.raises(DiskError, match=r"^No space left on device: free space in"):
+        epoch(store.url, cache, fetch_ahead=0)
+    monkeypatch.setattr(os, "ftruncate", real)
+    assert fds and not [f for f in cache.rglob("*") if ".tmp-" in f.name]

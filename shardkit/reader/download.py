@@ -44,9 +44,13 @@ class Into:
         self.path, self.folder, self.url = path, folder, url
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            raise DiskError(e, folder, url) from e
+        try:
             if nbytes:  # full size at once (sparse): the cache's listing counts it while it fills
                 os.ftruncate(self.fd, nbytes)
-        except OSError as e:
+        except OSError as e:  # a disk that refuses the size: the temp file made just now goes too
+            _discard(self)
             raise DiskError(e, folder, url) from e
 
     def write(self, data, offset: int) -> None:
