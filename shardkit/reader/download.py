@@ -36,6 +36,27 @@ def _buffer(nbytes: int) -> memoryview:
     return memoryview(buf)[:nbytes]
 
 
+_ACTIVE: set[str] = set()  # temp files of this process's downloads in progress
+_EXIT_HOOK = {"pid": None}
+
+
+def _at_exit() -> None:
+    """A process that ends with downloads in progress (a DataLoader worker leaves by os._exit once the
+    loader is shut down, its fetch threads cut mid-body) removes their temp files."""
+    for path in list(_ACTIVE):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _track(path: str) -> None:
+    if _EXIT_HOOK["pid"] != os.getpid():  # a forked child starts without its parent's finalizers
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=10)  # run at exit, in children too
+        _EXIT_HOOK["pid"] = os.getpid()
+    _ACTIVE.add(path)
+
+
 class Into:
     """Where a download writes: the temp file's descriptor, and what a failed write names (the
     cache folder, the URL)."""
@@ -46,6 +67,7 @@ class Into:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise DiskError(e, folder, url) from e
+        _track(path)
         try:
             if nbytes:  # full size at once (sparse): the cache's listing counts it while it fills
                 os.ftruncate(self.fd, nbytes)
@@ -156,6 +178,7 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
         raise
     into.close()
     os.replace(into.path, dest)
+    _ACTIVE.discard(into.path)
     return learnt
 
 
@@ -189,3 +212,4 @@ def _discard(into: Into) -> None:
         into.close()
     with contextlib.suppress(FileNotFoundError):
         os.remove(into.path)
+    _ACTIVE.discard(into.path)
