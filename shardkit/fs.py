@@ -281,7 +281,10 @@ def _reader(url: str, policy: RemotePolicy):
         # FLOOR_RATE body would take, plus the timeout (its socket bounds each read only).
         limit = {} if end is None or not getattr(fs, "async_impl", False) else {
             "timeout": 2 * policy.timeout + (end - (start or 0)) / FLOOR_RATE}
-        data = fs.cat_file(path, **limit) if not start and end is None else fs.cat_file(path, start=start, end=end, **limit)
+        if not start and end is None:
+            data = fs.cat_file(path, **limit)
+        else:
+            data = fs.cat_file(path, start=start, end=end, **limit)
         if into is None or len(data) != len(into):
             return data
         into[:] = data

@@ -23,7 +23,7 @@ MAX_REDIRECTS = 5
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # The slowest a body may come for longer than the timeout: a store that trickles (a byte a second
 # keeps every read within the timeout) fails as a stall instead of holding the reader for ever. A
-# body of n bytes has timeout + n / FLOOR_RATE seconds, counted from its first byte asked.
+# body of n bytes has timeout + n / FLOOR_RATE seconds, counted from its response's headers.
 FLOOR_RATE = 64 << 10  # bytes/s
 READ = 1 << 20  # bytes asked of the socket at most per read of a body held in memory
 
