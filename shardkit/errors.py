@@ -7,6 +7,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from shardkit.redact import redact
+
 ON_ERROR_CHOICES = ("skip", "fail")
 
 
@@ -25,7 +27,11 @@ class Terminated(KeyboardInterrupt):
 
 
 class ShardkitError(Exception):
-    """Base of every error shardkit raises on purpose; the message says how to fix it."""
+    """Base of every error shardkit raises on purpose; the message says how to fix it (and never a
+    credential: a URL's userinfo and signed query values are redacted, shardkit.redact)."""
+
+    def __init__(self, *args):
+        super().__init__(*(redact(a) for a in args))
 
 
 class ConfigError(ShardkitError, ValueError):
@@ -95,7 +101,7 @@ class RejectedInput(ShardkitError):
 
     def __init__(self, reason: str):
         super().__init__(reason)
-        self.reason = reason
+        self.reason = redact(reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,7 @@ class Rejection:
     reason: str
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True)
+        return json.dumps({k: redact(v) for k, v in asdict(self).items()}, ensure_ascii=False, sort_keys=True)
 
     @property
     def kind(self) -> str:
@@ -136,7 +142,7 @@ class RejectionLog:
         self.items: list[Rejection] = []
 
     def reject(self, path: str, stage: str, reason: str) -> None:
-        rejection = Rejection(path, stage, reason)
+        rejection = Rejection(redact(path), stage, redact(reason))
         self.items.append(rejection)
         if self.policy == "fail":
             raise FailFast(rejection)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardkit.errors import ConfigError, FolderLocked, ShardkitError
+from shardkit.redact import redact
+from shardkit.http_ranges import FLOOR_RATE, Stalled
 from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.http_ranges import get as http_get
 
@@ -52,6 +54,7 @@ class RemoteError(ShardkitError):
     """A remote file could not be read: `detail` says why and what was tried."""
 
     def __init__(self, url: str, detail: str, not_found: bool = False):
+        url, detail = redact(url), redact(detail)
         super().__init__(f"cannot read {url}: {detail}")
         self.url, self.detail, self.not_found = url, detail, not_found
 
@@ -183,6 +186,8 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
         except ValueError:  # a code the standard library does not name
             phrase = ""
         return f"HTTP {status} {phrase}".rstrip()
+    if isinstance(error, Stalled):
+        return str(error)
     if isinstance(error, TimeoutError):
         return f"no answer within the {policy.timeout:g} s timeout"
     cuts = [e for e in _chain(error) if _cut(e)]
@@ -272,7 +277,14 @@ def _reader(url: str, policy: RemotePolicy):
     fs, path = filesystem(url, policy)
 
     def read(start, end, into=None):
-        data = fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)
+        # An async backend (s3fs, ...) takes a limit on the whole call: its body has the time a
+        # FLOOR_RATE body would take, plus the timeout (its socket bounds each read only).
+        limit = {} if end is None or not getattr(fs, "async_impl", False) else {
+            "timeout": 2 * policy.timeout + (end - (start or 0)) / FLOOR_RATE}
+        if not start and end is None:
+            data = fs.cat_file(path, **limit)
+        else:
+            data = fs.cat_file(path, start=start, end=end, **limit)
         if into is None or len(data) != len(into):
             return data
         into[:] = data
@@ -357,6 +369,7 @@ def folder_lock(folder: str, command: str, within: str | None = None):
     (`dedup RAW OUT` runs a build into the OUT it holds).
     """
     path = os.path.join(folder, LOCK_FILE)
+    fresh = not os.path.lexists(folder)  # made here: a run that fails before writing anything removes it
     os.makedirs(os.path.dirname(path), exist_ok=True)
     key = os.path.realpath(path)
     if key in _HELD:
@@ -385,9 +398,28 @@ def folder_lock(folder: str, command: str, within: str | None = None):
     _HELD[key] = [1, command, since]
     try:
         yield
+    except BaseException:
+        if fresh:
+            _remove_if_untouched(folder, path)
+        raise
     finally:
         del _HELD[key]
         os.close(fd)
+
+
+def _remove_if_untouched(folder: str, path: str) -> None:
+    """A folder that folder_lock made, given back as it was (absent) when the run wrote nothing in it
+    but the lock: a failed start leaves nothing behind. Done with the lock still held, so no other
+    writer holds this file (one that opened it meanwhile fails at once: LOCK_NB)."""
+    state = os.path.dirname(path)
+    try:
+        if os.listdir(folder) != [os.path.basename(state)] or os.listdir(state) != [os.path.basename(path)]:
+            return
+        os.remove(path)
+        os.rmdir(state)
+        os.rmdir(folder)
+    except OSError:  # written meanwhile, or not ours to remove: left as it is
+        pass
 
 
 def _holder(text: str) -> str:

@@ -15,11 +15,21 @@ import http.client
 import os
 import ssl
 import threading
+import time
 import urllib.parse
 
 
 MAX_REDIRECTS = 5
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# The slowest a body may come for longer than the timeout: a store that trickles (a byte a second
+# keeps every read within the timeout) fails as a stall instead of holding the reader for ever. A
+# body of n bytes has timeout + n / FLOOR_RATE seconds, counted from its response's headers.
+FLOOR_RATE = 64 << 10  # bytes/s
+READ = 1 << 20  # bytes asked of the socket at most per read of a body held in memory
+
+
+class Stalled(TimeoutError):  # a TimeoutError: retried as one
+    """A body that came slower than FLOOR_RATE for longer than the timeout (a trickling store)."""
 
 
 class RangeIgnored(ValueError):  # a ValueError: never retried
@@ -68,14 +78,62 @@ def get(url: str, start: int = 0, end: int | None = None, timeout: float = 15.0,
             url = urllib.parse.urljoin(url, response.getheader("Location"))
             continue
         try:
-            return _body(response, url, start, end, into)
+            return _body(response, url, start, end, into, _Deadline(response, conn, timeout))
         except BaseException:
             _drop(conn)
             raise
     raise HTTPStatusError(310, url)  # too many redirects
 
 
-def _body(response, url: str, start: int, end: int | None, into=None):
+class _Deadline:
+    """The deadline of one body: before each read of the socket, the time left to it (timeout +
+    bytes so far / FLOOR_RATE - time spent) bounds that read's wait, and none left is Stalled."""
+
+    def __init__(self, response, conn, timeout: float):
+        # The response's own socket: a connection that closes after it (HTTP/1.0) handed it over.
+        sock = getattr(getattr(response.fp, "raw", None), "_sock", None) or conn.sock
+        self.sock, self.timeout, self.start, self.got = sock, timeout, time.monotonic(), 0
+
+    def left(self) -> float:
+        left = self.timeout + self.got / FLOOR_RATE - (time.monotonic() - self.start)
+        if left <= 0:
+            raise Stalled(f"the body came at {self.got / (time.monotonic() - self.start):.0f} B/s, below the floor "
+                          f"of {FLOOR_RATE >> 10} KiB/s, for longer than the {self.timeout:g} s timeout (a "
+                          "stalled store)")
+        return left
+
+    def read(self, reader, arg):
+        """reader(arg) (one read of the socket), its wait bounded by the time left to the body."""
+        if self.sock is not None:
+            self.sock.settimeout(min(self.timeout, self.left()))
+        try:
+            got = reader(arg)
+        except TimeoutError as e:  # the wait ran out: a stall when the body's time did
+            self.left()
+            raise e
+        self.got += got if isinstance(got, int) else len(got)
+        return got
+
+    def done(self) -> None:
+        if self.sock is not None and self.sock.fileno() != -1:  # kept: its next request waits `timeout` again
+            self.sock.settimeout(self.timeout)
+
+
+class _OneRead:
+    """A response's socket file whose readinto returns after at most one read of the socket (what
+    BufferedReader.readinto1 does): so each read's wait is bounded by the body's deadline."""
+
+    def __init__(self, fp):
+        self._fp = fp
+
+    def readinto(self, buffer) -> int:
+        return self._fp.readinto1(buffer)
+
+    def __getattr__(self, name):
+        return getattr(self._fp, name)
+
+
+def _body(response, url: str, start: int, end: int | None, into, deadline: _Deadline):
     if response.status == 404:
         response.read()
         raise FileNotFoundError(url)
@@ -88,13 +146,22 @@ def _body(response, url: str, start: int, end: int | None, into=None):
             raise RangeIgnored(f"asked bytes {start}-{'' if end is None else end - 1}, the store sends the "
                                   f"whole file ({length} bytes)")
     if into is None or response.length != len(into):
-        return response.read()
+        parts = []
+        while part := deadline.read(response.read1, READ):
+            parts.append(part)
+        if response.length:  # Content-Length said more: cut short
+            raise http.client.IncompleteRead(b"".join(parts), response.length)
+        response.read()  # b'': marks the response done, so the kept-alive connection serves the next GET
+        deadline.done()
+        return b"".join(parts)
+    response.fp = _OneRead(response.fp)
     view, got = memoryview(into), 0
     while got < len(view):
-        n = response.readinto(view[got:])
+        n = deadline.read(response.readinto, view[got:])
         if not n:  # cut short: the connection is done for
             raise http.client.IncompleteRead(bytes(view[:got]), len(view) - got)
         got += n
+    deadline.done()
     return into
 
 

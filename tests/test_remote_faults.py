@@ -189,3 +189,48 @@ def test_an_answer_is_named_by_its_status_even_one_the_standard_library_does_not
     with pytest.raises(RemoteError) as e:
         with_retries("http://127.0.0.1:9/x", RemotePolicy(retries=0), attempt)
     assert said in str(e.value)
+
+
+def test_a_temp_file_the_disk_refuses_to_size_is_removed(data, store, tmp_path, monkeypatch):
+    """The temp file is made at its full size at once (sparse): a disk that refuses that size (a full
+    one, a quota, a file size limit) failed the fetch with the temp file left behind (its descriptor open)."""
+    real, fds = os.ftruncate, []
+
+    def refuse(fd, length):
+        fds.append(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "ftruncate", refuse)
+    cache = tmp_path / "cache"
+    with pytest.raises(DiskError, match=r"^No space left on device: free space in"):
+        epoch(store.url, cache, fetch_ahead=0)
+    monkeypatch.setattr(os, "ftruncate", real)
+    assert fds and not [f for f in cache.rglob("*") if ".tmp-" in f.name]
+
+
+CUT_SHORT = """
+import multiprocessing, sys, threading, time
+from shardkit.reader.download import download
+
+def child(url, dest):
+    threading.Thread(target=download, args=(url, dest, "0" * 64, None), daemon=True).start()
+    time.sleep(1.5)  # the body comes a byte a second: mid-transfer now; the process ends as a worker does
+
+p = multiprocessing.get_context("fork").Process(target=child, args=sys.argv[1:3])
+p.start()
+p.join()
+"""
+
+
+def test_a_process_that_ends_mid_fetch_leaves_no_temp_file(data, tmp_path):
+    """A DataLoader worker leaves by os._exit when the loader shuts down (after another worker's
+    error, a full disk say): its fetch threads stop mid-body, and their temp files stayed."""
+    root, _ = data
+    store = Store(root, latency=0.0, rate=None)
+    store.trickle("/shards/")
+    try:
+        subprocess.run([sys.executable, "-c", CUT_SHORT, store.url + SHARD, str(tmp_path / "x.tar")], timeout=120,
+                       check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    finally:
+        store.close()
+    assert store.gets[SHARD] == 1 and os.listdir(tmp_path) == []

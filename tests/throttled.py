@@ -41,6 +41,8 @@ class Store:
         self.spans: list[tuple[float, float, str, int]] = []  # (received, answered, path, bytes) of each GET
         self.dead = threading.Event()
         self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
+        self.trickling = ""  # GETs of paths starting so send their body a byte a second (`trickle`)
+        self.closed = threading.Event()
         self._lock = threading.Lock()
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
@@ -86,12 +88,18 @@ class Store:
             plan[0] -= 1
             return True, plan[1]
 
+    def trickle(self, prefix: str = "/shards/") -> None:
+        """GETs of paths starting with `prefix` send their body one byte a second from now on (a store
+        that never quite stalls: each read of the client gets a byte within any timeout)."""
+        self.trickling = prefix
+
     def kill(self) -> None:
         """The store disappears: transfers in progress break off, new connections are refused."""
         self.dead.set()
         self.close()
 
     def close(self) -> None:
+        self.closed.set()
         self.server.shutdown()
         self.server.server_close()
         self._thread.join()
@@ -156,6 +164,8 @@ class Store:
 
             def _send(self, path: str, start: int, end: int) -> int:
                 began, sent = time.monotonic(), 0
+                if store.trickling and self.path.startswith(store.trickling):
+                    return self._trickle(path, start, end)
                 with open(path, "rb") as f:
                     while start + sent < end:
                         if store.dead.is_set():  # break the connection mid-body
@@ -173,5 +183,16 @@ class Store:
                             if ahead > 0:
                                 time.sleep(ahead)
                 return sent
+
+            def _trickle(self, path: str, start: int, end: int) -> int:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    data = f.read(end - start)
+                for i in range(len(data)):
+                    if store.closed.wait(1.0):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return i
+                    self.connection.sendall(data[i:i + 1])
+                return len(data)
 
         return Handler

@@ -13,6 +13,7 @@ import click
 
 from shardkit._version import __version__
 from shardkit.errors import ShardkitError, Terminated
+from shardkit.redact import RedactFilter, redact, scrub
 
 
 # Exit statuses (README "When something fails"); click itself exits 2 on a bad flag or argument.
@@ -115,6 +116,7 @@ def _show_logs():
     logger, level, workers = logging.getLogger("shardkit"), logging.getLogger("shardkit").level, cluster.worker_log_level
     cluster.worker_log_level = logging.WARNING  # Dask workers report their failures too
     handler = _StderrHandler()
+    handler.addFilter(RedactFilter())  # a URL a line names keeps no credential
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -163,7 +165,7 @@ class _Group(click.Group):
                 if debug:
                     import traceback
 
-                    traceback.print_exc()
+                    traceback.print_exception(scrub(e))
                 # One line, and the same status a shell shows for SIGTERM: schedulers read it as "stopped".
                 click.secho(f"stopped by {e.name}: rerun the same command to continue", fg="red", err=True)
                 sys.exit(EXIT_TERMINATED)
@@ -173,9 +175,10 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:
             if debug:
+                scrub(e)  # the traceback names no credential either
                 raise
             status, message = describe(e)
-            click.secho(f"error: {message}", fg="red", err=True)
+            click.secho(f"error: {redact(message)}", fg="red", err=True)
             sys.exit(status)
 
 

@@ -36,6 +36,7 @@ from shardkit.jobs.dedup_tasks import estimate_inventory_seconds
 from shardkit.jobs.build_probe import build_pool
 from shardkit.jobs.build_fields import Corpus, cache_fields, corpus_key, field_specs
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
+from shardkit.redact import redact
 from shardkit.store.lease import out_lock
 
 log = logging.getLogger("shardkit.build")
@@ -92,7 +93,7 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
         raise EmptyInput(f"{cfg.src} holds no input shardkit can read{passed if inv.rejections else ''}; "
                          "add images, text, .jsonl or .parquet files, or pass --allow-empty to write an empty dataset")
     for note in inv.notes:
-        log.info("%s", note)
+        log.info("%s", redact(note))
     store.makedirs(store.join(cfg.out, "shards"))
     durable.retire_manifest(cfg.out)  # until this build ends, no manifest may name shards it is about to replace
     return inv
@@ -265,6 +266,7 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
     curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii,
                                      max_bytes=cfg.filter_max_bytes)
+    store.check_source(cfg.src)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
     with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
         return _build(cfg, dedup, curation)

@@ -241,6 +241,7 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
         raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
+    store.check_source(cfg.src)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
     with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
         if store.exists(store.join(cfg.src, MANIFEST_NAME)):
             return dedup_dataset(cfg)

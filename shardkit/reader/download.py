@@ -9,9 +9,11 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, wait
 
 from shardkit.errors import ShardError
+from shardkit.http_ranges import FLOOR_RATE, Stalled
 from shardkit.fs import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem, read_bytes,
                          read_range, sha256_file, tmp_name, with_retries)
 
@@ -34,6 +36,27 @@ def _buffer(nbytes: int) -> memoryview:
     return memoryview(buf)[:nbytes]
 
 
+_ACTIVE: set[str] = set()  # temp files of this process's downloads in progress
+_EXIT_HOOK = {"pid": None}
+
+
+def _at_exit() -> None:
+    """A process that ends with downloads in progress (a DataLoader worker leaves by os._exit once the
+    loader is shut down, its fetch threads cut mid-body) removes their temp files."""
+    for path in list(_ACTIVE):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _track(path: str) -> None:
+    if _EXIT_HOOK["pid"] != os.getpid():  # a forked child starts without its parent's finalizers
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=10)  # run at exit, in children too
+        _EXIT_HOOK["pid"] = os.getpid()
+    _ACTIVE.add(path)
+
+
 class Into:
     """Where a download writes: the temp file's descriptor, and what a failed write names (the
     cache folder, the URL)."""
@@ -42,9 +65,14 @@ class Into:
         self.path, self.folder, self.url = path, folder, url
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            raise DiskError(e, folder, url) from e
+        _track(path)
+        try:
             if nbytes:  # full size at once (sparse): the cache's listing counts it while it fills
                 os.ftruncate(self.fd, nbytes)
-        except OSError as e:
+        except OSError as e:  # a disk that refuses the size: the temp file made just now goes too
+            _discard(self)
             raise DiskError(e, folder, url) from e
 
     def write(self, data, offset: int) -> None:
@@ -72,11 +100,15 @@ def _stream(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool
     options = {"block_size": 0, "size": nbytes} if path.startswith(("http://", "https://")) and nbytes else {}
 
     def once() -> None:
-        n = 0
+        n, begun = 0, time.monotonic()
         with fs.open(path, "rb", **options) as src:
             while block := src.read(CHUNK):
                 into.write(block, n)
                 n += len(block)
+                if time.monotonic() - begun > policy.timeout + n / FLOOR_RATE:  # a trickle: http_ranges's floor
+                    raise Stalled(f"the body came at {n / (time.monotonic() - begun):.0f} B/s, below the floor of "
+                                  f"{FLOOR_RATE >> 10} KiB/s, for longer than the {policy.timeout:g} s timeout "
+                                  "(a stalled store)")
         if nbytes is not None and n < nbytes:  # no Content-Length to tell aiohttp it was cut
             raise ShortBody(f"the body ended after {n} of {nbytes} bytes")
         os.ftruncate(into.fd, n)  # a retry may have written less than a longer try before it
@@ -146,6 +178,7 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
         raise
     into.close()
     os.replace(into.path, dest)
+    _ACTIVE.discard(into.path)
     return learnt
 
 
@@ -179,3 +212,4 @@ def _discard(into: Into) -> None:
         into.close()
     with contextlib.suppress(FileNotFoundError):
         os.remove(into.path)
+    _ACTIVE.discard(into.path)

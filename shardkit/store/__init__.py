@@ -37,6 +37,18 @@ def location(value: str, what: str, *, write: bool = False) -> str:
     return checked if is_url(checked) else os.path.abspath(checked)
 
 
+def check_source(src: str) -> None:
+    """SRC is there before anything is written to OUT: a local folder, or a store whose bucket answers
+    (one small listing; a bucket that does not exist, or credentials it refuses, fail here)."""
+    if not is_url(src):
+        if not os.path.isdir(src):
+            raise FileNotFoundError(f"source folder {src!r} does not exist or is not a folder")
+        return
+    from shardkit.store.listing import has_any
+
+    has_any(src)
+
+
 def same_location(a: str, b: str) -> bool:
     """Whether two checked locations (see location) are one folder."""
     if is_url(a) or is_url(b):

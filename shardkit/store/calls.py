@@ -7,7 +7,8 @@ import os
 import threading
 
 from shardkit.fs import RemoteError, RemotePolicy, local_path, with_retries
-from shardkit.store.urls import is_url, missing_backend
+from shardkit.errors import BadURL
+from shardkit.store.urls import is_url, missing_backend, unusable
 
 _STATE = {"policy": RemotePolicy(), "fix": "shardkit build --timeout/--retries"}
 _READER_FIX = "StreamingDataset(timeout=..., retries=...)"  # what fs.with_retries names as the fix
@@ -47,6 +48,8 @@ def filesystem(url: str):
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_options(protocol, p))
             except ImportError as e:
                 raise missing_backend(protocol, e, "URL", url) from None
+            except (TypeError, ValueError) as e:  # a backend that cannot be made from a URL alone
+                raise BadURL(unusable(protocol, "URL", url, f"{type(e).__name__}: {e}")) from None
             if hasattr(fs, "retries"):
                 fs.retries = 1
             _FS[key] = fs

@@ -25,6 +25,7 @@ import uuid
 
 from shardkit.errors import FolderLocked
 from shardkit.fs import RemoteError, folder_lock
+from shardkit.redact import redact
 from shardkit.identity import pid_alive
 from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
 
@@ -147,7 +148,7 @@ class Lease:
             self.record["refreshed"] = time.time()
             etag = self._put(IfMatch=held_etag) if held_etag and self.guarded else self._put()
             if etag is not None:
-                log.warning("%s: took over the lease of %s (%s)", self.out, _holder(held), why)
+                log.warning("%s: took over the lease of %s (%s)", redact(self.out), _holder(held), why)
                 self.etag = etag
                 break
         else:
@@ -170,7 +171,7 @@ class Lease:
     def _unguarded(self, why: str) -> str:
         self.guarded = False
         log.warning("%s: this store does not support conditional writes (%s): a second job writing the same OUT "
-                    "at the same time is not refused here; run one job per OUT", self.out, why)
+                    "at the same time is not refused here; run one job per OUT", redact(self.out), redact(why))
         return self._put() or ""
 
     def _refusal(self, held: dict) -> str:
@@ -185,11 +186,11 @@ class Lease:
             try:
                 etag = self._put(IfMatch=self.etag) if self.guarded and self.etag else self._put()
             except Exception as e:  # noqa: BLE001 — a failed refresh is retried at the next one
-                log.debug("lease refresh failed: %s", e)
+                log.debug("lease refresh failed: %s", redact(str(e)))
                 continue
             if etag is None:
                 self.lost, _ = self._read()
-                log.warning("%s: the lease was taken over by %s while this job ran", self.out,
+                log.warning("%s: the lease was taken over by %s while this job ran", redact(self.out),
                             _holder(self.lost or {}))
                 return
             self.etag = etag

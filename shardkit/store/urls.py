@@ -105,12 +105,78 @@ def check_location(value, what: str, *, write: bool = False) -> str:
     if write and protocol in READ_ONLY:
         raise BadURL(f"{what} {value!r}: {protocol}:// is read-only; write to a local folder or an object store "
                      "(s3://, gs://, az://)")
+    if protocol in ("s3", "s3a"):
+        _check_bucket(protocol, rest, what, value)
     try:
         if protocol not in OWN_CLIENT or what != "dataset":  # a build's SRC is listed through fsspec's client
             _import_backend(protocol)
+            _check_backend(protocol, what, value)
     except ImportError as e:
         raise missing_backend(protocol, e, what, value) from None
     return f"{protocol}://{rest.rstrip('/')}"
+
+
+# S3's bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html):
+# 3-63 characters of lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_IP = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"))
+
+
+def _check_bucket(protocol: str, rest: str, what: str, value: str) -> None:
+    """A bucket name S3 would refuse, refused here in one line (botocore's own check is a multi-line
+    regex dump, and it comes only after the retries)."""
+    from shardkit.redact import redact
+
+    bucket = rest.split("/", 1)[0]
+    shown = redact(value)
+    if "@" in bucket:
+        raise BadURL(f"{what} {shown!r}: credentials in an {protocol}:// URL are not used (and would be printed); "
+                     "give them the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or AWS_PROFILE naming a "
+                     "profile in ~/.aws/credentials, and write the URL as s3://BUCKET/PATH")
+    why = None
+    if not 3 <= len(bucket) <= 63:
+        why = f"it has {len(bucket)} characters, S3 allows 3 to 63"
+    elif bad := sorted(set(re.sub(r"[a-z0-9.-]", "", bucket))):
+        why = f"it holds {''.join(bad)!r}: S3 allows lowercase letters, digits, dots and hyphens"
+    elif not _BUCKET.match(bucket):
+        why = "it must start and end with a lowercase letter or a digit"
+    elif ".." in bucket or ".-" in bucket or "-." in bucket:
+        why = "it has two dots, or a dot beside a hyphen, in a row"
+    elif _IP.match(bucket):
+        why = "it is written as an IP address"
+    elif bucket.startswith(_RESERVED[0]) or bucket.endswith(_RESERVED[1]):
+        why = "it starts or ends with a part S3 reserves (xn--, sthree-, -s3alias, --ol-s3, ...)"
+    if why:
+        raise BadURL(f"{what} {shown!r}: {bucket!r} is not a valid S3 bucket name ({why}); check the URL, "
+                     f"written {protocol}://BUCKET/PATH")
+
+
+def _check_backend(protocol: str, what: str, value: str) -> None:
+    """A backend shardkit cannot make from a URL alone (fsspec's ftp and sftp want the host as an
+    argument of their own): a BadURL now, not a TypeError from its constructor (whose half-made
+    object then prints tracebacks from its destructor)."""
+    import inspect
+
+    from fsspec.registry import get_filesystem_class
+
+    cls = get_filesystem_class(protocol)
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read: the backend is tried as it is
+        return
+    needed = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if needed:
+        raise BadURL(unusable(protocol, what, value, f"its fsspec backend {cls.__name__} needs "
+                                                     f"{', '.join(needed)} given apart from the URL"))
+
+
+def unusable(protocol: str, what: str, value: str, why: str) -> str:
+    """The message of a BadURL for a protocol whose backend shardkit cannot use."""
+    from shardkit.redact import redact
+
+    return (f"{what} {redact(value)!r}: {protocol}:// is not a store shardkit can use ({why}); copy the data to a "
+            "local folder or an object store (s3://, gs://, az://, hf://), or read it over http(s)://")
 
 
 # A dataset at such a URL is read on shardkit's own connections (shardkit/http_ranges.py): fsspec's
