@@ -38,7 +38,7 @@ def make_shard(root: str, n: int):
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from shardkit.fs import sha256_file
+    from shardkit.store.local import sha256_file
     from shardkit.reader.shards import ParquetShard
     from shardkit.reader.values import ByteLRU
 

@@ -137,7 +137,7 @@ def _link(source: str, target: str) -> None:
 def prepare(src: str, data: str, val_pct: int, make_config) -> tuple[str, str]:
     """DATA/train and DATA/val built from SRC; skipped when SRC and the build config are unchanged."""
     from shardkit.jobs.build import build
-    from shardkit.fs import atomic_write
+    from shardkit.store.local import atomic_write
     from shardkit.manifest import load_manifest
 
     train_dir, val_dir = os.path.join(data, "train"), os.path.join(data, "val")

@@ -136,7 +136,7 @@ def test_annotate_runs_on_dask_with_the_same_bytes(corpus):
 
 HOLD = """
 import sys
-from shardkit.fs import folder_lock
+from shardkit.store.locks import folder_lock
 with folder_lock(sys.argv[1], "test holder"):
     print("held", flush=True)
     sys.stdin.read()

@@ -183,7 +183,7 @@ def rescore(root) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shardkit.fs import sha256_file
+    from shardkit.store.local import sha256_file
     from shardkit.manifest import write_manifest
     from shardkit.manifest.attributes import Attributes, attach, load_attributes
 

@@ -55,7 +55,7 @@ def test_one_build_per_out_and_kill_9_leaves_no_stale_lock(raw_folder, tmp_path)
 
 HOLD = """
 import sys
-from shardkit.fs import folder_lock
+from shardkit.store.locks import folder_lock
 with folder_lock(sys.argv[1], "test holder"):
     print("held", flush=True)
     sys.stdin.read()
@@ -66,7 +66,7 @@ def test_dedup_takes_the_lock_too(raw_folder, tmp_path):
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup
     from shardkit.errors import FolderLocked
-    from shardkit.fs import folder_lock
+    from shardkit.store.locks import folder_lock
 
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ import pytest
 from factory import make_dataset
 
 from shardkit.errors import ShardError
-from shardkit.fs import sha256_file
+from shardkit.store.local import sha256_file
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
 from shardkit.reader.dataset import StreamingDataset

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.fs import sha256_file
+from shardkit.store.local import sha256_file
 
 from conftest import tree_bytes
 

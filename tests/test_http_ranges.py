@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from throttled import Store
 
-from shardkit.fs import RangeIgnored, RemoteError, RemotePolicy, read_bytes, read_range
+from shardkit.store.remote import RangeIgnored, RemoteError, RemotePolicy, read_bytes, read_range
 import shardkit.http_ranges as http_ranges
 
 NO_WAIT = RemotePolicy(retries=1, backoff=0.001)

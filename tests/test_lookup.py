@@ -14,7 +14,7 @@ from test_remote import served  # noqa: F401  (fixture)
 from shardkit.config import BuildConfig
 from shardkit.errors import ChecksumMismatch, IndexOutOfRange, SampleNotFound
 from shardkit.jobs.build import build
-from shardkit.fs import sha256_file
+from shardkit.store.local import sha256_file
 from shardkit.manifest import ShardTable, load_manifest
 from shardkit.reader.dataset import StreamingDataset
 

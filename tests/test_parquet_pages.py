@@ -8,7 +8,7 @@ import torch
 from factory import make_dataset
 
 from shardkit.contract import ShardInfo
-from shardkit.fs import sha256_file
+from shardkit.store.local import sha256_file
 from shardkit.manifest import load_manifest
 from shardkit.reader import shards as shards_module
 from shardkit.reader.dataset import StreamingDataset

@@ -15,7 +15,7 @@ from factory import keys_of, make_dataset, read_epoch, same_batches
 from throttled import Store
 
 from shardkit.errors import ShardError
-from shardkit.fs import DiskError, RemoteError, RemotePolicy, ShortBody, retryable, with_retries
+from shardkit.store.remote import DiskError, RemoteError, RemotePolicy, ShortBody, retryable, with_retries
 from shardkit.reader.dataset import StreamingDataset
 
 SHARD = "/shards/data-00001.tar"
@@ -126,7 +126,7 @@ def test_a_full_cache_disk_names_the_disk_and_the_fix(data, store, tmp_path, mon
 SMALL_DISK = """
 import sys
 from shardkit import StreamingDataset, make_loader
-from shardkit.fs import DiskError
+from shardkit.store.remote import DiskError
 try:
     ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], seed=7)
     list(make_loader(ds, batch_size=5, num_workers=int(sys.argv[3])))

@@ -82,7 +82,7 @@ def test_unsafe_paths_in_the_table_are_rejected(tmp_path, monkeypatch, bad, colu
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shardkit.fs import sha256_bytes
+    from shardkit.store.local import sha256_bytes
 
     monkeypatch.setattr(manifest_module, "INLINE_SHARDS", 0)
     root, _ = make_dataset(tmp_path, 12, shards=3)

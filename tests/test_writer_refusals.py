@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import map_fns
 from shardkit import ShardWriter, StreamingDataset, build_map
 from shardkit.errors import ConfigError, FolderLocked
-from shardkit.fs import folder_lock
+from shardkit.store.locks import folder_lock
 from shardkit.jobs.shard_writer import BadSample
 
 

@@ -80,7 +80,7 @@ class StreamConfig:
         self.remote_policy()  # validates timeout and retries
 
     def remote_policy(self):
-        """The timeouts and retries of remote reads (shardkit.fs.RemotePolicy)."""
-        from shardkit.fs import RemotePolicy
+        """The timeouts and retries of remote reads (shardkit.store.remote.RemotePolicy)."""
+        from shardkit.store.remote import RemotePolicy
 
         return RemotePolicy(timeout=self.timeout, retries=self.retries)

@@ -20,7 +20,8 @@ import numpy as np
 from shardkit.config import AnnotateConfig
 from shardkit.contract import AttributeInfo, attributes_relpath
 from shardkit.errors import ConfigError
-from shardkit.fs import folder_lock, is_remote, sha256_file
+from shardkit.store.locks import folder_lock
+from shardkit.store.local import is_remote, sha256_file
 from shardkit.jobs.annotate_tasks import (DEDUP, TEXT_FIELD, AnnotateContext, ShardDone, ShardJob, annotate_shard,
                                           column_specs, layout, shard_texts)
 from shardkit.jobs.cluster import background_client

@@ -11,7 +11,7 @@ import numpy as np
 
 import shardkit.store as store
 from shardkit.config import BuildConfig
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.jobs.pool import PoolChoice, choose_pool, gil_share_median
 from shardkit.sources import walk as W
 from shardkit.sources.tar_rows import first_images

@@ -109,7 +109,7 @@ def manifest_attributes(cfg: BuildConfig, infos: list):
 def unchanged(out: str, info) -> bool:
     """Whether a shard's attribute table is still the one its build recorded (None: there is none)."""
     import shardkit.store as store
-    from shardkit.fs import sha256_file
+    from shardkit.store.local import sha256_file
 
     if info is None:
         return True

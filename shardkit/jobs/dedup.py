@@ -14,7 +14,7 @@ from shardkit.config import DedupConfig, remote_policy
 from shardkit.jobs import durable
 from shardkit.jobs.dedup_tasks import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, ShardError, count_by_reason
-from shardkit.fs import is_remote
+from shardkit.store.local import is_remote
 from shardkit.duplicates.review import DedupResult, dedup_record, write_report
 from shardkit.store.lease import out_lock
 from shardkit.jobs.cluster import lazy_client, plan_execution

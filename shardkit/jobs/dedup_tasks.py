@@ -74,7 +74,8 @@ def shard_sources(root: str, shard) -> tuple[list, list] | None:
     """The (source paths, lines/rows) a shard records for its samples, or None if it has none."""
     import pyarrow.parquet as pq
 
-    from shardkit.fs import join, open_url
+    from shardkit.store.local import join
+    from shardkit.store.remote import open_url
 
     rel = shard.index["path"] if shard.format == "tar" and shard.index else shard.path
     with open_url(join(root, rel)) as f:

@@ -10,7 +10,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 import shardkit.store as store
-from shardkit.fs import RemoteError, local_path, sha256_file
+from shardkit.store.remote import RemoteError
+from shardkit.store.local import local_path, sha256_file
 from shardkit.manifest import load_manifest, safe_relpath
 
 CHUNK = 4 << 20  # bytes hashed (and, from a store, copied) at a time

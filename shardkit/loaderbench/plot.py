@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from shardkit.fs import atomic_writer
+from shardkit.store.local import atomic_writer
 
 SIZE = (1300, 500)
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from shardkit.loaderbench.settings import BenchConfig
 from shardkit.loaderbench.data import BenchData
 from shardkit.loaderbench.loaders import ALL_VARIANTS, MIXTURE_VARIANTS
-from shardkit.fs import atomic_write
+from shardkit.store.local import atomic_write
 from shardkit.meter import advice, band, mixture_line
 
 SCHEMA = "shardkit.loaderbench/1"

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from shardkit._version import __version__
 from shardkit.contract import FIELD_KINDS, ShardInfo
 from shardkit.errors import ConfigError, ManifestError
-from shardkit.fs import RemoteError, join, read_bytes, sha256_bytes
+from shardkit.store.remote import RemoteError, read_bytes
+from shardkit.store.local import join, sha256_bytes
 from shardkit.manifest.table import ShardTable, safe_relpath
 
 FORMAT = "shardkit"
@@ -84,7 +85,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict, where: str = "manifest", root: str | None = None, policy=None) -> "Manifest":
         """A manifest from manifest.json's content; `root` is where its shard table lies (version 2),
-        read with `policy` (a shardkit.fs.RemotePolicy) when remote."""
+        read with `policy` (a shardkit.store.remote.RemotePolicy) when remote."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ManifestError(f"{where} is not a shardkit manifest (expected \"format\": \"shardkit\")")
         if d.get("version") not in (1, VERSION):
@@ -196,7 +197,7 @@ def manifest_url(root: str) -> str:
 
 def load_manifest(root: str, policy=None) -> Manifest:
     """Read and validate ROOT/manifest.json (a local folder, or an fsspec URL read with `policy`'s
-    timeouts and retries: a shardkit.fs.RemotePolicy). A ROOT that is not a usable location (a
+    timeouts and retries: a shardkit.store.remote.RemotePolicy). A ROOT that is not a usable location (a
     malformed URL, an unknown protocol, a backend not installed) is a BadURL naming the fix."""
     from shardkit.errors import BadDatasetURL, BadURL
     from shardkit.store.urls import check_location

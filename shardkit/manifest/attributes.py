@@ -24,7 +24,8 @@ import numpy as np
 
 from shardkit.contract import AttributeInfo
 from shardkit.errors import ConfigError, ManifestError
-from shardkit.fs import RemoteError, join, read_bytes, sha256_bytes
+from shardkit.store.remote import RemoteError, read_bytes
+from shardkit.store.local import join, sha256_bytes
 from shardkit.manifest.table import safe_relpath
 
 VERSION = 1

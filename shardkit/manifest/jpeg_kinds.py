@@ -35,7 +35,7 @@ def jpeg_kind(data: bytes) -> str | None:
 
 
 def _tar_values(url: str, field: str, limit: int):
-    from shardkit.fs import open_url
+    from shardkit.store.remote import open_url
 
     with open_url(url) as f, tarfile.open(fileobj=f, mode="r|") as tar:
         for member in tar:
@@ -49,7 +49,7 @@ def _tar_values(url: str, field: str, limit: int):
 def _parquet_values(url: str, field: str, limit: int):
     import pyarrow.parquet as pq
 
-    from shardkit.fs import open_url
+    from shardkit.store.remote import open_url
 
     with open_url(url) as f:
         pf = pq.ParquetFile(f)
@@ -60,7 +60,7 @@ def _parquet_values(url: str, field: str, limit: int):
 def progressive_share(manifest, root: str) -> dict | None:
     """{"field", "sampled", "progressive", "share"} over at most SAMPLE JPEGs of the first JPEG image
     field, from up to SHARDS shards spread over the dataset; None when it holds no JPEG field."""
-    from shardkit.fs import join
+    from shardkit.store.local import join
 
     field = next((n for n, spec in sorted(manifest.fields.items())
                   if spec.get("kind") == "image" and (n in JPEG_EXTS or spec.get("encoding") in JPEG_EXTS)), None)

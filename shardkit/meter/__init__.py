@@ -11,7 +11,7 @@ from array import array
 from dataclasses import dataclass
 
 from shardkit.errors import ConfigError
-from shardkit.fs import atomic_write
+from shardkit.store.local import atomic_write
 from shardkit.identity import rank_world
 from shardkit.meter import transfer as _transfer
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,

@@ -11,7 +11,7 @@ import torch
 from shardkit.config import FLOAT_DTYPES, StreamConfig
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ChecksumMismatch, ShardError
-from shardkit.fs import join
+from shardkit.store.local import join
 from shardkit.identity import worker_identity
 from shardkit.reader import decode, variants
 from shardkit.reader.order import shard_offsets

@@ -22,7 +22,8 @@ import uuid
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import RemotePolicy, is_remote, join, local_path, sha256_file
+from shardkit.store.remote import RemotePolicy
+from shardkit.store.local import is_remote, join, local_path, sha256_file
 from shardkit.identity import pid_alive
 from shardkit.reader.download import download
 

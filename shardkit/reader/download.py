@@ -14,8 +14,9 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 
 from shardkit.errors import ShardError
 from shardkit.http_ranges import FLOOR_RATE, Stalled
-from shardkit.fs import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem, read_bytes,
-                         read_range, sha256_file, tmp_name, with_retries)
+from shardkit.store.remote import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem,
+                                   read_bytes, read_range, with_retries)
+from shardkit.store.local import sha256_file, tmp_name
 
 CHUNK = 1 << 20
 # Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a

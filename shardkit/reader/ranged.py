@@ -18,7 +18,7 @@ import numpy as np
 
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ShardError
-from shardkit.fs import RemoteError, read_range
+from shardkit.store.remote import RemoteError, read_range
 from shardkit.reader.cache import Pin, PinnedShard
 from shardkit.reader.shards import read_index
 

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from shardkit.errors import ShardError
-from shardkit.fs import RangeIgnored, is_remote
+from shardkit.store.remote import RangeIgnored
+from shardkit.store.local import is_remote
 from shardkit.reader import download, ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu

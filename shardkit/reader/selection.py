@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.errors import ConfigError, ShardError
-from shardkit.fs import join, read_bytes, sha256_bytes
+from shardkit.store.local import join, sha256_bytes
+from shardkit.store.remote import read_bytes
 from shardkit.manifest.attributes import load_attributes
 from shardkit.reader.masks import make_mask
 from shardkit.reader.order import shard_offsets

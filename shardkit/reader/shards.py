@@ -10,7 +10,7 @@ import numpy as np
 
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes, sums_digest
 from shardkit.errors import ShardError
-from shardkit.fs import is_remote, join, local_path
+from shardkit.store.local import is_remote, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.reader import parquet_pages
 from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from shardkit.config import BuildConfig
 from shardkit.contract import decode_text
 from shardkit.errors import RejectedInput
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.sample import Sample
 from shardkit.store import join, read_source
 from shardkit.sources.walk import (ARRAY_EXTS, IMAGE_EXTS, JSON_EXTS, JSONL_EXTS, KNOWN_EXTS, PARQUET_EXTS,

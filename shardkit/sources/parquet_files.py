@@ -249,7 +249,7 @@ class RowConverter:
 
     def _remote_image_file(self, path: str) -> tuple[bytes, list]:
         """_image_file for SRC on a store: the path is resolved by name (a store has no links)."""
-        from shardkit.fs import RemoteError
+        from shardkit.store.remote import RemoteError
         from shardkit.store import join, read_source, stat_source
 
         rel = posixpath.normpath(posixpath.join(posixpath.dirname(self.rel), path))

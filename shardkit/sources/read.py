@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.sources import walk as W
 from shardkit.sources.key_order import ATOMS, Piece
 from shardkit.sources.index import RowCount, RowRef, ScanOptions, keys_of, load_index

@@ -90,7 +90,7 @@ def counted(rf, opts: ScanOptions) -> RowCount | None:
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
     """The counting task: write the row index of one row file (reused while the file is unchanged)."""
-    from shardkit.fs import RemoteError
+    from shardkit.store.remote import RemoteError
     from shardkit.store import join, makedirs, write, writer
 
     makedirs(opts.state_dir)

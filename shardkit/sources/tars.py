@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.sample import make_key
 from shardkit.sources import tar_members as T
 from shardkit.sources.index import INDEX_DTYPE, RowCount

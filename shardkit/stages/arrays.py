@@ -9,7 +9,7 @@ from typing import Iterator
 import numpy as np
 
 from shardkit.errors import RejectedInput, RejectionLog
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.stages import map_samples
 from shardkit.store import join
 

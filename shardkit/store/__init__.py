@@ -18,7 +18,8 @@ import hashlib
 import os
 import tempfile
 
-from shardkit.fs import RemoteError, atomic_write, fsync_path, local_path, tmp_name
+from shardkit.store.remote import RemoteError
+from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
 from shardkit.store.calls import _call, bound, filesystem, join, policy, retry, use_policy
 from shardkit.store.urls import BadURL, check_location, is_url
 
@@ -176,7 +177,7 @@ def writer(url: str, *, durable: bool = True):
     """A binary file to write `url` through, atomically: temp then rename on a local disk (fsync unless
     `durable=False`); on a store, a local temp file uploaded on success (nothing appears otherwise)."""
     if not is_url(url):
-        from shardkit.fs import atomic_writer
+        from shardkit.store.local import atomic_writer
 
         with atomic_writer(local_path(url), durable=durable) as f:
             yield f

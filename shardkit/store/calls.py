@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import threading
 
-from shardkit.fs import RemoteError, RemotePolicy, local_path, with_retries
+from shardkit.store.remote import RemoteError, RemotePolicy, with_retries
+from shardkit.store.local import local_path
 from shardkit.errors import BadURL
 from shardkit.store.urls import is_url, missing_backend, unusable
 

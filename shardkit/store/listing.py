@@ -11,7 +11,7 @@ import hashlib
 import heapq
 from typing import Iterator, NamedTuple
 
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.store.calls import bound, filesystem, retry
 
 PAGE = 1000  # objects per listing request (S3's maximum)

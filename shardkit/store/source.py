@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from shardkit.fs import RemoteError
+from shardkit.store.remote import RemoteError
 from shardkit.store.calls import _call, filesystem, policy, retry
 from shardkit.store.urls import is_url
 
@@ -113,7 +113,7 @@ class Fetch:
 def _read(url: str) -> bytes:
     """A whole source file, local or remote (store.read_source)."""
     if not is_url(url):
-        from shardkit.fs import local_path
+        from shardkit.store.local import local_path
 
         with open(local_path(url), "rb") as f:
             return f.read()

@@ -65,9 +65,9 @@ def missing_backend(protocol: str, error: BaseException, what: str, value: str) 
 
 
 def remote_policy(cfg):
-    """The waits of a job's calls to a store, cfg's --timeout and --retries (a shardkit.fs.RemotePolicy)."""
+    """The waits of a job's calls to a store, cfg's --timeout and --retries (a shardkit.store.remote.RemotePolicy)."""
     from shardkit.errors import ConfigError
-    from shardkit.fs import RemotePolicy
+    from shardkit.store.remote import RemotePolicy
 
     if isinstance(cfg.timeout, bool) or not isinstance(cfg.timeout, (int, float)) or cfg.timeout <= 0:
         raise ConfigError(f"timeout={cfg.timeout!r}: expected seconds > 0 (--timeout)")

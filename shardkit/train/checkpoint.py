@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from shardkit.errors import ConfigError, ShardkitError
-from shardkit.fs import atomic_writer
+from shardkit.store.local import atomic_writer
 
 log = logging.getLogger("shardkit.train")
 

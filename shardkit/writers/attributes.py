@@ -12,7 +12,7 @@ import json
 import os
 
 from shardkit.contract import AttributeInfo, attributes_relpath
-from shardkit.fs import atomic_writer, sha256_file
+from shardkit.store.local import atomic_writer, sha256_file
 
 METADATA_KEY = b"shardkit.attributes"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from shardkit.fs import atomic_writer, sha256_file
+from shardkit.store.local import atomic_writer, sha256_file
 from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum,
                                fixed_nbytes, key_bounds, shard_relpath, source_columns, sums_digest)
 

@@ -6,7 +6,7 @@ import hashlib
 import os
 import tarfile
 
-from shardkit.fs import atomic_writer, sha256_file
+from shardkit.store.local import atomic_writer, sha256_file
 from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN, ShardInfo, checksum, key_bounds,
                                shard_relpath)
 

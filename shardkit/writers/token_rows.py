@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from shardkit.contract import ShardInfo, shard_relpath
-from shardkit.fs import atomic_writer, sha256_file
+from shardkit.store.local import atomic_writer, sha256_file
 from shardkit.stages.tokenize import OFFSETS_FIELD, PACKED, TOKENS_FIELD
 from shardkit.writers.tar import BLOCK, RECORD, _HashingFile, _header
 

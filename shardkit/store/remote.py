@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import http.client
-import json
-import os
-import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
-from shardkit.errors import ConfigError, FolderLocked, ShardkitError
+from shardkit.errors import ConfigError, ShardkitError
 from shardkit.redact import redact
 from shardkit.http_ranges import FLOOR_RATE, Stalled
 from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.http_ranges import get as http_get
+from shardkit.store.local import is_remote, local_path
 
 # Protocol -> the extra that installs its fsspec backend.
 EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
@@ -57,22 +50,6 @@ class RemoteError(ShardkitError):
         url, detail = redact(url), redact(detail)
         super().__init__(f"cannot read {url}: {detail}")
         self.url, self.detail, self.not_found = url, detail, not_found
-
-def is_remote(url: str) -> bool:
-    return "://" in str(url) and not str(url).startswith("file://")
-
-
-def local_path(url: str) -> str:
-    """'file:///x' -> '/x'; plain paths unchanged."""
-    url = str(url)
-    return url[len("file://"):] if url.startswith("file://") else url
-
-
-def join(base: str, rel: str) -> str:
-    base = str(base)
-    if is_remote(base):
-        return base.rstrip("/") + "/" + rel
-    return os.path.join(local_path(base), rel)
 
 
 def _storage_options(protocol: str, policy: RemotePolicy) -> dict:
@@ -293,138 +270,3 @@ def _reader(url: str, policy: RemotePolicy):
     return read
 
 
-def tmp_name(path: str | os.PathLike) -> str:
-    """A temp name beside `path`, unique per writer so retried tasks never share one."""
-    path = str(path)
-    return f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-
-
-@contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True):
-    """Write to a temp file beside `path`; on success fsync and rename over it, else remove it.
-
-    A reader therefore sees either the old file, the complete new one, or nothing: never a
-    partial file under the final name. `durable=False` leaves the fsync to the caller (see
-    `fsync_path`), for a writer that must not wait on the disk.
-    """
-    path = str(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
-def fsync_path(path: str | os.PathLike) -> None:
-    """Flush a written file's data to the disk (any descriptor of the file will do)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write all of `data` to `path` atomically (see atomic_writer)."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    with atomic_writer(path, "wb") as f:
-        f.write(data)
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-LOCK_FILE = os.path.join(".shardkit", "lock")
-_HELD: dict[str, list] = {}  # lock files this process holds -> [depth, command, since]
-
-
-@contextlib.contextmanager
-def folder_lock(folder: str, command: str, within: str | None = None):
-    """One writer per output folder: an exclusive flock on FOLDER/.shardkit/lock for the whole run.
-
-    A second build or dedup into the same folder fails at once with FolderLocked naming the
-    holder (pid, host, start). The kernel drops a flock when its process ends, however it ends,
-    so a build killed with kill -9 leaves no stale lock; the file itself stays (deleting it would
-    let two processes lock two different files under one name). A second writer in this same
-    process is refused too (two ShardWriters on one folder would lose the first one's samples),
-    except the one named by `within`: the holder's command whose run this one is part of
-    (`dedup RAW OUT` runs a build into the OUT it holds).
-    """
-    path = os.path.join(folder, LOCK_FILE)
-    fresh = not os.path.lexists(folder)  # made here: a run that fails before writing anything removes it
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    key = os.path.realpath(path)
-    if key in _HELD:
-        depth, holder, since = _HELD[key]
-        if within is None or holder != within:
-            raise FolderLocked(f"{folder} is being written by `{holder}` in this process (pid {os.getpid()}, since "
-                               f"{since}); close that writer first, or choose another output folder")
-        _HELD[key][0] += 1
-        try:
-            yield
-        finally:
-            _HELD[key][0] -= 1
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 4096).decode("utf-8", "replace")
-        os.close(fd)
-        raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
-                           f"output folder (the lock, {path}, is released when that process ends, even if killed)") from None
-    since = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                             "since": since}).encode())
-    _HELD[key] = [1, command, since]
-    try:
-        yield
-    except BaseException:
-        if fresh:
-            _remove_if_untouched(folder, path)
-        raise
-    finally:
-        del _HELD[key]
-        os.close(fd)
-
-
-def _remove_if_untouched(folder: str, path: str) -> None:
-    """A folder that folder_lock made, given back as it was (absent) when the run wrote nothing in it
-    but the lock: a failed start leaves nothing behind. Done with the lock still held, so no other
-    writer holds this file (one that opened it meanwhile fails at once: LOCK_NB)."""
-    state = os.path.dirname(path)
-    try:
-        if os.listdir(folder) != [os.path.basename(state)] or os.listdir(state) != [os.path.basename(path)]:
-            return
-        os.remove(path)
-        os.rmdir(state)
-        os.rmdir(folder)
-    except OSError:  # written meanwhile, or not ours to remove: left as it is
-        pass
-
-
-def _holder(text: str) -> str:
-    try:
-        h = json.loads(text)
-        return f"`{h['command']}` (pid {h['pid']} on host {h['host']}, since {h['since']})"
-    except (ValueError, KeyError, TypeError):
-        return "another process (it is starting: no details yet)"
