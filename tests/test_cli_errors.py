@@ -59,7 +59,7 @@ def test_empty_folder(tmp_path):
 
 
 def test_http_needs_no_extra(monkeypatch):
-    """http(s) is read on shardkit's own connections (shardkit/http_ranges.py): no extra is missing,
+    """http(s) is read on shardkit's own connections (shardkit/store/http_ranges.py): no extra is missing,
     what fails is the store that is not there (a missing s3fs: test_store_urls)."""
     monkeypatch.setitem(sys.modules, "aiohttp", None)
     result = run("inspect", "http://127.0.0.1:9/data")

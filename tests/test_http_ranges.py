@@ -1,4 +1,4 @@
-"""shardkit/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
+"""shardkit/store/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
 connections per thread, redirects, statuses the classifier reads, a store that ignores Range."""
 
 import multiprocessing
@@ -10,7 +10,7 @@ import pytest
 from throttled import Store
 
 from shardkit.store.remote import RangeIgnored, RemoteError, RemotePolicy, read_bytes, read_range
-import shardkit.http_ranges as http_ranges
+import shardkit.store.http_ranges as http_ranges
 
 NO_WAIT = RemotePolicy(retries=1, backoff=0.001)
 

@@ -288,7 +288,7 @@ def test_missing_file_is_not_retried(served, tmp_path):
 
 
 def test_http_needs_no_extra_unless_the_store_ignores_range(served, tmp_path, monkeypatch):
-    """shardkit reads http(s) bytes on its own connections (shardkit/http_ranges.py); only a large file
+    """shardkit reads http(s) bytes on its own connections (shardkit/store/http_ranges.py); only a large file
     from a server that ignores Range (http.server here) is streamed through fsspec's client, which
     needs aiohttp: that says which extra to install."""
     import sys

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, wait
 
 from shardkit.errors import ShardError
-from shardkit.http_ranges import FLOOR_RATE, Stalled
+from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.remote import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem,
                                    read_bytes, read_range, with_retries)
 from shardkit.store.local import sha256_file, tmp_name

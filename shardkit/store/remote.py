@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.redact import redact
-from shardkit.http_ranges import FLOOR_RATE, Stalled
-from shardkit.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
-from shardkit.http_ranges import get as http_get
+from shardkit.store.http_ranges import FLOOR_RATE, Stalled
+from shardkit.store.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
+from shardkit.store.http_ranges import get as http_get
 from shardkit.store.local import is_remote, local_path
 
 # Protocol -> the extra that installs its fsspec backend.

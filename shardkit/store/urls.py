@@ -179,7 +179,7 @@ def unusable(protocol: str, what: str, value: str, why: str) -> str:
             "local folder or an object store (s3://, gs://, az://, hf://), or read it over http(s)://")
 
 
-# A dataset at such a URL is read on shardkit's own connections (shardkit/http_ranges.py): fsspec's
+# A dataset at such a URL is read on shardkit's own connections (shardkit/store/http_ranges.py): fsspec's
 # client (aiohttp) is needed only for a large file from a server that ignores Range, and
 # reader.download says so then. A build's SRC there is listed through fsspec's client: checked.
 OWN_CLIENT = frozenset({"http", "https"})
