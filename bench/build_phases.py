@@ -15,7 +15,7 @@ def mark(name):
     marks.append((name, round(time.perf_counter() - T0, 3)))
 import shardkit.jobs.build as B
 import shardkit.jobs.cluster as C
-import shardkit.jobs.build_tasks as BT
+import shardkit.jobs.build.tasks as BT
 def timed(mod, name):
     fn = getattr(mod, name)
     def wrap(*a, **k):

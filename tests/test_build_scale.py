@@ -161,7 +161,7 @@ def _recorded_unit(item, ctx):
     """unit_task, noting where it ran (Dask sends it by reference: workers in other processes note there).
     A head start beside worker threads holds its first unit until they run one: tiny units could all
     be done here before the cluster is up (it imports Dask first in a fresh process)."""
-    from shardkit.jobs.build_tasks import unit_task
+    from shardkit.jobs.build.tasks import unit_task
 
     name = threading.current_thread().name
     if "Dask-Default-Threads" in name:
@@ -212,7 +212,7 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
 
 def test_threads_for_images_only(tmp_path):
     from shardkit.jobs.pool import choose_pool
-    from shardkit.jobs.build_probe import image_work
+    from shardkit.jobs.build.probe import image_work
     from shardkit.sources.walk import Listing, RowFile
 
     def row_file(kind):

@@ -21,7 +21,7 @@ def run(*args):
 
 
 def test_disk_full_during_build_is_one_line_and_not_retried(raw_folder, tmp_path, monkeypatch):
-    import shardkit.jobs.build_tasks as build_tasks
+    import shardkit.jobs.build.tasks as build_tasks
 
     calls = []
 

@@ -110,7 +110,7 @@ def test_debug_says_which_pool_and_why(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    import shardkit.jobs.build_probe as executor
+    import shardkit.jobs.build.probe as executor
     from shardkit.cli import main
     from shardkit.datagen import image_folder
 

@@ -304,7 +304,7 @@ def test_raw_folder_and_cli(tmp_path):
     bad = CliRunner().invoke(main, ["dedup", str(raw), str(tmp_path / "o2"), "--bands", "3"])
     assert bad.exit_code != 0 and "--rows" in bad.output
     # The step `shardkit build --dedup` runs between scan and shard assignment: positions to remove.
-    from shardkit.jobs.build_dedup import source_reader
+    from shardkit.jobs.build.dedup import source_reader
     from shardkit.sources.inventory import make_inventory, scan_options, without
     from shardkit.sources.rows import count_rows
     from shardkit.sources.walk import walk

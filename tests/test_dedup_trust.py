@@ -213,7 +213,7 @@ def test_build_and_dedup_import_one_way():
 
 def test_dedup_of_a_raw_folder_builds_once_and_writes_its_report_once(tmp_path, monkeypatch):
     import shardkit.jobs.build as executor
-    import shardkit.jobs.build_dedup as steps
+    import shardkit.jobs.build.dedup as steps
     import shardkit.jobs.dedup as job
 
     calls = {"build": 0, "report": 0, "find": 0}

@@ -337,7 +337,7 @@ def test_resize_dedup_and_reshard_in_one_command(tmp_path):
 
 
 def test_the_worker_pool_probe_measures_images_inside_tars(tmp_path, monkeypatch):
-    from shardkit.jobs import build_probe as B
+    from shardkit.jobs.build import probe as B
     from shardkit.sources.walk import walk
 
     samples = _samples(12)

@@ -24,7 +24,7 @@ EMBEDDED_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRE
                            "distributed.worker.memory.monitor-interval": "1s"}
 # Imported once by the fork server, so that each worker it forks starts with them loaded.
 FORKSERVER_PRELOAD = ["distributed", "numpy", "pyarrow", "pyarrow.ipc", "pyarrow.parquet", "PIL.Image", "PIL.JpegImagePlugin",
-                      "PIL.PngImagePlugin", "shardkit.jobs.build_tasks"]
+                      "PIL.PngImagePlugin", "shardkit.jobs.build.tasks"]
 worker_log_level = logging.ERROR  # what embedded Dask workers log; `shardkit --debug` lowers it
 # Set by the shardkit command (its process ends after the command): on a stop (Ctrl-C, SIGTERM) the
 # embedded cluster is closed in the middle of its operations, and Dask logs each broken one as an

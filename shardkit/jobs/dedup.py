@@ -43,7 +43,7 @@ def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curat
     for rel, _ in durable.files_of([info] if info else []):
         store.publish(out, rel)
     if curation and shard.format == _first_format(manifest):  # one list per shard, whatever its formats
-        from shardkit.jobs.build_tasks import write_filtered
+        from shardkit.jobs.build.tasks import write_filtered
 
         write_filtered(out, new_id, removed)
         return info, stats
@@ -140,7 +140,7 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
                   curation=None):
     """OUT as a dataset: the same shard formats, fields and classes, without the removed and the
     unreadable samples (and, with a curation, what its filters removed). errors.jsonl = SRC's + this run's."""
-    from shardkit.jobs.build_tasks import add_stats
+    from shardkit.jobs.build.tasks import add_stats
     from shardkit.manifest import Manifest
     from shardkit.stages.filters import STAT
 

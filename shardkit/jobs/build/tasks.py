@@ -17,7 +17,8 @@ import shardkit.store as store
 from shardkit.config import BuildConfig, remote_policy
 from shardkit.contract import AttributeInfo, ShardInfo
 from shardkit.errors import FailFast, RejectedInput, Rejection, RejectionLog
-from shardkit.jobs import curate as attributes, durable
+from shardkit.jobs.build import attributes
+from shardkit.jobs import durable
 from shardkit.jobs.durable import STATE_DIR
 from shardkit.sources.key_order import Piece
 from shardkit.sources.read import SourceReader

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field, replace
 
 import shardkit.store as store
 from shardkit.jobs import durable
-from shardkit.jobs.build_tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask,
+from shardkit.jobs.build.tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask,
                                        add_stats, flush_durable, make_durable, marker, reused_shards, shard_task,
                                        unit_task, units_dir)
 from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectionLog,
                              count_by_reason)
-from shardkit.jobs import curate
+from shardkit.jobs.build import attributes as curate
 from shardkit.manifest import Manifest, write_manifest
 from shardkit.manifest.attributes import attach
 from shardkit.sources import walk as W
@@ -31,10 +31,11 @@ from shardkit.stages.filters import STAT, Curation, rejections_by_filter
 from shardkit.duplicates.review import dedup_record
 from shardkit.stages.tokenize import TOKENIZER_NAME, TOKENS_FIELD, TokenizerInfo, prepare_tokenizer
 from shardkit.jobs.cluster import background_client, import_in_background, plan_execution
-from shardkit.jobs.build_dedup import dedup_step, exact_dedup, execution_of, finish_dedup, paragraph_copies, source_reader, write_exact_report
+from shardkit.jobs.build.dedup import (dedup_step, exact_dedup, execution_of, finish_dedup, paragraph_copies,
+                                       source_reader, write_exact_report)
 from shardkit.jobs.dedup_tasks import estimate_inventory_seconds
-from shardkit.jobs.build_probe import build_pool
-from shardkit.jobs.build_fields import Corpus, cache_fields, corpus_key, field_specs
+from shardkit.jobs.build.probe import build_pool
+from shardkit.jobs.build.fields import Corpus, cache_fields, corpus_key, field_specs
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 from shardkit.redact import redact
 from shardkit.store.lease import out_lock

@@ -12,7 +12,7 @@ import shardkit.store as store
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.errors import ConfigError
 from shardkit.store.remote import RemoteError
-from shardkit.jobs.build_tasks import STATE_DIR
+from shardkit.jobs.build.tasks import STATE_DIR
 from shardkit.jobs.cluster import Execution, plan_execution
 from shardkit.jobs.dedup_tasks import dedup_inventory, estimate_inventory_seconds
 from shardkit.jobs.paragraph_tasks import dedup_paragraphs
