@@ -17,7 +17,7 @@ _LAZY = {
     "build": ("shardkit.jobs.build", "build"),
     "dedup": ("shardkit.jobs.dedup", "dedup"),
     "ShardWriter": ("shardkit.jobs.shard_writer", "ShardWriter"),
-    "build_map": ("shardkit.jobs.build_map", "build_map"),
+    "build_map": ("shardkit.jobs.map", "build_map"),
 }
 
 

@@ -172,7 +172,7 @@ def _doc(item: int) -> dict:
 
 
 def test_build_map_runs_the_same_filters(tmp_path):
-    from shardkit.jobs.build_map import build_map
+    from shardkit.jobs.map import build_map
     from shardkit.stages.filters import Curation
 
     cur = Curation.from_options(FILTERS, lang="en")

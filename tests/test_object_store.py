@@ -145,7 +145,7 @@ def test_build_with_map_from_and_to_s3(raw, tmp_path, s3):
         remote = run("build", s3.upload(raw, "raw"), s3.url("out"), "--workers", "0", "--no-progress",
                      "--image-size", "48", "--max-samples-per-shard", "6", "--map", "map_fns:caption_length")
         assert remote.exit_code == 0, remote.output
-        from shardkit.jobs.mapped_build import build_with_map
+        from shardkit.jobs.map.mapped_build import build_with_map
 
         build_with_map(BuildConfig(raw, str(tmp_path / "local"), **cfg))
     finally:

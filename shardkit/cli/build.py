@@ -131,7 +131,7 @@ def build(src, out, **options):
     # Every flag is named after its BuildConfig field: the mapping is one-to-one by construction.
     cfg = BuildConfig(src=src, out=out, **options)
     if cfg.map:  # the built-in stages into a staging dataset, then the function over its samples
-        from shardkit.jobs.mapped_build import build_with_map, map_summary
+        from shardkit.jobs.map.mapped_build import build_with_map, map_summary
 
         click.echo(map_summary(build_with_map(cfg)))
         return

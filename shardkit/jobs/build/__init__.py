@@ -260,7 +260,7 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
     store.use_policy(remote_policy(cfg))
     if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
-        raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.mapped_build.build_with_map(cfg) "
+        raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.map.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: the build writes shards, manifest.json and errors.jsonl into "

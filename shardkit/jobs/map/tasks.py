@@ -1,7 +1,7 @@
 """build_map's Dask tasks: a work unit runs the user's function over its inputs into a samples table;
 a group's step writes the group's shard(s) from its units' tables, in input order, then its marker.
 
-The client side (groups, fingerprints, the run, the manifest) is shardkit/jobs/build_map.py.
+The client side (groups, fingerprints, the run, the manifest) is shardkit/jobs/map/__init__.py.
 """
 
 from __future__ import annotations

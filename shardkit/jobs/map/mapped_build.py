@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, replace
 
 import shardkit.store as store
-from shardkit.jobs.build_map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
+from shardkit.jobs.map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
 from shardkit.writers.user_samples import WriterConfig
 

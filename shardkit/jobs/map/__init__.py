@@ -27,8 +27,8 @@ from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.identity import check_embedded_workers
-from shardkit.jobs.map_tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker, make_durable,
-                                     markers, run_group, run_unit, samples_of)
+from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker,
+                                     make_durable, markers, run_group, run_unit, samples_of)
 from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, WriterConfig, infer_fields
