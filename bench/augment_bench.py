@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import generated, image_folder
+from shardkit.demo.datagen import generated, image_folder
 from shardkit.jobs.build import build
 from shardkit.contract import key_hash
 from shardkit.stages.augment import apply_ops, parse_ops

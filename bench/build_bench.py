@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import generated, image_folder
+from shardkit.demo.datagen import generated, image_folder
 from shardkit.jobs.build import build
 from shardkit.jobs.cluster import dask_client
 from shardkit.stages.image import process_image

@@ -64,7 +64,7 @@ def _image(args) -> None:
     """Image i of a generated folder: photo-like, ~450 x 340 (±10%), its own seed (any core makes it)."""
     import numpy as np
 
-    from shardkit.datagen import _jpeg, _write, photo_like
+    from shardkit.demo.datagen import _jpeg, _write, photo_like
 
     root, i = args
     rng = np.random.default_rng(i)
@@ -81,7 +81,7 @@ def _images(root: str, n: int) -> None:
 
 def folder(work: Path, n: int, largest: int) -> Path:
     """The first n images of the largest folder (hard links), so both sizes hold the same images."""
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     big = work / f"raw-{largest}"
     generated(big, lambda root: _images(root, largest), f"{largest} images")

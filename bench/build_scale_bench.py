@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import generated, image_folder, words
+from shardkit.demo.datagen import generated, image_folder, words
 from shardkit.stages.image import process_image
 
 WORKERS = 2

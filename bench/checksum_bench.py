@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=None, help="data folder (default: $TMPDIR/shardkit-checksum-bench-N)")
     args = p.parse_args(argv)
 
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
     from shardkit.loader import make_loader
     from shardkit.reader.dataset import StreamingDataset
 

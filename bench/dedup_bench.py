@@ -154,7 +154,7 @@ def quality_and_speed(args) -> float:
 def make_e2e_folder(folder: str, n_docs: int, seed: int = 1) -> None:
     """n_docs documents in .jsonl files of 10,000 lines; E2E_PAIRS planted pairs (J 0.5 … 1.0)
     spread over the files; their keys and exact Jaccard in FOLDER.truth.json."""
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     def make(path):
         rng = np.random.default_rng(seed)

@@ -62,7 +62,7 @@ print(json.dumps(sorted({tuple(sorted((a, b))) for a, bs in dups.items() for b i
 
 
 def make_folder(folder: str) -> dict:
-    from shardkit.datagen import generated, near_duplicate_photos
+    from shardkit.demo.datagen import generated, near_duplicate_photos
 
     truth_path = folder.rstrip("/") + ".truth.json"
 

@@ -71,7 +71,7 @@ def run(src: str, workers: int) -> dict:
 
 
 def main() -> int:
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000")

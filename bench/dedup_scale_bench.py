@@ -129,7 +129,7 @@ def loop_rate(src: str) -> tuple[float, float]:
 
 
 def main() -> int:
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000")

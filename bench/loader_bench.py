@@ -26,7 +26,7 @@ SIZE = 224
 
 def _source_image(args):
     root, i, classes = args
-    from shardkit.datagen import _jpeg, photo_like
+    from shardkit.demo.datagen import _jpeg, photo_like
 
     rng = np.random.default_rng([0, i])
     w, h = int(500 * rng.uniform(0.9, 1.1)), int(375 * rng.uniform(0.9, 1.1))
@@ -52,7 +52,7 @@ def resize_crop(im, size: int = SIZE, shorter: int = SIZE):
 def _prepared(path: str):
     from PIL import Image
 
-    from shardkit.datagen import _jpeg
+    from shardkit.demo.datagen import _jpeg
 
     im = resize_crop(Image.open(path).convert("RGB"))
     return _jpeg(im, 90), np.asarray(im).tobytes()

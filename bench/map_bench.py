@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--pools", default="processes,threads")
     p.add_argument("--data", default=os.path.expanduser("~/.cache/shardkit-bench/photos-6000"))
     a = p.parse_args()
-    from shardkit.datagen import generated, image_folder
+    from shardkit.demo.datagen import generated, image_folder
 
     generated(a.data, lambda root: image_folder(root, n=6000), "6,000 photo-like JPEGs")
     paths = sorted(str(x) for x in Path(a.data).rglob("*.jpg"))[:a.n]

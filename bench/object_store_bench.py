@@ -155,7 +155,7 @@ def _run_build(src: str, out: str, env: dict) -> dict:
 def bench_build(images: int, rounds: int, work: str) -> dict:
     import s3fs
 
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     raw = os.path.join(work, "raw")
     image_folder(raw, n=images, classes=10, size=(480, 360), seed=1)

@@ -36,7 +36,7 @@ def corpus(root: Path) -> None:
 
 
 def images(root: Path) -> None:
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     image_folder(str(root), n=300, classes=3, size=(400, 300), seed=2)
 

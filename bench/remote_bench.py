@@ -8,7 +8,7 @@ rate and WebDataset over the same store, in one run, interleaved.
     .venv/bin/python bench/remote_bench.py --baseline 340a179 --rounds 5 --sizes 16MB --n-jpeg 0  # A/B, raw http
 
 The store (tests/throttled.py) serves the datasets with 50 ms before each answer, 25 MB/s per
-connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.datagen's
+connection, Range requests, no cap on connections. Data: photo-like 224^2 images (shardkit.demo.datagen's
 generator, as bench/loader_bench.py uses), as raw uint8 (--n-raw, 2,000) and JPEG q90 (--n-jpeg, 12,000), in tar
 shards cut as `shardkit build` cuts them: the default --shard-size (256 MB, at most 10,000 samples)
 and 16 MB. Each run is one shuffled epoch from a fresh cache, make_loader(batch_size=64,
@@ -87,7 +87,7 @@ def _image(args) -> tuple[bytes, bytes | None]:
     """Image i at 224^2 from loader_bench's photo-like generator: (JPEG q90, raw uint8 or None)."""
     import numpy as np
 
-    from shardkit.datagen import _jpeg, photo_like
+    from shardkit.demo.datagen import _jpeg, photo_like
 
     i, raw = args
     im = photo_like(np.random.default_rng([0, i]), 224, 224)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.config import BuildConfig
-from shardkit.datagen import generated, words
+from shardkit.demo.datagen import generated, words
 from shardkit.jobs.build import build
 from shardkit.sample import Sample
 from shardkit.stages.tokenize import BATCH_DOCS, load_tokenizer, tokenize

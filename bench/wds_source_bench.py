@@ -3,7 +3,7 @@
     .venv/bin/python bench/wds_source_bench.py [--samples 6000] [--per-tar 1000] [--reps 3]
                                                [--encode jpeg,keep] [--worker-pool auto]
 
-The samples: photo-like JPEGs of about 450 x 340 (shardkit.datagen), a caption and a JSON record each,
+The samples: photo-like JPEGs of about 450 x 340 (shardkit.demo.datagen), a caption and a JSON record each,
 as img2dataset lays them out. The same samples twice: a WebDataset set written by webdataset's own
 ShardWriter (`--per-tar` samples per tar), and the folder those tars extract to (`tar xf` of each
 tar into a folder named by its stem), so that both builds give the same keys and, checked here, the
@@ -54,7 +54,7 @@ def make_set(root: str, n: int, per_tar: int) -> None:
     import numpy as np
     import webdataset as wds
 
-    from shardkit.datagen import _jpeg, photo_like, words
+    from shardkit.demo.datagen import _jpeg, photo_like, words
 
     rng = np.random.default_rng(0)
     os.makedirs(root)
@@ -84,7 +84,7 @@ def measure(work: Path, samples: int = 6000, per_tar: int = 1000, reps: int = 3,
             encodes: tuple[str, ...] = ("jpeg", "keep"), pool: str = "auto") -> dict:
     """Run the comparison (printing each repetition); {encode: tar rate / folder rate}. Other benches
     (bench/object_store_bench.py) call this for the WebDataset figure."""
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     work.mkdir(parents=True, exist_ok=True)
     tars, folder = work / f"wds-{samples}-{per_tar}", work / f"folder-{samples}-{per_tar}"

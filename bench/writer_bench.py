@@ -26,7 +26,7 @@ import numpy as np
 
 
 def samples(kind: str, n: int) -> list[dict]:
-    from shardkit.datagen import photo_like
+    from shardkit.demo.datagen import photo_like
 
     rng = np.random.default_rng(0)
     base = [np.asarray(photo_like(rng, 224, 224).convert("RGB")) for _ in range(32)]

@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture
 def raw_folder(tmp_path) -> Path:
     """A small demo folder: 3 classes × 6 images with sidecars, text, jsonl and the edge cases."""
-    from shardkit.datagen import raw_folder as make
+    from shardkit.demo.datagen import raw_folder as make
 
     root = tmp_path / "raw"
     make(str(root), images_per_class=6, documents=4, bad=True, seed=1)

@@ -125,7 +125,7 @@ def test_zero_dim_arrays_round_trip_and_cast(tmp_path):
 
 
 def test_dtype_option_is_checked_and_leaves_other_fields_alone(tmp_path):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     src = tmp_path / "raw"
     image_folder(str(src), n=4, classes=1, size=(40, 30), seed=2)
@@ -158,7 +158,7 @@ def test_bad_arrays_are_rejected_with_reasons(features, tmp_path):
 
 
 def test_array_sidecar_joins_its_image_and_half_changes_markers(tmp_path):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     src = tmp_path / "raw"
     image_folder(str(src), n=4, classes=1, size=(40, 30), seed=2)

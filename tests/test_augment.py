@@ -23,7 +23,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     root = tmp_path_factory.mktemp("aug") / "raw"
     image_folder(str(root), n=8, classes=2, size=(80, 60), seed=5)

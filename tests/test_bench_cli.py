@@ -184,7 +184,7 @@ def test_bad_flags_say_what_to_do(tmp_path, args, message):
 def test_a_small_folder_is_read_for_enough_epochs(tmp_path, images, workers):
     """Default batch 64 and warm-up 5: a 20-image folder is one batch per epoch, so every run reads
     25 epochs to measure 20 batches after the warm-up, and says so; one image works the same way."""
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     raw = tmp_path / "photos"
     image_folder(str(raw), n=images, classes=2, size=(64, 48))
@@ -260,7 +260,7 @@ def test_model_step_trains_on_cpu():
 
 
 def test_a_user_folder_with_a_bad_image_is_read_without_it(tmp_path):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     raw = tmp_path / "raw"
     image_folder(str(raw), n=12, classes=2, size=(64, 48))
@@ -275,7 +275,7 @@ def test_a_user_folder_with_a_bad_image_is_read_without_it(tmp_path):
 
 
 def test_a_folder_with_text_samples_is_refused(tmp_path):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     raw = tmp_path / "raw"
     image_folder(str(raw), n=4, classes=2, size=(32, 24))

@@ -222,7 +222,7 @@ def test_bad_options_say_how_to_fix_them(raw_folder, tmp_path, args, message):
 def test_build_dedup_removes_planted_duplicates_and_accounts_for_them(tmp_path):
     import shutil
 
-    from shardkit.datagen import raw_folder, words
+    from shardkit.demo.datagen import raw_folder, words
 
     raw = tmp_path / "raw"
     raw_folder(str(raw), images_per_class=4, documents=6, bad=False, seed=2)

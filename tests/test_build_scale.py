@@ -175,7 +175,7 @@ def _recorded_unit(item, ctx):
 @pytest.fixture
 def image_only_folder(tmp_path):
     """Class folders of images with a few sidecars and a corrupt image: the work threads share."""
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     root = tmp_path / "images"
     image_folder(str(root), n=30, classes=3, size=(48, 36), seed=3)
@@ -366,7 +366,7 @@ def test_packed_tokens_are_packed_per_shard_whatever_the_units(tmp_path):
 
 
 def test_dedup_removes_rows_inside_a_jsonl_and_accounts_for_them(tmp_path):
-    from shardkit.datagen import words
+    from shardkit.demo.datagen import words
 
     raw = tmp_path / "raw"
     os.makedirs(raw)

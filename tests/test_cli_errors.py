@@ -149,7 +149,7 @@ def test_debug_lines_reach_the_stderr_of_each_command_in_one_process(monkeypatch
 
     from click.testing import CliRunner
 
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     logger = logging.getLogger("shardkit")
     monkeypatch.setattr(logger, "handlers", [])

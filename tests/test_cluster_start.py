@@ -112,7 +112,7 @@ def test_debug_says_which_pool_and_why(tmp_path, monkeypatch):
 
     import shardkit.jobs.build.probe as executor
     from shardkit.cli import main
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     image_folder(str(tmp_path / "raw"), n=6, classes=2, size=(64, 48))
     monkeypatch.setattr(executor, "probe", lambda cfg, listing: (0.1, 0.004))

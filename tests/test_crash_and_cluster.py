@@ -41,7 +41,7 @@ def _manifest_is_honest(out: Path) -> None:
 
 @pytest.fixture
 def big_raw(tmp_path):
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
 
     root = tmp_path / "raw"
     image_folder(str(root), n=80, classes=4, size=(320, 240), seed=3)

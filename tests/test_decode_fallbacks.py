@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shardkit.datagen import photo_like
+from shardkit.demo.datagen import photo_like
 from shardkit.reader import decode
 
 # Every private PIL name the fast path touches ("core.new": Image.core.new).

@@ -281,7 +281,7 @@ def test_shard_left_empty_is_dropped_and_stale_shards_removed(tmp_path):
 
 def test_raw_folder_and_cli(tmp_path):
     from shardkit.cli import main
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     raw = tmp_path / "raw"
     raw_folder(str(raw), images_per_class=3, documents=4, bad=False)

@@ -50,7 +50,7 @@ assert n == 40, n
 def raw_dataset(tmp_path_factory):
     """Raw uint8 images in tar and Parquet shards (the issue's case: a raw tar dataset)."""
     from shardkit.config import BuildConfig
-    from shardkit.datagen import image_folder
+    from shardkit.demo.datagen import image_folder
     from shardkit.jobs.build import build
 
     root = tmp_path_factory.mktemp("exit")

@@ -88,7 +88,7 @@ def test_writers_record_key_bounds_that_the_manifest_keeps(tmp_path):
 
 
 def test_a_build_records_ascending_key_bounds(tmp_path):
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     raw_folder(str(tmp_path / "raw"), images_per_class=4, documents=3, seed=2)
     build(BuildConfig(src=str(tmp_path / "raw"), out=str(tmp_path / "out"), format="both", workers=0,

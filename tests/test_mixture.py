@@ -261,7 +261,7 @@ def test_meter_reports_observed_and_target_shares(small):
 
 def test_packed_token_datasets_mix(tmp_path):
     from shardkit.config import BuildConfig
-    from shardkit.datagen import words
+    from shardkit.demo.datagen import words
     from shardkit.jobs.build import build
 
     rng = np.random.default_rng(1)

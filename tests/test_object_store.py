@@ -21,7 +21,7 @@ OPTIONS = dict(workers=0, image_size=48, progress=False, max_samples_per_shard=6
 
 @pytest.fixture
 def raw(tmp_path):
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     root = tmp_path / "raw"
     raw_folder(str(root), images_per_class=5, documents=3, bad=True)
@@ -273,7 +273,7 @@ def test_a_webdataset_set_on_s3_builds_the_bytes_of_the_same_set_on_disk(tmp_pat
     same shards as the same tars on a local disk, into a store and into a folder."""
     import webdataset as wds
 
-    from shardkit.datagen import _jpeg, photo_like
+    from shardkit.demo.datagen import _jpeg, photo_like
 
     rng = __import__("numpy").random.default_rng(4)
     folder = tmp_path / "wds"

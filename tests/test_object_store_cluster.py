@@ -101,7 +101,7 @@ def _client(cluster, *args, wait=True):
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     root = tmp_path_factory.mktemp("raw") / "raw"
     raw_folder(str(root), images_per_class=10, documents=6, bad=True)

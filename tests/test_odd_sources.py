@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from shardkit import datagen
+from shardkit.demo import datagen
 
 
 def _fifo(folder):

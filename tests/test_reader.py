@@ -157,7 +157,7 @@ def test_interop_on_a_shardkit_build(tmp_path):
     import webdataset as wds
 
     from shardkit.config import BuildConfig
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
     from shardkit.jobs.build import build
 
     raw_folder(str(tmp_path / "raw"), images_per_class=4, classes=("a", "b"), documents=3, bad=False)

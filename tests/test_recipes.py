@@ -25,7 +25,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def raw_images(tmp_path_factory):
-    from shardkit import datagen
+    from shardkit.demo import datagen
 
     root = tmp_path_factory.mktemp("raw") / "images"
     datagen.image_folder(str(root), n=240, classes=3, size=(24, 20), seed=1)
@@ -100,7 +100,7 @@ def test_image_recipe_killed_and_restarted_matches_uninterrupted(raw_images, tmp
 def raw_texts(tmp_path_factory):
     import numpy as np
 
-    from shardkit import datagen
+    from shardkit.demo import datagen
 
     root = tmp_path_factory.mktemp("raw") / "texts"
     root.mkdir()

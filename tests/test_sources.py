@@ -128,7 +128,7 @@ def test_lone_surrogate_escapes_in_jsonl_are_replaced_and_counted(tmp_path):
 
 
 def test_generated_folder_appears_only_when_complete(tmp_path):
-    from shardkit.datagen import generated
+    from shardkit.demo.datagen import generated
 
     root = tmp_path / "raw"
 

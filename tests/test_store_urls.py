@@ -33,7 +33,7 @@ def one_line(result) -> str:
 @pytest.fixture
 def here(tmp_path, monkeypatch):
     """A raw folder, the current folder set to an empty one (where a mistyped URL would become a folder)."""
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     raw_folder(str(tmp_path / "raw"), images_per_class=2, documents=2, bad=False)
     cwd = tmp_path / "cwd"

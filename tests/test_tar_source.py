@@ -17,7 +17,7 @@ from PIL import Image
 
 from shardkit.config import BuildConfig
 from shardkit.errors import ConfigError
-from shardkit.datagen import _jpeg, photo_like
+from shardkit.demo.datagen import _jpeg, photo_like
 from shardkit.jobs.build import build
 from shardkit.manifest import load_manifest
 from shardkit.reader.shards import read_shard_samples

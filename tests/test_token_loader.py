@@ -30,7 +30,7 @@ def _np_empty(shape):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """40 documents of 1 to 60 words in two shards' worth, one empty-ish, some non-ASCII."""
-    from shardkit.datagen import words
+    from shardkit.demo.datagen import words
 
     rng = np.random.default_rng(7)
     root = tmp_path_factory.mktemp("corpus")

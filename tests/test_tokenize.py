@@ -24,7 +24,7 @@ from conftest import tree_bytes
 @pytest.fixture
 def corpus(tmp_path):
     """28 documents: .txt files of varied length (some non-ASCII, one with bad UTF-8) and a .jsonl."""
-    from shardkit.datagen import words
+    from shardkit.demo.datagen import words
 
     rng = np.random.default_rng(3)
     root = tmp_path / "corpus"
@@ -226,7 +226,7 @@ def test_rerun_reuses_the_trained_tokenizer_until_the_corpus_changes(corpus, tmp
 
 def test_packed_builds_keep_text_only_and_say_why(tmp_path):
     from shardkit.cli.build import build_summary
-    from shardkit.datagen import words
+    from shardkit.demo.datagen import words
 
     rng = np.random.default_rng(0)
     src = tmp_path / "src"

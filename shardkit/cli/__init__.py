@@ -218,7 +218,7 @@ def sample(out, images_per_class, documents, bad, seed):
     Example:
       shardkit sample demo/raw && shardkit build demo/raw demo/out
     """
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     info = raw_folder(out, images_per_class=images_per_class, documents=documents, bad=bad, seed=seed)
     click.echo(f"wrote {out}: {info['images']} images in {len(info['classes'])} classes, "

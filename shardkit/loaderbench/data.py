@@ -37,7 +37,7 @@ def _generate_one(args) -> None:
     """One photo-like JPEG, seeded by (seed, index) so the folder does not depend on the process count."""
     import numpy as np
 
-    from shardkit.datagen import photo_like
+    from shardkit.demo.datagen import photo_like
 
     root, i, classes, seed = args
     rng = np.random.default_rng([seed, i])
