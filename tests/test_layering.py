@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
-BASE = {"sample", "config", "errors", "redact", "fs", "http_ranges", "store", "_version", "datagen", "contract", "identity"}
+BASE = {"sample", "config", "errors", "store", "_version", "contract", "identity"}
 FLOW = ["sources", "stages", "duplicates", "writers", "manifest", "reader", "loader", "meter", "train"]
 TOP = {"cli", "jobs", "loaderbench", "demo", "recipes"}
 

@@ -60,7 +60,3 @@ def main(argv: list[str]) -> int:
         return 2
     run(argv[0])
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

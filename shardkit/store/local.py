@@ -1,6 +1,7 @@
 """Local files: paths, atomic writes (temp, then rename), checksums."""
 
 from __future__ import annotations
+
 import contextlib
 import hashlib
 import os

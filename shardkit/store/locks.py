@@ -1,18 +1,18 @@
 """One writer per local output folder: an flock, and this process's register of the folders it holds."""
 
 from __future__ import annotations
+
 import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
+
 from shardkit.errors import FolderLocked
 
 
 LOCK_FILE = os.path.join(".shardkit", "lock")
-
-
 _HELD: dict[str, list] = {}  # lock files this process holds -> [depth, command, since]
 
 

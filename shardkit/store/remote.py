@@ -1,4 +1,5 @@
-"""File access through fsspec (bounded waits, retries, errors that name the URL), and atomic writes."""
+"""Remote bytes: the RemotePolicy (bounded waits, retries with backoff), the one classifier of remote
+errors, errors that name the URL, and the ranged and whole reads (http(s) on store/http_ranges.py)."""
 
 from __future__ import annotations
 
