@@ -1,6 +1,6 @@
 """A URL's credentials are never printed nor stored: userinfo (`http://user:pw@host`, `s3://KEY:SECRET@bucket`)
 and signed query values (`X-Amz-Signature=...`, `sig=`, `token=`) become *** in every message, log line
-(--debug too), errors.jsonl row and manifest field (shardkit.redact), over stores on 127.0.0.1."""
+(--debug too), errors.jsonl row and manifest field (shardkit.errors), over stores on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from shardkit.cli import main
 from shardkit.errors import ShardError
-from shardkit.redact import redact
+from shardkit.errors import redact
 
 SECRETS = ("hunter2", "SIGSECRET", "CREDSECRET", "TOKSECRET", "AKIASECRETKEY", "S3SECRET")
 

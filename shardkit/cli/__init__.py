@@ -13,7 +13,7 @@ import click
 
 from shardkit._version import __version__
 from shardkit.errors import ShardkitError, Terminated
-from shardkit.redact import RedactFilter, redact, scrub
+from shardkit.errors import RedactFilter, redact, scrub
 
 
 # Exit statuses (README "When something fails"); click itself exits 2 on a bad flag or argument.

@@ -26,7 +26,7 @@ import uuid
 from shardkit.errors import FolderLocked
 from shardkit.store.remote import RemoteError
 from shardkit.store.locks import folder_lock
-from shardkit.redact import redact
+from shardkit.errors import redact
 from shardkit.identity import pid_alive
 from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from shardkit.errors import ConfigError, ShardkitError
-from shardkit.redact import redact
+from shardkit.errors import redact
 from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.store.http_ranges import get as http_get

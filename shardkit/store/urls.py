@@ -126,7 +126,7 @@ _RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mra
 def _check_bucket(protocol: str, rest: str, what: str, value: str) -> None:
     """A bucket name S3 would refuse, refused here in one line (botocore's own check is a multi-line
     regex dump, and it comes only after the retries)."""
-    from shardkit.redact import redact
+    from shardkit.errors import redact
 
     bucket = rest.split("/", 1)[0]
     shown = redact(value)
@@ -173,7 +173,7 @@ def _check_backend(protocol: str, what: str, value: str) -> None:
 
 def unusable(protocol: str, what: str, value: str, why: str) -> str:
     """The message of a BadURL for a protocol whose backend shardkit cannot use."""
-    from shardkit.redact import redact
+    from shardkit.errors import redact
 
     return (f"{what} {redact(value)!r}: {protocol}:// is not a store shardkit can use ({why}); copy the data to a "
             "local folder or an object store (s3://, gs://, az://, hf://), or read it over http(s)://")

@@ -37,7 +37,7 @@ from shardkit.jobs.dedup_tasks import estimate_inventory_seconds
 from shardkit.jobs.build.probe import build_pool
 from shardkit.jobs.build.fields import Corpus, cache_fields, corpus_key, field_specs
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
-from shardkit.redact import redact
+from shardkit.errors import redact
 from shardkit.store.lease import out_lock
 
 log = logging.getLogger("shardkit.build")
