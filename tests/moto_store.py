@@ -76,7 +76,7 @@ def start_s3(tmp_path, monkeypatch) -> S3:
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from shardkit.store.calls import forget_filesystems
+    from shardkit.store.remote import forget_filesystems
 
     hide_host_aws(tmp_path, monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tester")
@@ -98,7 +98,7 @@ def stop_s3(s3: S3) -> None:
     import s3fs
     from moto.backends import get_backend
 
-    from shardkit.store.calls import forget_filesystems
+    from shardkit.store.remote import forget_filesystems
 
     s3fs.S3FileSystem.clear_instance_cache()
     forget_filesystems()

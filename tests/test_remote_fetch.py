@@ -16,6 +16,7 @@ from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
 from shardkit.reader import download as download_module
 from shardkit.reader.dataset import StreamingDataset
+from shardkit.store.remote import forget_filesystems
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +177,7 @@ def test_a_store_killed_mid_epoch_fails_within_the_timeout_and_a_rerun_completes
 
     # A rerun is a new process: it keeps no connection to the store that died (fsspec caches them).
     HTTPFileSystem.clear_instance_cache()
+    forget_filesystems()  # shardkit's own, one per process and protocol
     again = Store(root, latency=0.01, rate=None, port=store.port)  # the store is back: same URL
     try:
         ds = StreamingDataset(again.url, cache_dir=str(cache_dir), shuffle=False, timeout=2, retries=1)

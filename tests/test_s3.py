@@ -14,6 +14,7 @@ from moto_store import hide_host_aws
 from shardkit.errors import ManifestError, ShardError
 from shardkit.loader import make_loader
 from shardkit.reader.dataset import StreamingDataset
+from shardkit.store.remote import forget_filesystems
 
 BUCKET = "training-data"
 
@@ -52,6 +53,7 @@ def s3(tmp_path, monkeypatch, s3_delay):
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "uploader")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "uploader-secret")
         s3fs.S3FileSystem.clear_instance_cache()  # an instance keeps the credentials it was made with
+        forget_filesystems()  # shardkit's own, one per process and protocol
         fs = s3fs.S3FileSystem()
         root, _ = make_dataset(tmp_path / "data", 36, shards=4, fields=("raw", "cls", "txt"))
         fs.mkdir(BUCKET)
@@ -59,6 +61,7 @@ def s3(tmp_path, monkeypatch, s3_delay):
         yield root, f"s3://{BUCKET}/sets/demo", fs
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+        forget_filesystems()  # shardkit's own, one per process and protocol
         server.stop()
         from moto.backends import get_backend  # the server keeps its buckets in this process
 
@@ -126,6 +129,7 @@ def test_credentials_come_from_the_named_profile(s3, tmp_path, monkeypatch):
                                               "aws_secret_access_key = reader-secret\n")
     monkeypatch.setenv("AWS_PROFILE", "training")
     s3fs.S3FileSystem.clear_instance_cache()
+    forget_filesystems()  # shardkit's own, one per process and protocol
     same(read(url, tmp_path / "cache", workers=0), read(root, tmp_path / "unused", workers=0))
 
 
@@ -137,6 +141,7 @@ def test_no_credentials_anywhere_says_so(s3, tmp_path, monkeypatch):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup off this machine
     s3fs.S3FileSystem.clear_instance_cache()
+    forget_filesystems()  # shardkit's own, one per process and protocol
     with pytest.raises(ManifestError) as e:
         read(url, tmp_path / "cache", workers=0)
     assert f"cannot fetch {url}/manifest.json: NoCredentialsError" in str(e.value)

@@ -59,7 +59,7 @@ def test_bad_out_url_is_one_line_exit_2_and_writes_nothing(here, bad):
 
 
 def test_a_missing_extra_names_the_pip_command(here, monkeypatch):
-    import shardkit.store.calls as calls
+    import shardkit.store.remote as calls
 
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as if shardkit[s3] were not installed
     calls.forget_filesystems()
@@ -102,7 +102,7 @@ def test_a_local_folder_with_a_colon_is_written_as_such(here):
 def test_an_http_src_without_its_client_is_refused_before_out_is_made(here, monkeypatch):
     """A dataset over http(s) is read on shardkit's own connections; a raw SRC there is listed through
     fsspec's client (aiohttp): without it the build names the extra before it writes anything."""
-    import shardkit.store.calls as calls
+    import shardkit.store.remote as calls
 
     monkeypatch.setitem(sys.modules, "aiohttp", None)
     calls.forget_filesystems()

@@ -21,7 +21,7 @@ from shardkit.config import AnnotateConfig
 from shardkit.contract import AttributeInfo, attributes_relpath
 from shardkit.errors import ConfigError
 from shardkit.store.locks import folder_lock
-from shardkit.store.local import is_remote, sha256_file
+from shardkit.store.local import is_url, sha256_file
 from shardkit.jobs.annotate_tasks import (DEDUP, TEXT_FIELD, AnnotateContext, ShardDone, ShardJob, annotate_shard,
                                           column_specs, layout, shard_texts)
 from shardkit.jobs.cluster import background_client
@@ -51,7 +51,7 @@ class AnnotateResult:
 
 def annotate(cfg: AnnotateConfig) -> AnnotateResult:
     """Add attribute columns (cfg.scorers) and stored selections (cfg.select) to the dataset in cfg.out."""
-    if is_remote(cfg.out):
+    if is_url(cfg.out):
         raise ConfigError(f"{cfg.out}: annotate writes beside the shards, so OUT must be a local folder (or one "
                           "mounted); copy the dataset there, annotate it, and copy it back")
     cfg = replace(cfg, out=os.path.abspath(cfg.out))

@@ -14,7 +14,7 @@ from shardkit.config import DedupConfig, remote_policy
 from shardkit.jobs import durable
 from shardkit.jobs.dedup_tasks import ShardReader, find_duplicates, shard_sources
 from shardkit.errors import ConfigError, Rejection, ShardError, count_by_reason
-from shardkit.store.local import is_remote
+from shardkit.store.local import is_url
 from shardkit.duplicates.review import DedupResult, dedup_record, write_report
 from shardkit.store.lease import out_lock
 from shardkit.jobs.cluster import lazy_client, plan_execution
@@ -62,7 +62,7 @@ def _filtered(shard, new_id: int, drop, src: tuple, staged: str, curating: tuple
 
     root, manifest = src
     curation, stats, removed = curating
-    if shard.format == "parquet" and not is_remote(root) and not curation:
+    if shard.format == "parquet" and not is_url(root) and not curation:
         kept = _filter_parquet(os.path.join(root, shard.path), shard, drop, manifest.fields)
         if kept is not None:
             return write_parquet_table(kept, staged, new_id, manifest.fields, durable=False)

@@ -23,7 +23,7 @@ import uuid
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
 from shardkit.store.remote import RemotePolicy
-from shardkit.store.local import is_remote, join, local_path, sha256_file
+from shardkit.store.local import is_url, join, local_path, sha256_file
 from shardkit.identity import pid_alive
 from shardkit.reader.download import download
 
@@ -107,7 +107,7 @@ class ShardCache:
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
                  policy: RemotePolicy | None = None, pool=None, on_fetch=None):
-        self.root, self.remote, self.limit = str(root), is_remote(root), cache_limit
+        self.root, self.remote, self.limit = str(root), is_url(root), cache_limit
         self.policy, self.pool, self.on_fetch = policy or RemotePolicy(), pool, on_fetch
         self.base, self.dir = cache_dir or default_cache_dir(), None
         if self.remote:

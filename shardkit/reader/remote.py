@@ -17,7 +17,7 @@ import numpy as np
 
 from shardkit.errors import ShardError
 from shardkit.store.remote import RangeIgnored
-from shardkit.store.local import is_remote
+from shardkit.store.local import is_url
 from shardkit.reader import download, ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
@@ -51,7 +51,7 @@ class Remote:
     def __init__(self, shards, config, tokens=None, tag=None):
         self.shards, self.config, self.tokens, self._tag = shards, config, tokens, tag or _untagged
         self.offsets = shard_offsets(shards.samples)
-        self.remote = any(is_remote(r) for r in shards.roots)
+        self.remote = any(is_url(r) for r in shards.roots)
         self.bounded = self.remote and config.cache_limit is not None  # close shards after their last use
         self.per_sample = sum(int(np.sum(t.nbytes)) for t in shards.tables) / max(1, int(np.sum(shards.samples)))
         self.net = NetStats()  # bytes fetched, time waited and CPU spent on the network, every worker's
@@ -103,7 +103,7 @@ class Remote:
             return
         self._walk = EpochWalk(batches(), self.offsets)
         if self.config.fetch_ahead:
-            order = (s for s in self._walk.first_uses() if is_remote(self.shards.root(s)))
+            order = (s for s in self._walk.first_uses() if is_url(self.shards.root(s)))
             self._fetcher = Fetcher(lambda s: on_cpu(self.net, lambda: self._fetch(s, wait=False)),
                                     lambda s: self.cache(s).reserve(nbytes(self.shards[s])), ShardCache.release, order,
                                     self.config.fetch_ahead, skip=set(self._held), cost=self._parts,

@@ -10,7 +10,7 @@ import numpy as np
 
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo, checksum, fixed_nbytes, sums_digest
 from shardkit.errors import ShardError
-from shardkit.store.local import is_remote, join, local_path
+from shardkit.store.local import is_url, join, local_path
 from shardkit.manifest import Manifest
 from shardkit.reader import parquet_pages
 from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_digest, _check_size,  # noqa: F401
@@ -390,7 +390,7 @@ def read_shard_columns(root: str, manifest: Manifest, shard: ShardInfo) -> tuple
     """(keys, {field: its stored values, None where absent}) of one whole shard, each value checked
     against its recorded checksum: `read_shard_samples` without a Python object per sample."""
     url = join(root, shard.path)
-    if is_remote(root):
+    if is_url(root):
         from shardkit.reader.cache import fetch_to_temp
 
         with fetch_to_temp(root, shard) as (path, index_path):

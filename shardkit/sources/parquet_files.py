@@ -18,7 +18,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, RejectedInput
 from shardkit.sample import Sample
-from shardkit.store.urls import is_url
+from shardkit.store.local import is_url
 
 MAX_STRING_CLASSES = 100_000  # a string label column with more distinct values is not a label
 

@@ -16,7 +16,7 @@ from shardkit.sources.index import RowCount, RowRef, ScanOptions, keys_of, load_
 from shardkit.sources.rows import jsonl_rows
 from shardkit.sources.tar_rows import tar_rows
 from shardkit.sources.tars import CLS_MEMBERS
-from shardkit.store.urls import is_url
+from shardkit.store.local import is_url
 
 ATOMS_NAME = "samples-{}.arrow"
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from shardkit.errors import Rejection
 from shardkit.sample import make_key
-from shardkit.store.urls import is_url
+from shardkit.store.local import is_url
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 TEXT_EXTS = frozenset({".txt", ".md"})

@@ -20,8 +20,9 @@ import tempfile
 
 from shardkit.store.remote import RemoteError
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import _call, bound, filesystem, join, policy, retry, use_policy
-from shardkit.store.urls import BadURL, check_location, is_url
+from shardkit.store.calls import _call, bound, filesystem, policy, retry, use_policy
+from shardkit.store.urls import BadURL, check_location
+from shardkit.store.local import is_url, join
 
 __all__ = ["BadURL", "check_location", "is_url", "join", "location", "use_policy", "policy", "retry", "read",
            "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree", "staged",

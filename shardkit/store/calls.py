@@ -1,20 +1,12 @@
-"""The calls to a store: one fsspec filesystem per process and protocol, its waits bounded by the
-job's RemotePolicy, every call retried by fs.with_retries, errors naming the URL."""
+"""The calls of the offline jobs to a store: the filesystem of remote.filesystem with the job's
+RemotePolicy, every call retried by remote.with_retries, errors naming the URL and what was written."""
 
 from __future__ import annotations
 
-import os
-import threading
-
-from shardkit.store.remote import RemoteError, RemotePolicy, with_retries
-from shardkit.store.local import local_path
-from shardkit.errors import BadURL
-from shardkit.store.urls import is_url, missing_backend, unusable
+from shardkit.store.remote import RemoteError, RemotePolicy, filesystem as _filesystem, with_retries
 
 _STATE = {"policy": RemotePolicy(), "fix": "shardkit build --timeout/--retries"}
 _READER_FIX = "StreamingDataset(timeout=..., retries=...)"  # what fs.with_retries names as the fix
-_FS: dict = {}
-_FS_LOCK = threading.Lock()
 
 
 def use_policy(p: RemotePolicy | None, fix: str = "shardkit build --timeout/--retries") -> None:
@@ -25,48 +17,6 @@ def use_policy(p: RemotePolicy | None, fix: str = "shardkit build --timeout/--re
 
 def policy() -> RemotePolicy:
     return _STATE["policy"]
-
-
-def join(base: str, *parts: str) -> str:
-    """A path below a local folder or a URL."""
-    if is_url(base):
-        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
-    return os.path.join(local_path(base), *parts)
-
-
-def filesystem(url: str):
-    """(fsspec filesystem, path) with this process's policy: connect and read timeouts, and no retry
-    loop of the backend's own (s3fs retries 5 times by default), so `with_retries` is the only one."""
-    p = policy()
-    protocol = url.split("://", 1)[0]
-    key = (os.getpid(), protocol, p.timeout)
-    with _FS_LOCK:
-        fs = _FS.get(key)
-        if fs is None:
-            try:
-                import fsspec
-
-                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_options(protocol, p))
-            except ImportError as e:
-                raise missing_backend(protocol, e, "URL", url) from None
-            except (TypeError, ValueError) as e:  # a backend that cannot be made from a URL alone
-                raise BadURL(unusable(protocol, "URL", url, f"{type(e).__name__}: {e}")) from None
-            if hasattr(fs, "retries"):
-                fs.retries = 1
-            _FS[key] = fs
-    return fs, fs._strip_protocol(url)
-
-
-def _options(protocol: str, p: RemotePolicy) -> dict:
-    if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
-                                  "retries": {"total_max_attempts": 1}}, "session": _s3_session()}
-    if protocol in ("http", "https"):
-        import aiohttp
-
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout,
-                                                                   sock_read=p.timeout)}}
-    return {}
 
 
 class WriteError(RemoteError):
@@ -80,6 +30,11 @@ class WriteError(RemoteError):
 MIN_RATE = 1 << 20  # bytes/s: an upload slower than this on average is taken for a stalled store
 
 
+def filesystem(url: str):
+    """(fsspec filesystem, path) of `url` with this process's policy (remote.filesystem)."""
+    return _filesystem(url, policy())
+
+
 def bound(fs, nbytes: int = 0) -> dict:
     """A hard limit on one call's duration, as a keyword of fsspec's async filesystems: twice the timeout,
     plus the time to move `nbytes` at MIN_RATE. The connection's own read timeout should fire first,
@@ -88,40 +43,6 @@ def bound(fs, nbytes: int = 0) -> dict:
     if not getattr(fs, "async_impl", False):
         return {}
     return {"timeout": 2 * policy().timeout + nbytes / MIN_RATE}
-
-
-def forget_filesystems() -> None:
-    """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
-    with _FS_LOCK:
-        _FS.clear()
-
-
-def _s3_session():
-    """An aiobotocore session whose responses parse timestamps with the standard library: botocore's
-    default (dateutil) spent 0.5 ms on each object's LastModified (80% of the client's time listing a
-    folder, and ~1 ms of every GET's Last-Modified header); the values are the same datetimes."""
-    from aiobotocore.session import AioSession
-
-    session = AioSession()
-    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
-    return session
-
-
-def _timestamp(value):
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(value)  # ListObjectsV2's 2024-01-01T00:00:00.000Z
-    except (TypeError, ValueError):
-        pass
-    try:
-        from email.utils import parsedate_to_datetime
-
-        return parsedate_to_datetime(value)  # a Last-Modified header: Wed, 21 Oct 2015 07:28:00 GMT
-    except (TypeError, ValueError):
-        from botocore.utils import parse_timestamp
-
-        return parse_timestamp(value)  # anything else botocore reads (epoch numbers)
 
 
 def retry(url: str, attempt, *, write: bool = False):

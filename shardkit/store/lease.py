@@ -25,7 +25,7 @@ import uuid
 
 from shardkit.errors import FolderLocked
 from shardkit.store.remote import RemoteError
-from shardkit.store.locks import folder_lock
+from shardkit.store.locks import folder_lock, held
 from shardkit.errors import redact
 from shardkit.identity import pid_alive
 from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
@@ -34,37 +34,20 @@ log = logging.getLogger("shardkit.store")
 LEASE = ".shardkit/lease"
 TTL = 120.0  # seconds without a refresh after which a lease is taken over
 REFRESH = 15.0  # seconds between refreshes by the holder
-_HELD: dict[str, list] = {}  # lease URL -> [Lease, depth, command]: see out_lock's `within`
 
 
 @contextlib.contextmanager
 def out_lock(out: str, command: str, within: str | None = None):
     """One writer per OUT for the block: the flock of a local folder, the lease of a store. Within one
     process too, a second writer is refused, except the one whose run is part of the holder's, named
-    by `within` (`dedup RAW OUT` runs a build into the OUT it holds): fs.folder_lock's rule."""
+    by `within` (`dedup RAW OUT` runs a build into the OUT it holds): store.locks.held, one rule for both."""
     if not is_url(out):
         with folder_lock(out, command, within=within):
             yield
         return
-    url = join(out, LEASE)
-    if url in _HELD:
-        if within is None or _HELD[url][2] != within:
-            raise FolderLocked(f"{out} is being written by `{_HELD[url][2]}` in this process (pid {os.getpid()}); "
-                               "close that writer first, or choose another output folder")
-        _HELD[url][1] += 1
-        try:
-            yield
-        finally:
-            _HELD[url][1] -= 1
-        return
     lease = Lease(out, command)
-    lease.take()
-    _HELD[url] = [lease, 1, command]
-    try:
+    with held(join(out, LEASE), out, command, within, lease.take, lease.release):
         yield
-    finally:
-        del _HELD[url]
-        lease.release()
 
 
 def _conflict(error: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""Local files: paths, atomic writes (temp, then rename), checksums."""
+"""Paths (local or URL: is_url, join, local_path), atomic local writes (temp, then rename), checksums."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import uuid
 from pathlib import Path
 
 
-def is_remote(url: str) -> bool:
-    return "://" in str(url) and not str(url).startswith("file://")
+def is_url(location: str) -> bool:
+    """Whether `location` names a remote store (file:// and plain paths are local)."""
+    return "://" in str(location) and not str(location).startswith("file://")
 
 
 def local_path(url: str) -> str:
@@ -19,11 +20,12 @@ def local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def join(base: str, rel: str) -> str:
+def join(base: str, *parts: str) -> str:
+    """A path below a local folder or a URL."""
     base = str(base)
-    if is_remote(base):
-        return base.rstrip("/") + "/" + rel
-    return os.path.join(local_path(base), rel)
+    if is_url(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(local_path(base), *parts)
 
 
 def tmp_name(path: str | os.PathLike) -> str:

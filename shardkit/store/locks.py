@@ -13,7 +13,7 @@ from shardkit.errors import FolderLocked
 
 
 LOCK_FILE = os.path.join(".shardkit", "lock")
-_HELD: dict[str, list] = {}  # lock files this process holds -> [depth, command, since]
+_HELD: dict[str, list] = {}  # lock files and lease URLs this process holds -> [depth, command, since]
 
 
 @contextlib.contextmanager
@@ -31,7 +31,35 @@ def folder_lock(folder: str, command: str, within: str | None = None):
     path = os.path.join(folder, LOCK_FILE)
     fresh = not os.path.lexists(folder)  # made here: a run that fails before writing anything removes it
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    key = os.path.realpath(path)
+    fd = None
+
+    def take():
+        nonlocal fd
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace")
+            os.close(fd)
+            raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
+                               f"output folder (the lock, {path}, is released when that process ends, even if "
+                               "killed)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
+
+    on_fail = (lambda: _remove_if_untouched(folder, path)) if fresh else None
+    with held(os.path.realpath(path), folder, command, within, take, lambda: os.close(fd), on_fail):
+        yield
+
+
+@contextlib.contextmanager
+def held(key: str, folder: str, command: str, within: str | None, take, release, on_fail=None):
+    """The one in-process rule of every lock (a local flock here, a store's lease in store/lease.py):
+    the first holder of `key` runs take() ... release(); a second writer in this process is refused
+    with FolderLocked, except one named by `within`, the holder's command whose run it is part of.
+    on_fail() runs, the lock still held, when the run raises (folder_lock: a folder it made and the
+    run left empty is removed)."""
     if key in _HELD:
         depth, holder, since = _HELD[key]
         if within is None or holder != within:
@@ -43,28 +71,17 @@ def folder_lock(folder: str, command: str, within: str | None = None):
         finally:
             _HELD[key][0] -= 1
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 4096).decode("utf-8", "replace")
-        os.close(fd)
-        raise FolderLocked(f"{folder} is being written by {_holder(holder)}; wait for it to end or choose another "
-                           f"output folder (the lock, {path}, is released when that process ends, even if killed)") from None
-    since = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                             "since": since}).encode())
-    _HELD[key] = [1, command, since]
+    take()
+    _HELD[key] = [1, command, time.strftime("%Y-%m-%d %H:%M:%S %z")]
     try:
         yield
     except BaseException:
-        if fresh:
-            _remove_if_untouched(folder, path)
+        if on_fail is not None:
+            on_fail()
         raise
     finally:
         del _HELD[key]
-        os.close(fd)
+        release()
 
 
 def _remove_if_untouched(folder: str, path: str) -> None:

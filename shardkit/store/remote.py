@@ -4,25 +4,30 @@ errors, errors that name the URL, and the ranged and whole reads (http(s) on sto
 from __future__ import annotations
 
 import http.client
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
-from shardkit.errors import ConfigError, ShardkitError
-from shardkit.errors import redact
+from shardkit.errors import BadURL, ConfigError, ShardkitError, redact
 from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.store.http_ranges import get as http_get
-from shardkit.store.local import is_remote, local_path
+from shardkit.store.local import is_url, local_path
 
-# Protocol -> the extra that installs its fsspec backend.
+# Protocol -> the shardkit extra that installs its fsspec backend (others: the package fsspec names).
 EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 # HTTP statuses that may pass on a later try (timeouts, throttling, server errors); other 4xx never do.
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
              ValueError, TypeError)
-# Protocols whose bytes shardkit reads on its own connections (http_ranges), not through fsspec.
+# A dataset at such a URL is read on shardkit's own connections (store/http_ranges.py): fsspec's
+# client (aiohttp) is needed only for a large file from a server that ignores Range, and
+# reader.download says so then. A build's SRC there is listed through fsspec's client: checked.
 OWN_CLIENT = frozenset({"http", "https"})
+_FS: dict = {}  # (pid, protocol, timeout) -> fsspec filesystem
+_FS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -53,31 +58,94 @@ class RemoteError(ShardkitError):
         self.url, self.detail, self.not_found = url, detail, not_found
 
 
-def _storage_options(protocol: str, policy: RemotePolicy) -> dict:
-    """fsspec options that bound every wait of one protocol's backend to policy.timeout."""
-    t = policy.timeout
-    if protocol in ("http", "https"):
-        import aiohttp
+def unusable(protocol: str, what: str, value: str, why: str) -> str:
+    """The message of a BadURL for a protocol whose backend shardkit cannot use."""
+    return (f"{what} {redact(value)!r}: {protocol}:// is not a store shardkit can use ({why}); copy the data to a "
+            "local folder or an object store (s3://, gs://, az://, hf://), or read it over http(s)://")
 
-        # No total limit: a large shard on a slow link is fine while bytes keep coming.
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
-    if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t, "retries": {"max_attempts": 1}}}
-    return {}
+
+def missing_backend(protocol: str, error: BaseException, what: str, value: str) -> BadURL:
+    """The BadURL for a protocol whose fsspec backend does not import: the package to install."""
+    from fsspec.registry import known_implementations
+
+    extra = EXTRAS.get(protocol)
+    if extra:
+        how = f"pip install 'shardkit[{extra}]'"
+    else:
+        how = known_implementations.get(protocol, {}).get("err") or f"install the fsspec backend for {protocol}://"
+    return BadURL(f"{what} {value!r}: {protocol}:// needs a package that is not installed ({error}); {how}")
 
 
 def filesystem(url: str, policy: RemotePolicy | None = None):
-    """(fsspec filesystem, path) for a remote URL, its waits bounded by `policy`."""
+    """(fsspec filesystem, path) of `url`, its waits bounded by `policy` (connect and read timeouts),
+    and no retry loop of the backend's own (s3fs retries 5 times by default, botocore more), so
+    `with_retries` is the only one. One filesystem per process, protocol and timeout."""
+    p = policy or RemotePolicy()
     protocol = url.split("://", 1)[0]
-    try:
-        import fsspec  # heavy: only when reading remote data
+    key = (os.getpid(), protocol, p.timeout)
+    with _FS_LOCK:
+        fs = _FS.get(key)
+        if fs is None:
+            try:
+                import fsspec
 
-        return fsspec.core.url_to_fs(url, **_storage_options(protocol, policy or RemotePolicy()))
-    except ImportError as e:
-        extra = EXTRAS.get(protocol)
-        how = f"pip install 'shardkit[{extra}]'" if extra else f"install the fsspec backend for {protocol}://"
-        raise ConfigError(f"cannot read {url}: {protocol}:// needs a package that is not installed ({e}); "
-                          f"{how}") from e
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_options(protocol, p))
+            except ImportError as e:
+                raise missing_backend(protocol, e, "URL", url) from None
+            except (TypeError, ValueError) as e:  # a backend that cannot be made from a URL alone
+                raise BadURL(unusable(protocol, "URL", url, f"{type(e).__name__}: {e}")) from None
+            if hasattr(fs, "retries"):
+                fs.retries = 1
+            _FS[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def _options(protocol: str, p: RemotePolicy) -> dict:
+    if protocol in ("s3", "s3a"):
+        # total_max_attempts counts the first request (1: botocore never retries); its older
+        # max_attempts counts retries after it (1 there would be a hidden second try per call).
+        return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
+                                  "retries": {"total_max_attempts": 1}}, "session": _s3_session()}
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout,
+                                                                   sock_read=p.timeout)}}
+    return {}
+
+
+def forget_filesystems() -> None:
+    """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
+    with _FS_LOCK:
+        _FS.clear()
+
+
+def _s3_session():
+    """An aiobotocore session whose responses parse timestamps with the standard library: botocore's
+    default (dateutil) spent 0.5 ms on each object's LastModified (80% of the client's time listing a
+    folder, and ~1 ms of every GET's Last-Modified header); the values are the same datetimes."""
+    from aiobotocore.session import AioSession
+
+    session = AioSession()
+    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
+    return session
+
+
+def _timestamp(value):
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value)  # ListObjectsV2's 2024-01-01T00:00:00.000Z
+    except (TypeError, ValueError):
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return parsedate_to_datetime(value)  # a Last-Modified header: Wed, 21 Oct 2015 07:28:00 GMT
+    except (TypeError, ValueError):
+        from botocore.utils import parse_timestamp
+
+        return parse_timestamp(value)  # anything else botocore reads (epoch numbers)
 
 
 def _chain(error: BaseException | None):
@@ -203,7 +271,7 @@ def with_retries(url: str, policy: RemotePolicy, attempt):
 
 def open_url(url: str, mode: str = "rb", policy: RemotePolicy | None = None):
     """Open a local path or any fsspec URL (http(s)://, s3:// with s3fs installed, ...), seekable."""
-    if not is_remote(url):
+    if not is_url(url):
         return open(local_path(url), mode)
     fs, path = filesystem(url, policy)
     return fs.open(path, mode)
@@ -212,7 +280,7 @@ def open_url(url: str, mode: str = "rb", policy: RemotePolicy | None = None):
 def read_bytes(url: str, policy: RemotePolicy | None = None, nbytes: int | None = None) -> bytes:
     """All of a (small) file: a local path, or a URL read with `policy`'s timeouts and retries.
     `nbytes`: its size, as recorded; a shorter body (cut off) is retried."""
-    if not is_remote(url):
+    if not is_url(url):
         with open(local_path(url), "rb") as f:
             return f.read()
     policy = policy or RemotePolicy()

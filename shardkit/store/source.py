@@ -6,7 +6,7 @@ import io
 
 from shardkit.store.remote import RemoteError
 from shardkit.store.calls import _call, filesystem, policy, retry
-from shardkit.store.urls import is_url
+from shardkit.store.local import is_url
 
 
 class ResumingFile(io.RawIOBase):

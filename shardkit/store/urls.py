@@ -11,16 +11,11 @@ import os
 import re
 
 from shardkit.errors import BadURL
+from shardkit.store.local import is_url  # noqa: F401 — where check_location's callers look for it
+from shardkit.store.remote import OWN_CLIENT, missing_backend, unusable
 
-# Protocol -> the shardkit extra that installs its backend (others: the package fsspec names).
-EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
 READ_ONLY = frozenset({"http", "https"})  # fsspec's http backend cannot write
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
-
-
-def is_url(location: str) -> bool:
-    """Whether `location` names a remote store (file:// and plain paths are local)."""
-    return "://" in str(location) and not str(location).startswith("file://")
 
 
 def _known() -> set[str]:
@@ -50,18 +45,6 @@ def _looks_like_url(value: str, what: str) -> None:
 # is written gs/bucket).
 _PROTOCOL_WORDS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "adl", "hf", "http", "https", "file", "hdfs",
                              "webhdfs", "sftp", "ftp", "oss", "memory"})
-
-
-def missing_backend(protocol: str, error: BaseException, what: str, value: str) -> BadURL:
-    """The BadURL for a protocol whose fsspec backend does not import: the package to install."""
-    from fsspec.registry import known_implementations
-
-    extra = EXTRAS.get(protocol)
-    if extra:
-        how = f"pip install 'shardkit[{extra}]'"
-    else:
-        how = known_implementations.get(protocol, {}).get("err") or f"install the fsspec backend for {protocol}://"
-    return BadURL(f"{what} {value!r}: {protocol}:// needs a package that is not installed ({error}); {how}")
 
 
 def remote_policy(cfg):
@@ -171,18 +154,6 @@ def _check_backend(protocol: str, what: str, value: str) -> None:
                                                      f"{', '.join(needed)} given apart from the URL"))
 
 
-def unusable(protocol: str, what: str, value: str, why: str) -> str:
-    """The message of a BadURL for a protocol whose backend shardkit cannot use."""
-    from shardkit.errors import redact
-
-    return (f"{what} {redact(value)!r}: {protocol}:// is not a store shardkit can use ({why}); copy the data to a "
-            "local folder or an object store (s3://, gs://, az://, hf://), or read it over http(s)://")
-
-
-# A dataset at such a URL is read on shardkit's own connections (shardkit/store/http_ranges.py): fsspec's
-# client (aiohttp) is needed only for a large file from a server that ignores Range, and
-# reader.download says so then. A build's SRC there is listed through fsspec's client: checked.
-OWN_CLIENT = frozenset({"http", "https"})
 
 # The package each common backend needs (fsspec's registry keeps a class once imported, so asking it
 # again would not notice a package that went missing).
