@@ -19,6 +19,7 @@ import shardkit.store as store
 from shardkit.contract import ShardInfo
 from shardkit.errors import count_by_reason
 from shardkit.manifest import MANIFEST_NAME, TABLE_NAME, Manifest, shard_files, write_manifest
+import threading
 
 log = logging.getLogger("shardkit.jobs")
 STATE_DIR = ".shardkit"
@@ -173,3 +174,29 @@ def finish(out: str, manifest: Manifest) -> Manifest:
 
 def errors_record(rejections) -> dict:
     return {"count": len(rejections), "by_reason": count_by_reason(rejections)}
+
+
+_SYNC: dict = {}  # this process's fsync thread and the shards handed to it
+
+
+_SYNC_LOCK = threading.Lock()
+
+
+def _in_background(fn, *args) -> None:
+    """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _SYNC_LOCK:  # worker threads of one process share the fsync thread
+        if "pool" not in _SYNC:
+            _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
+        _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
+
+
+def flush_durable() -> int:
+    """Wait until every shard this process wrote is on disk with its marker (raises the first failure).
+    Run in every worker (and here) before the manifest names any shard."""
+    with _SYNC_LOCK:
+        jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
+    for job in jobs:
+        job.result()
+    return len(jobs)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 import shardkit.store as store
 from shardkit.jobs import durable
 from shardkit.jobs.build.tasks import (FILTERED_DIR, STATE_DIR, BuildContext, ShardResult, ShardTask, UnitTask,
-                                       add_stats, flush_durable, make_durable, marker, reused_shards, shard_task,
-                                       unit_task, units_dir)
+                                       add_stats, make_durable, marker, reused_shards, shard_task, unit_task, units_dir)
+from shardkit.jobs.durable import flush_durable
 from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.contract import ShardInfo
 from shardkit.errors import (ConfigError, EmptyInput, FailFast, Rejection, RejectionLog,

@@ -9,7 +9,6 @@ runs the per-shard stage (packing tokens into rows). A shard of one unit is done
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, token_counter, tokenize
 from shardkit.writers import get_table_writer, get_writer
 from shardkit.writers.parquet import samples_table, table_samples
+from shardkit.jobs.durable import _in_background
 
 FILTERED_DIR = "curation"  # OUT/curation/filtered-NNNNN.parquet: what the curation filters removed, per shard
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
@@ -237,30 +237,6 @@ def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_p
     extra = (result.attributes.path,) if result.attributes is not None else ()
     durable.mark_done(cfg.out, marker(shard.id), shard.fingerprint, result.to_json(), result.shards, unit_paths,
                       extra=extra)
-
-
-_SYNC: dict = {}  # this process's fsync thread and the shards handed to it
-_SYNC_LOCK = threading.Lock()
-
-
-def _in_background(fn, *args) -> None:
-    """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with _SYNC_LOCK:  # worker threads of one process share the fsync thread
-        if "pool" not in _SYNC:
-            _SYNC["pool"], _SYNC["jobs"] = ThreadPoolExecutor(1, thread_name_prefix="shardkit-fsync"), []
-        _SYNC["jobs"].append(_SYNC["pool"].submit(fn, *args))
-
-
-def flush_durable() -> int:
-    """Wait until every shard this process wrote is on disk with its marker (raises the first failure).
-    Run in every worker (and here) before the manifest names any shard."""
-    with _SYNC_LOCK:
-        jobs, _SYNC["jobs"] = _SYNC.get("jobs", []), []
-    for job in jobs:
-        job.result()
-    return len(jobs)
 
 
 def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import shardkit.store as store
 from shardkit.jobs import durable
-from shardkit.jobs.build.tasks import (_in_background, add_stats, flush_durable, write_filtered)  # noqa: F401 — the build's fsync thread
+from shardkit.jobs.durable import _in_background, flush_durable
+from shardkit.jobs.build.tasks import add_stats, write_filtered  # noqa: F401 — the build's fsync thread
 from shardkit.stages.filters import curate
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
