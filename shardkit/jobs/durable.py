@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import shardkit.store as store
 from shardkit.contract import ShardInfo
 from shardkit.errors import count_by_reason
 from shardkit.manifest import MANIFEST_NAME, TABLE_NAME, Manifest, shard_files, write_manifest
-import threading
 
 log = logging.getLogger("shardkit.jobs")
 STATE_DIR = ".shardkit"
@@ -97,6 +97,18 @@ def reusable(out: str, marker: str, fingerprint: str, sizes: dict | None = None,
         if size != nbytes:
             return None
     return result
+
+
+def reused(out: str, folder: str, markers: dict, check) -> dict:
+    """The one reuse loop of the build and the map: {id: check(id, sizes, data)} for each piece (its
+    marker under `markers`: id -> marker path) that check accepts. The markers are read at once
+    (concurrently on a store) and checked against one listing of OUT/shards on a store (`sizes`)."""
+    if not any_marker(out, folder):
+        return {}
+    data = read_markers(out, list(markers.values()))
+    sizes = shard_sizes(out) if store.is_url(out) else None
+    found = {i: data[m] and check(i, sizes, data[m]) for i, m in markers.items()}
+    return {i: result for i, result in found.items() if result}
 
 
 def any_marker(out: str, folder: str) -> bool:
@@ -177,12 +189,21 @@ def errors_record(rejections) -> dict:
 
 
 _SYNC: dict = {}  # this process's fsync thread and the shards handed to it
-
-
 _SYNC_LOCK = threading.Lock()
 
 
-def _in_background(fn, *args) -> None:
+def settle(out: str, fn, *args) -> None:
+    """fn(*args), a piece's durable step (its files, then its marker, then its unit files dropped), for
+    the build's shard step and the map's group step alike: on a store before the step returns (a lost
+    worker takes no upload along); on a local disk on this process's fsync thread, so the next tasks
+    run while the disk catches up (flush_durable waits for them all before the manifest)."""
+    if store.is_url(out):
+        fn(*args)
+    else:
+        in_background(fn, *args)
+
+
+def in_background(fn, *args) -> None:
     """Run fn on this process's fsync thread: the task goes on computing while the disk catches up."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -30,7 +30,6 @@ from shardkit.stages.image import images
 from shardkit.stages.tokenize import TOKENS_FIELD, token_counter, tokenize
 from shardkit.writers import get_table_writer, get_writer
 from shardkit.writers.parquet import samples_table, table_samples
-from shardkit.jobs.durable import _in_background
 
 FILTERED_DIR = "curation"  # OUT/curation/filtered-NNNNN.parquet: what the curation filters removed, per shard
 TABLE_BATCH = 256  # samples turned into Arrow columns at a time
@@ -149,13 +148,10 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | No
 
 def reused_shards(cfg: BuildConfig, plans: list[tuple[int, str]]) -> dict[int, ShardResult]:
     """The shards (id, fingerprint) a previous build finished with the same inputs and config: their
-    markers read at once (concurrently on a store), checked against one listing of OUT/shards on a store."""
-    if not durable.any_marker(cfg.out, f"{STATE_DIR}/done"):
-        return {}
-    data = durable.read_markers(cfg.out, [marker(i) for i, _ in plans])
-    sizes = durable.shard_sizes(cfg.out) if store.is_url(cfg.out) else None
-    found = {i: data[marker(i)] and reusable(cfg, i, fingerprint, sizes, data[marker(i)]) for i, fingerprint in plans}
-    return {i: result for i, result in found.items() if result}
+    markers read at once (durable.reused)."""
+    fingerprints = dict(plans)
+    return durable.reused(cfg.out, f"{STATE_DIR}/done", {i: marker(i) for i in fingerprints},
+                          lambda i, sizes, data: reusable(cfg, i, fingerprints[i], sizes, data))
 
 
 def _unchanged(root: str, rel: str, size: int, mtime_ns: int) -> bool:
@@ -262,10 +258,7 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
                          linked=sorted({tuple(link) for p in parts for link in p.linked}),
                          attributes=None if ctx.pack else attributes.after_write(table, infos, cfg, shard.marks, shard.id))
     units = [p.path for p in parts if p.path]
-    if store.is_url(cfg.out):  # uploaded before the step returns: a lost worker never takes a shard's files along
-        make_durable(cfg, shard, result, units)
-    else:
-        _in_background(make_durable, cfg, shard, result, units)
+    durable.settle(cfg.out, make_durable, cfg, shard, result, units)
     return result
 
 

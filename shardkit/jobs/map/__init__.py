@@ -27,7 +27,7 @@ from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
 from shardkit.identity import check_embedded_workers
-from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit, flush_durable, has_marker,
+from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit, has_marker,
                                      make_durable, markers, run_group, run_unit, samples_of)
 from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
@@ -279,9 +279,9 @@ def _run_groups(fn, inputs, out, cfg, run: _Run, fields, todo: list[Group], coun
         # threads of this process (head start) and of the workers, then any a lost worker left.
         if store.is_url(out):  # each group's step uploaded its files and wrote its marker before it returned
             return done
-        flush_durable()
+        durable.flush_durable()
         if not pending.local and pending.started:
-            pending.get().run(flush_durable)
+            pending.get().run(durable.flush_durable)
         for g, result in zip(todo, done):
             if not has_marker(out, g.index):
                 make_durable(out, g, result)

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import shardkit.store as store
 from shardkit.jobs import durable
-from shardkit.jobs.durable import _in_background, flush_durable
-from shardkit.jobs.build.tasks import add_stats, write_filtered  # noqa: F401 — the build's fsync thread
+from shardkit.jobs.build.tasks import add_stats, write_filtered
 from shardkit.stages.filters import curate
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
@@ -147,14 +146,7 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
     for p in parts:
         add_stats(stats, p.stats)
     result = GroupResult(group.index, shards, rejections, stats=stats)
-    # The fsyncs, then the marker, then the unit files' removal, on this process's fsync thread (the
-    # build's): the next tasks run meanwhile, and the client waits for them all before the manifest.
-    # On a store, before the step returns (as the build's shard step): a lost worker takes no upload along.
-    units = [p.path for p in parts if p.path]
-    if store.is_url(ctx.out):
-        make_durable(ctx.out, group, result, units)
-    else:
-        _in_background(make_durable, ctx.out, group, result, units)
+    durable.settle(ctx.out, make_durable, ctx.out, group, result, [p.path for p in parts if p.path])
     return result
 
 
@@ -256,13 +248,9 @@ def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | No
 
 
 def markers(out: str, groups) -> dict[int, GroupResult]:
-    """The groups a previous run finished with the same inputs: markers read at once (concurrently on a
-    store), checked against one listing of OUT/shards on a store."""
-    if not durable.any_marker(out, f"{STATE}/done"):
-        return {}
-    data = durable.read_markers(out, [_marker(g.index) for g in groups])
-    sizes = durable.shard_sizes(out) if store.is_url(out) else None
-    found = {g.index: data[_marker(g.index)] and reusable(out, g, sizes, data[_marker(g.index)]) for g in groups}
-    return {g: r for g, r in found.items() if r}
+    """The groups a previous run finished with the same inputs: markers read at once (durable.reused)."""
+    by_index = {g.index: g for g in groups}
+    return durable.reused(out, f"{STATE}/done", {g: _marker(g) for g in by_index},
+                          lambda g, sizes, data: reusable(out, by_index[g], sizes, data))
 
 
