@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from shardkit.cli.options import progress_option, scheduler_option
+from shardkit.cli.options import progress_option, scheduler_option, workers_option
 from shardkit.stages.filters import FILTERS
 
 
@@ -19,8 +19,7 @@ from shardkit.stages.filters import FILTERS
 @click.option("--select", "select", multiple=True, metavar="EXPR",
               help="Store the kept samples per shard of this where= expression (repeatable), so training "
                    "processes plan it without reading every shard's attributes.")
-@click.option("--workers", type=int, default=None,
-              help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+@workers_option()
 @scheduler_option
 @progress_option
 def annotate(out, scorers, scorer_option, select, workers, scheduler, progress):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from shardkit.config import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
+from shardkit.config import ENCODINGS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
 from shardkit.cli.curation import curation_lines, curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, human_bytes, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
-                                  text_field_option, timeout_option)
+                                  text_field_option, timeout_option, format_option, workers_option)
 
 
 def _parse_size(ctx, param, value):
@@ -23,8 +23,7 @@ def _parse_size(ctx, param, value):
 @click.command()
 @click.argument("src")
 @click.argument("out")
-@click.option("--format", "format", type=click.Choice(FORMATS), default="tar", show_default=True,
-              help="Shard format: WebDataset tar, Parquet, or both (same samples in each).")
+@format_option("Shard format: WebDataset tar, Parquet, or both (same samples in each).")
 @click.option("--shard-size", default="256MB", show_default=True, callback=_parse_size,
               help="Target bytes per shard (e.g. 64MB, 1GiB); cut from estimated output sizes.")
 @click.option("--max-samples-per-shard", type=int, default=10_000, show_default=True)
@@ -47,8 +46,7 @@ def _parse_size(ctx, param, value):
 @image_field_option
 @click.option("--label-field", default=None, metavar="COLUMN",
               help="Label .parquet rows by this column (integers, or strings → class list) instead of by folder.")
-@click.option("--workers", type=int, default=None,
-              help="Dask workers of the embedded cluster [default: one per core]; 0 runs in-process.")
+@workers_option()
 @click.option("--worker-pool", type=click.Choice(WORKER_POOLS), default="auto", show_default=True,
               help="How embedded workers run: threads of this process (images: Pillow releases the GIL, and "
                    "nothing is copied between processes) or processes; auto: for a folder of images, threads "

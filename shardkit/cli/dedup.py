@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from shardkit.config import DEDUP_MODALITIES, FORMATS, IMAGE_HASHES
+from shardkit.config import DEDUP_MODALITIES, IMAGE_HASHES
 from shardkit.cli.curation import curation_lines, curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
-                                  text_field_option, timeout_option)
+                                  text_field_option, timeout_option, format_option, workers_option)
 
 
 @click.command()
@@ -35,14 +35,11 @@ from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_op
               help="Samples per signature task (a built dataset's shards are grouped whole, at least one "
                    "per task). Every bucket task reads a slice of each partition: at 100M+ samples use "
                    "100000 or more.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="tar", show_default=True,
-              help="Shard format when SRC is a raw folder (its images are stored byte for byte, under their "
-                   "own extension); a built dataset keeps its formats.")
+@format_option("Shard format when SRC is a raw folder (its images are stored byte for byte, under their own "
+               "extension); a built dataset keeps its formats.")
 @text_field_option
 @image_field_option
-@click.option("--workers", type=int, default=None,
-              help="Dask workers of an embedded cluster; 0 runs in-process [default: in-process when the "
-                   "estimated work cannot pay for starting a cluster, else one worker per core].")
+@workers_option("in-process when the estimated work cannot pay for starting a cluster, else one per core")
 @scheduler_option
 @timeout_option
 @retries_option
@@ -50,7 +47,7 @@ from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, image_distance_op
 @progress_option
 @curation_options
 def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modality, image_hash, image_distance,
-          partition_size, fmt, text_field, image_field, workers, scheduler, timeout, retries, on_error, progress,
+          partition_size, format, text_field, image_field, workers, scheduler, timeout, retries, on_error, progress,
           **curation):
     """Drop exact and near-duplicate samples of SRC (a raw folder or a built dataset) into a new dataset OUT.
 
@@ -84,7 +81,7 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
 
     cfg = DedupConfig(src=src, out=out, threshold=threshold, num_perm=num_perm, ngram=ngram, bands=bands,
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,
-                      image_distance=image_distance, partition_size=partition_size, format=fmt,
+                      image_distance=image_distance, partition_size=partition_size, format=format,
                       text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler,
                       on_error=on_error, progress=progress, timeout=timeout, retries=retries, curation=curation)
     result = run_dedup(cfg)

@@ -1,10 +1,25 @@
-"""Options that several commands take (build, dedup, bench), defined once so their names, defaults and help agree."""
+"""Options that several commands take (build, dedup, annotate, bench), defined once so their names, the
+parameter each binds, defaults and help agree."""
 
 from __future__ import annotations
 
 import click
 
+from shardkit.config.common import FORMATS
 from shardkit.errors import ON_ERROR_CHOICES
+
+
+def workers_option(default: str = "one per core"):
+    """--workers, bound as `workers`; `default`: what no value means for this command."""
+    return click.option("--workers", "workers", type=int, default=None, metavar="N",
+                        help=f"Dask workers of the embedded cluster; 0 runs in-process [default: {default}].")
+
+
+def format_option(help: str):
+    """--format of the shards a command writes, bound as `format`."""
+    return click.option("--format", "format", type=click.Choice(FORMATS), default="tar", show_default=True,
+                        help=help)
+
 
 text_field_option = click.option(
     "--text-field", default="text", show_default=True,

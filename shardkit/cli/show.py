@@ -16,7 +16,7 @@ PREVIEW = 8  # array values shown
 @click.argument("dataset")
 @click.argument("key")
 @click.option("--key", "literal", is_flag=True, help="Take KEY as a key even when it reads like #N.")
-@click.option("--format", "fmt", type=click.Choice(["tar", "parquet"]), default=None,
+@click.option("--format", "format", type=click.Choice(["tar", "parquet"]), default=None,
               help="Shards to read when the dataset has both [default: tar].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the sample's image to this file (its folder is created): an encoded image (JPEG, PNG, ...) as its stored "
@@ -24,7 +24,7 @@ PREVIEW = 8  # array values shown
 @click.option("--field", default=None, help="The field --out writes [default: the sample's first image field].")
 @click.option("--full", is_flag=True, help=f"Print whole texts (else cut at {TEXT_CHARS} characters).")
 @click.option("--cache-dir", default=None, help="Where a remote dataset's shards are cached.")
-def show(dataset, key, literal, fmt, out, field, full, cache_dir):
+def show(dataset, key, literal, format, out, field, full, cache_dir):
     """Print one sample of DATASET (a folder or URL): KEY is its key, or #N for its index N in the
     dataset's order (#-1: the last sample). Texts and numbers are printed, arrays as shape, dtype
     and their first values, bytes as their length.
@@ -39,7 +39,7 @@ def show(dataset, key, literal, fmt, out, field, full, cache_dir):
     """
     from shardkit.reader.dataset import StreamingDataset
 
-    ds = StreamingDataset(dataset, format=fmt, cache_dir=cache_dir, shuffle=False)
+    ds = StreamingDataset(dataset, format=format, cache_dir=cache_dir, shuffle=False)
     match = None if literal else INDEX.fullmatch(key)
     index = ds.lookup.check_index(int(match.group(1))) if match else ds.lookup.index_of(key)
     if index is None:
