@@ -1,5 +1,6 @@
 """Imports flow one way, like the data: a module imports only modules to its left (DESIGN.md),
-and no two modules import each other, directly or around a circle, at the top or inside a function."""
+and no two modules import each other, directly or around a circle, at the top or inside a function.
+And few long functions and big classes (STYLE.md 13): a count that may only fall."""
 
 from __future__ import annotations
 
@@ -143,3 +144,44 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     assert cycles(graph) == [["toy.a", "toy.c", "toy.sub.b"]]
     (pkg / "c.py").write_text("thing = 1\n")
     assert cycles(import_graph(pkg)) == []
+
+
+LONG_FUNCTION, BIG_CLASS = 40, 12  # lines of a function (def to its end), methods of a class (STYLE.md 13)
+# Ceilings, today's counts: lower them as long functions and big classes are split (the aim: 3 and 4).
+MAX_LONG_FUNCTIONS, MAX_BIG_CLASSES = 12, 6
+
+
+def sizes(root: Path) -> tuple[list[str], list[str]]:
+    """('file:function (N lines)' over LONG_FUNCTION lines, 'file:Class (N methods)' over BIG_CLASS)."""
+    long, big = [], []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONG_FUNCTION:
+                    long.append(f"{rel}:{node.name} ({lines} lines)")
+            elif isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in node.body)
+                if methods > BIG_CLASS:
+                    big.append(f"{rel}:{node.name} ({methods} methods)")
+    return long, big
+
+
+def test_few_long_functions_and_big_classes():
+    long, big = sizes(PKG)
+    assert len(long) <= MAX_LONG_FUNCTIONS, (f"{len(long)} functions over {LONG_FUNCTION} lines (at most "
+                                             f"{MAX_LONG_FUNCTIONS}): split one\n" + "\n".join(long))
+    assert len(big) <= MAX_BIG_CLASSES, (f"{len(big)} classes over {BIG_CLASS} methods (at most {MAX_BIG_CLASSES}): "
+                                         "split one\n" + "\n".join(big))
+
+
+def test_the_size_count_sees_long_functions_and_big_classes(tmp_path):
+    pkg = tmp_path / "toy"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONG_FUNCTION))
+    methods = "\n".join(f"    def m{i}(self):\n        pass\n" for i in range(BIG_CLASS + 1))
+    (pkg / "a.py").write_text(f"def long():\n{body}\n\n\ndef short():\n    pass\n\n\nclass Big:\n{methods}\n")
+    long, big = sizes(pkg)
+    assert long == [f"toy/a.py:long ({LONG_FUNCTION + 1} lines)"]
+    assert big == [f"toy/a.py:Big ({BIG_CLASS + 1} methods)"]

@@ -1,5 +1,5 @@
-"""Frozen configuration dataclasses, one per entry point; __post_init__ validates each value and a
-bad one is a ConfigError naming the flag or keyword. common.py: the choices and checks they share;
+"""Frozen configuration dataclasses of the commands (build, dedup, annotate) and of StreamingDataset;
+__post_init__ validates each value and a bad one is a ConfigError naming the flag or keyword. common.py: the choices and checks they share;
 build.py: build, dedup, annotate; stream.py: StreamingDataset."""
 
 from shardkit.config.build import (AUGMENT_OPS, DEDUP_MODALITIES, IMAGE_HASHES, LSH_WEIGHTS, MAX_MIN_SHINGLES,

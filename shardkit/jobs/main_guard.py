@@ -22,7 +22,7 @@ def check_main_guard(what: str, main_thread: bool = False) -> None:
     make each of them run the calling script's top level again: the call is not under
     `if __name__ == "__main__":`, or this is a worker importing such a script. `main_thread`: the
     statement the main thread is running is the one to judge (the cluster starts in another thread)."""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # private: DESIGN, "private APIs"
         raise ConfigError(_message(what, "a worker process that was starting"))
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)

@@ -21,7 +21,10 @@ from shardkit.reader.shards import ROW_GROUP_CACHE_BYTES, ByteLRU, missing_shard
 
 log = logging.getLogger(__name__)
 DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (its index in the mixture)
-MAX_OPEN_SHARDS = 64  # per process; a shuffle block spans a few shards, so this rarely evicts
+# Per process, the least recently read closed first. A batch reads the shards its one or two shuffle
+# blocks cover (block / samples per shard of them; a mixture's come from each source), never closed
+# while it reads them: more than this evicts (small shards, a large block), and a reopen costs a read.
+MAX_OPEN_SHARDS = 64
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
 

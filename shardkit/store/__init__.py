@@ -18,7 +18,7 @@ import hashlib
 import os
 import tempfile
 
-from shardkit.store.remote import RemoteError
+from shardkit.store.remote import RemoteError, strip_protocol
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
 from shardkit.store.calls import _call, bound, filesystem, policy, retry, use_policy
 from shardkit.store.urls import BadURL, check_location
@@ -90,7 +90,7 @@ def read_many(urls: list[str]) -> dict[str, bytes | None]:
                 out[url] = None
         return out
     fs, _ = filesystem(urls[0])
-    paths = {fs._strip_protocol(u): u for u in urls}
+    paths = {strip_protocol(fs, u): u for u in urls}
     got = retry(urls[0], lambda: fs.cat(list(paths), on_error="return"))
     out = {}
     for path, url in paths.items():

@@ -35,10 +35,19 @@ def list_folder(url: str) -> Iterator[Entry]:
     """The files and subfolders directly in `url`, in name order (a subfolder sorts as `name/`, as S3
     orders keys), page by page on S3; nothing when the folder does not exist."""
     fs, path = filesystem(url)
-    if type(fs).__name__ == "S3FileSystem":
+    if _pages_s3(fs):
         yield from _s3_folder(fs, url, path)
         return
     yield from _fsspec_folder(fs, url, path)
+
+
+S3_CALL = "_call_s3"  # s3fs's private request call: see _pages_s3
+
+
+def _pages_s3(fs) -> bool:
+    """Whether to list through s3fs's private `_call_s3` (ListObjectsV2 a page at a time, MaxKeys as
+    asked); without it (another s3fs), fsspec's public listing of the folder serves, all at once."""
+    return type(fs).__name__ == "S3FileSystem" and callable(getattr(fs, S3_CALL, None))
 
 
 def _s3_folder(fs, url: str, path: str) -> Iterator[Entry]:
@@ -48,7 +57,7 @@ def _s3_folder(fs, url: str, path: str) -> Iterator[Entry]:
     prefix = key.strip("/") + "/" if key.strip("/") else ""
     args = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
     while True:
-        page = retry(url, lambda: sync(fs.loop, fs._call_s3, "list_objects_v2", **args, **bound(fs)))
+        page = retry(url, lambda: sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", **args, **bound(fs)))
         dirs = [Entry(p["Prefix"][len(prefix):-1], True, 0, "") for p in page.get("CommonPrefixes", [])]
         files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
                  for c in page.get("Contents", []) if len(c["Key"]) > len(prefix)]
@@ -84,11 +93,11 @@ def _fsspec_folder(fs, url: str, path: str) -> Iterator[Entry]:
 def has_any(url: str) -> bool:
     """Whether anything lies at or below `url` (a file, or a folder holding one): one small request."""
     fs, path = filesystem(url)
-    if type(fs).__name__ == "S3FileSystem":
+    if _pages_s3(fs):
         from fsspec.asyn import sync
 
         bucket, _, key = path.partition("/")
-        page = retry(url, lambda: sync(fs.loop, fs._call_s3, "list_objects_v2", Bucket=bucket, Prefix=key,
+        page = retry(url, lambda: sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", Bucket=bucket, Prefix=key,
                                        MaxKeys=1, **bound(fs)))
         return bool(page.get("KeyCount") or page.get("Contents"))
     return bool(retry(url, lambda: fs.exists(path)))

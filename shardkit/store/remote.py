@@ -97,7 +97,14 @@ def filesystem(url: str, policy: RemotePolicy | None = None):
             if hasattr(fs, "retries"):
                 fs.retries = 1
             _FS[key] = fs
-    return fs, fs._strip_protocol(url)
+    return fs, strip_protocol(fs, url)
+
+
+def strip_protocol(fs, url: str) -> str:
+    """`url` as a path of `fs`: fsspec's private `_strip_protocol` (a bucket-relative path that fs's
+    calls take), else the URL without its protocol (what it gives for s3, gcs and az)."""
+    strip = getattr(fs, "_strip_protocol", None)
+    return strip(url) if strip is not None else url.split("://", 1)[-1]
 
 
 def _options(protocol: str, p: RemotePolicy) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from shardkit.store.remote import RemoteError
+from shardkit.store.remote import RemoteError, strip_protocol
 from shardkit.store.calls import _call, filesystem, policy, retry
 from shardkit.store.local import is_url
 
@@ -85,7 +85,7 @@ class Fetch:
         if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
             import asyncio
 
-            self.paths = [fs._strip_protocol(url) for url in urls]
+            self.paths = [strip_protocol(fs, url) for url in urls]
             self.future = asyncio.run_coroutine_threadsafe(fs._cat(self.paths, on_error="return"), fs.loop)
 
     def result(self) -> list:

@@ -1,4 +1,5 @@
-"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: WRITERS.
+"""Shard writers: one shard per call, deterministic bytes, a ShardInfo back. Registry: `_writers()`,
+{format: (from Samples, from a table)}, imported on first use (a bad format: `_lookup` names the choices).
 
 Each format has two entry points with the same bytes out: from Samples (`get_writer`) and from a
 samples table, the Arrow form build tasks hand each other (`get_table_writer`). A dataset of packed
