@@ -1,4 +1,4 @@
-"""shardkit/store/http_ranges.py, the http(s) client behind fs.read_range and fs.read_bytes: keep-alive
+"""shardkit/store/http_ranges.py, the http(s) client behind store.remote.read_range and read_bytes: keep-alive
 connections per thread, redirects, statuses the classifier reads, a store that ignores Range."""
 
 import multiprocessing
