@@ -11,10 +11,10 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from shardkit.config.common import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, WORKER_POOLS, choice, positive, remote_policy
+from shardkit.config.common import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, choice, positive
+from shardkit.config.job import JobOptions
 from shardkit.contract import IMAGE_FIELD
-from shardkit.errors import ON_ERROR_CHOICES, ConfigError
-from shardkit.identity import check_embedded_workers
+from shardkit.errors import ConfigError
 
 
 MAX_DOC_BYTES = 10_000_000  # --filter-max-bytes' default: a page of text is ~10 KB; 10 MB is a book shelf
@@ -22,7 +22,7 @@ NEW_DEFAULTS = {"filter_max_bytes": MAX_DOC_BYTES}  # BuildConfig.recorded leave
 
 
 @dataclass(frozen=True)
-class BuildConfig:
+class BuildConfig(JobOptions):
     """`shardkit build SRC OUT`: every CLI flag is one field here."""
 
     src: str
@@ -40,12 +40,7 @@ class BuildConfig:
     text_field: str = "text"  # the text of a .jsonl line (a JSON key) or of a Parquet row (a column)
     image_field: str = "image"  # the image column of Parquet sources: binary, or a struct {bytes, path}
     label_field: str | None = None  # the label column of Parquet sources (replaces folder labels)
-    workers: int | None = None
-    scheduler: str | None = None
     unit_samples: int | None = None  # samples per work unit; None: chosen from the worker count
-    worker_pool: str = "auto"  # embedded workers: "threads" of this process, "processes", or auto (jobs/pool.py)
-    on_error: str = "skip"
-    progress: bool = True
     tokenizer: str | None = None  # a tokenizer.json file, or bpe:VOCAB_SIZE (trained on the corpus)
     eos_token: str | None = None
     seq_len: int | None = None  # pack documents into rows of seq_len + 1 tokens
@@ -61,8 +56,7 @@ class BuildConfig:
     image_distance: int = 10
     allow_empty: bool = False  # a folder without samples gives an empty dataset instead of an error
     map: str | None = None  # MODULE:FUNCTION run on each sample after the built-in stages (jobs/mapped_build.py)
-    timeout: float = 15.0  # SRC/OUT on a store: seconds to connect, and at most between two reads with data
-    retries: int = 2  # SRC/OUT on a store: more tries after a timeout, reset or HTTP 5xx/429 (backoff 1, 2 s …)
+    # workers, scheduler, worker_pool, on_error, progress, timeout, retries: JobOptions (config/job.py)
     # Curation (checked by stages.filters.Curation): --filter, --filter-option, --lang, --lang-threshold, --mask-pii
     filter: str | None = None  # comma-separated filters (stages.filters.FILTERS): drop what they refuse
     filter_option: tuple[str, ...] = ()
@@ -78,21 +72,18 @@ class BuildConfig:
 
     # Fields that do not change the bytes written: left out of the recorded config and its hash,
     # so that the manifest is identical whatever the worker count, cluster or paths.
-    RUNTIME_ONLY = ("src", "out", "workers", "scheduler", "unit_samples", "worker_pool", "progress", "allow_empty",
-                    "map", "timeout", "retries")  # map: its output's fingerprint and manifest are build_map's
+    RUNTIME_ONLY = ("src", "out", "unit_samples", "allow_empty", "map", *JobOptions.RUNTIME_ONLY)  # map: its output's fingerprint and manifest are build_map's
 
     def __post_init__(self):
         choice("format", self.format, FORMATS, "--format")
         choice("resize_mode", self.resize_mode, RESIZE_MODES, "--resize-mode")
         choice("resample", self.resample, RESAMPLE_FILTERS, "--resample")
         choice("encode", self.encode, ENCODINGS, "--encode")
-        choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
-        choice("worker_pool", self.worker_pool, WORKER_POOLS, "--worker-pool")
+        self.check_job()
         positive("shard_size", self.shard_size, "--shard-size")
         positive("max_samples_per_shard", self.max_samples_per_shard, "--max-samples-per-shard")
         positive("image_size", self.image_size, "--image-size", allow_none=True)
         positive("unit_samples", self.unit_samples, "--unit-samples", allow_none=True)
-        check_embedded_workers(self.workers, self.scheduler)
         positive("filter_max_bytes", self.filter_max_bytes, "--filter-max-bytes", allow_none=True)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality!r}: expected 1..100 (--quality)")
@@ -116,7 +107,6 @@ class BuildConfig:
             raise ConfigError(f"labels={self.labels!r}: expected True, False or None (--labels/--no-labels; "
                               "leave both out to label only folders with class subfolders)")
         check_cache_options(self)
-        remote_policy(self)  # --timeout, --retries
         if self.annotate:
             _check_annotate(self)
         if self.dedup:
@@ -170,16 +160,13 @@ def _check_annotate(cfg: BuildConfig) -> None:
 
 
 @dataclass(frozen=True)
-class AnnotateConfig:
+class AnnotateConfig(JobOptions):
     """`shardkit annotate OUT`: every CLI flag is one field here."""
 
     out: str
     scorers: str | None = None  # comma-separated names of stages.filters.FILTERS
     scorer_option: tuple[str, ...] = ()  # SCORER.OPTION=VALUE, --filter-option's syntax (stages.filters.parse_options)
     select: tuple[str, ...] = ()  # where= expressions whose kept samples per shard are stored
-    workers: int | None = None
-    scheduler: str | None = None
-    progress: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "select", tuple(self.select))
@@ -187,8 +174,7 @@ class AnnotateConfig:
         if not self.scorers and not self.select:
             raise ConfigError("nothing to do: name scorers (--scorers text-length,...) and/or selections to store "
                               "(--select \"lang == 'en'\")")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise ConfigError(f"workers={self.workers!r}: expected 0 (in-process, no cluster) or more (--workers)")
+        self.check_job()
 
 
 TAIL_CHOICES = ("pad", "drop")
@@ -287,7 +273,7 @@ IMAGE_HASHES = ("dhash", "phash")
 
 
 @dataclass(frozen=True)
-class DedupConfig:
+class DedupConfig(JobOptions):
     """`shardkit dedup SRC OUT` (and `build --dedup`): every CLI flag is one field here."""
 
     src: str = ""
@@ -306,18 +292,12 @@ class DedupConfig:
     format: str = "tar"  # shard format when SRC is a raw folder (a dataset keeps its own formats)
     text_field: str = "text"
     image_field: str = "image"  # the image column of Parquet sources in a raw folder
-    workers: int | None = None
-    scheduler: str | None = None
-    on_error: str = "skip"
-    progress: bool = True
-    timeout: float = 15.0  # SRC/OUT on a store, as BuildConfig's
-    retries: int = 2
     exact_only: bool = False  # equal normalised texts only, no MinHash (build --dedup-exact)
     # The curation flags, as BuildConfig's fields of the same names ({"filter": "c4", "lang": "en"}); None: off.
     # A raw SRC's build runs them; a built dataset's text runs through them after the dedup (jobs.dedup).
     curation: dict | None = None
 
-    RUNTIME_ONLY = ("src", "out", "partition_size", "workers", "scheduler", "progress", "timeout", "retries")
+    RUNTIME_ONLY = ("src", "out", "partition_size", *JobOptions.RUNTIME_ONLY)
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold <= 1.0:
@@ -336,16 +316,14 @@ class DedupConfig:
             raise ConfigError(f"seed={self.seed!r}: expected a non-negative integer (--seed)")
         choice("modality", self.modality, DEDUP_MODALITIES, "--modality")
         choice("image_hash", self.image_hash, IMAGE_HASHES, "--image-hash")
-        choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
         choice("format", self.format, FORMATS, "--format")
         if not isinstance(self.image_distance, int) or not 0 <= self.image_distance <= 32:
             raise ConfigError(f"image_distance={self.image_distance!r}: expected 0..32 bits of 64 (--image-distance)")
-        check_embedded_workers(self.workers, self.scheduler)
+        self.check_job()
         if not self.text_field:
             raise ConfigError("text_field must be a non-empty JSON key (--text-field)")
         if not self.image_field:
             raise ConfigError("image_field must be a non-empty column name (--image-field)")
-        remote_policy(self)  # --timeout, --retries
         if self.curation is not None:
             if not isinstance(self.curation, dict) or set(self.curation) - set(CURATION_FIELDS):
                 raise ConfigError(f"DedupConfig(curation={self.curation!r}): expected a dict of BuildConfig's curation "
