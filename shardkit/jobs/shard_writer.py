@@ -18,8 +18,8 @@ from shardkit.jobs import durable
 from shardkit.manifest import Manifest
 from shardkit.sample import Sample
 from shardkit.store.lease import out_lock
-from shardkit.writers.user_samples import (BadSample, WriterConfig, infer_fields,  # noqa: F401 — BadSample: public here
-                                   to_sample)
+from shardkit.writers.user_samples import BadSample, infer_fields, to_sample
+from shardkit.config.writer import WriterConfig
 from shardkit.writers import get_table_writer
 
 TAR_MEMBER_OVERHEAD = 512 + 256  # a member's header plus its average padding, for shard sizing

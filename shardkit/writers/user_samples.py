@@ -7,49 +7,19 @@ checked and turned into stored values, or BadSample naming the key and the field
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from shardkit.errors import ShardkitError
 from shardkit.sample import Sample, check_key
+from shardkit.config.writer import WriterConfig
 
 # Bytes under one of these names are an encoded image, kept as it is (spec encoding "keep", as
 # `shardkit build --encode keep` stores them); bytes under any other name are plain bytes.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
-ENCODINGS = ("jpeg", "png", "webp", "raw")  # how a PIL image is stored (stages.image.encode)
-FORMATS = ("tar", "parquet", "both")
 ARRAY_DTYPE_KINDS = "biufc"  # numpy dtype kinds an array field may have: what a torch tensor can hold
 
 
 class BadSample(ShardkitError, ValueError):
     """A sample that does not fit the writer's fields (or has a bad or repeated key)."""
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """How samples are stored and cut into shards (ShardWriter's and build_map's options)."""
-
-    format: str = "tar"
-    shard_size: int = 256 * 2**20  # stored bytes per shard, at most (one sample larger than this is a shard)
-    max_samples_per_shard: int | None = None
-    encode: str = "png"  # PIL images: jpeg, png, webp or raw (HWC uint8)
-    quality: int = 90  # jpeg / webp
-
-    def __post_init__(self):
-        if self.format not in FORMATS:
-            raise ValueError(f"format={self.format!r}; expected one of {', '.join(FORMATS)}")
-        if self.encode not in ENCODINGS:
-            raise ValueError(f"encode={self.encode!r}; expected one of {', '.join(ENCODINGS)} "
-                             "(how PIL images are stored)")
-        if not isinstance(self.shard_size, int) or self.shard_size <= 0:
-            raise ValueError(f"shard_size={self.shard_size!r}; expected a positive number of bytes, e.g. 256 * 2**20")
-        if self.max_samples_per_shard is not None and self.max_samples_per_shard <= 0:
-            raise ValueError(f"max_samples_per_shard={self.max_samples_per_shard!r}; expected a positive count or None")
-        if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality={self.quality!r}; expected 1..100")
-
-    @property
-    def formats(self) -> list[str]:
-        return ["tar", "parquet"] if self.format == "both" else [self.format]
 
 
 def _kind(value) -> str:

@@ -31,7 +31,8 @@ from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit
                                      make_durable, markers, run_group, run_unit, samples_of)
 from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
-from shardkit.writers.user_samples import BadSample, WriterConfig, infer_fields
+from shardkit.writers.user_samples import BadSample, infer_fields
+from shardkit.config.writer import WriterConfig
 from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 

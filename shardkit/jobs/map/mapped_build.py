@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import shardkit.store as store
 from shardkit.jobs.map import STATE, MapResult, first_fields, function_fingerprint, run_build_map
 from shardkit.errors import ConfigError, Rejection
-from shardkit.writers.user_samples import WriterConfig
+from shardkit.config.writer import WriterConfig
 
 STAGE = f"{STATE}/stage"
 

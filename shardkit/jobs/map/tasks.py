@@ -15,7 +15,8 @@ from shardkit.jobs.build.tasks import add_stats, write_filtered
 from shardkit.stages.filters import curate
 from shardkit.contract import ShardInfo
 from shardkit.errors import ConfigError, Rejection, RejectionLog
-from shardkit.writers.user_samples import BadSample, WriterConfig, to_sample
+from shardkit.writers.user_samples import BadSample, to_sample
+from shardkit.config.writer import WriterConfig
 from shardkit.writers import get_table_writer
 
 STATE = ".shardkit/map"
