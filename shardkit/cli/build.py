@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from shardkit.config import ENCODINGS, RESAMPLE_FILTERS, RESIZE_MODES, TAIL_CHOICES, WORKER_POOLS
+from shardkit.config.common import BUILD_ENCODE, QUALITY, SHARD_SIZE
 from shardkit.cli.curation import curation_lines, curation_options
 from shardkit.cli.options import (THRESHOLD_HELP, VERIFY_HELP, human_bytes, image_distance_option, image_field_option,
                                   on_error_option, progress_option, retries_option, scheduler_option,
@@ -24,7 +25,7 @@ def _parse_size(ctx, param, value):
 @click.argument("src")
 @click.argument("out")
 @format_option("Shard format: WebDataset tar, Parquet, or both (same samples in each).")
-@click.option("--shard-size", default="256MB", show_default=True, callback=_parse_size,
+@click.option("--shard-size", default=f"{SHARD_SIZE // 10**6}MB", show_default=True, callback=_parse_size,
               help="Target bytes per shard (e.g. 64MB, 1GiB); cut from estimated output sizes.")
 @click.option("--max-samples-per-shard", type=int, default=10_000, show_default=True)
 @click.option("--image-size", type=int, default=None, help="Target size in pixels (see --resize-mode).")
@@ -35,10 +36,10 @@ def _parse_size(ctx, param, value):
                    "'shorter side 256, center crop 224'.")
 @click.option("--resample", type=click.Choice(RESAMPLE_FILTERS), default="bicubic", show_default=True,
               help="Resampling filter of the resize (PIL's).")
-@click.option("--encode", type=click.Choice(ENCODINGS), default="jpeg", show_default=True,
+@click.option("--encode", type=click.Choice(ENCODINGS), default=BUILD_ENCODE, show_default=True,
               help="Image encoding; raw = uint8 H×W×3 arrays, no decode when training (needs a fixed size); "
                    "keep = each input's own bytes, field named by its extension (no resize).")
-@click.option("--quality", type=int, default=90, show_default=True, help="JPEG/WebP quality 1-100.")
+@click.option("--quality", type=int, default=QUALITY, show_default=True, help="JPEG/WebP quality 1-100.")
 @click.option("--labels/--no-labels", default=None,
               help="Label each sample by its first-level subfolder (field cls, class list in the manifest) "
                    "[default: when SRC has class subfolders: two or more, or one holding all the images].")

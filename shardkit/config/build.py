@@ -11,7 +11,8 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from shardkit.config.common import ENCODINGS, FORMATS, RESAMPLE_FILTERS, RESIZE_MODES, choice, positive
+from shardkit.config.common import (BUILD_ENCODE, ENCODINGS, FORMATS, QUALITY, RESAMPLE_FILTERS, RESIZE_MODES,
+                                    SHARD_SIZE, choice, positive)
 from shardkit.config.job import JobOptions
 from shardkit.contract import IMAGE_FIELD
 from shardkit.errors import ConfigError
@@ -28,14 +29,14 @@ class BuildConfig(JobOptions):
     src: str
     out: str
     format: str = "tar"
-    shard_size: int = 256 * 10**6
+    shard_size: int = SHARD_SIZE
     max_samples_per_shard: int = 10_000
     image_size: int | None = None
     resize_mode: str = "shorter"
     crop_size: int | None = None  # keep the centre crop_size×crop_size after resizing (256 → 224)
     resample: str = "bicubic"
-    encode: str = "jpeg"
-    quality: int = 90
+    encode: str = BUILD_ENCODE  # config/common.py: why ShardWriter's differs
+    quality: int = QUALITY
     labels: bool | None = None  # label by first-level subfolder; None: when SRC has class subfolders
     text_field: str = "text"  # the text of a .jsonl line (a JSON key) or of a Parquet row (a column)
     image_field: str = "image"  # the image column of Parquet sources: binary, or a struct {bytes, path}

@@ -12,6 +12,14 @@ RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos
 ENCODINGS = ("jpeg", "png", "webp", "raw", "keep")  # keep: the input image's own bytes and extension
 WORKER_POOLS = ("auto", "threads", "processes")  # how embedded Dask workers run (jobs/pool.choose_pool)
 
+# The writers' defaults, written once: BuildConfig and `build --shard-size`, WriterConfig (ShardWriter,
+# build_map). The image encoding is the one that differs, by what is stored: a build decodes photos
+# and re-encodes them after resizing (jpeg, as such inputs mostly are); ShardWriter and build_map store
+# a user's PIL images, which may be masks, labels or renders whose values a lossy codec would change.
+SHARD_SIZE = 256 * 10**6  # stored bytes per shard, at most (one sample larger than this is a shard)
+QUALITY = 90  # jpeg / webp
+BUILD_ENCODE, USER_ENCODE = "jpeg", "png"
+
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 

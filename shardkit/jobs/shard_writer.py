@@ -19,6 +19,7 @@ from shardkit.manifest import Manifest
 from shardkit.sample import Sample
 from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, infer_fields, to_sample
+from shardkit.config.common import QUALITY, SHARD_SIZE, USER_ENCODE
 from shardkit.config.writer import WriterConfig
 from shardkit.writers import get_table_writer
 
@@ -156,8 +157,8 @@ class ShardWriter:
     ...     w.write({"__key__": "000001", "jpg": open("a.jpg", "rb").read(), "cls": 3, "txt": "a cat"})
     """
 
-    def __init__(self, out: str, *, format: str = "tar", shard_size: int = 256 * 2**20,
-                 max_samples_per_shard: int | None = None, encode: str = "png", quality: int = 90,
+    def __init__(self, out: str, *, format: str = "tar", shard_size: int = SHARD_SIZE,
+                 max_samples_per_shard: int | None = None, encode: str = USER_ENCODE, quality: int = QUALITY,
                  fields: dict | None = None):
         self.cfg = WriterConfig(format, shard_size, max_samples_per_shard, encode, quality)
         self.out = store.location(out, "ShardWriter(out)", write=True)

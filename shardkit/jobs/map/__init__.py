@@ -32,6 +32,7 @@ from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit
 from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, infer_fields
+from shardkit.config.common import QUALITY, SHARD_SIZE, USER_ENCODE
 from shardkit.config.writer import WriterConfig
 from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
@@ -136,8 +137,8 @@ def _groups(inputs, per_shard: int, base: str) -> list[Group]:
 # ---------------------------------------------------------------------------------------- the client
 
 def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: str | None = None,
-              worker_pool: str = "auto", format: str = "tar", shard_size: int = 256 * 2**20,
-              max_samples_per_shard: int | None = None, encode: str = "png", quality: int = 90,
+              worker_pool: str = "auto", format: str = "tar", shard_size: int = SHARD_SIZE,
+              max_samples_per_shard: int | None = None, encode: str = USER_ENCODE, quality: int = QUALITY,
               fields: dict | None = None, inputs_per_shard: int = 1000, on_error: str = "skip",
               progress: bool = True, curation=None) -> MapResult:
     """Run `fn(input)` over `inputs` (any sequence: paths, URLs, rows, ids) and write what it returns
@@ -166,8 +167,8 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
 def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ()) -> MapResult:
     """build_map with its keyword options as a dict; `prior`: rejections made before fn ran (the
     built-in stages of `shardkit build --map`), listed first in errors.jsonl."""
-    o = dict(workers=None, scheduler=None, worker_pool="auto", format="tar", shard_size=256 * 2**20,
-             max_samples_per_shard=None, encode="png", quality=90, fields=None, inputs_per_shard=1000,
+    o = dict(workers=None, scheduler=None, worker_pool="auto", format="tar", shard_size=SHARD_SIZE,
+             max_samples_per_shard=None, encode=USER_ENCODE, quality=QUALITY, fields=None, inputs_per_shard=1000,
              on_error="skip", progress=True, curation=None)
     unknown = sorted(set(options) - set(o))
     if unknown:
