@@ -25,9 +25,11 @@ class JobOptions:
     # None of them changes the bytes written (on_error decides whether a job stops, not what it writes).
     RUNTIME_ONLY = ("workers", "scheduler", "worker_pool", "progress", "timeout", "retries")
 
-    def check_job(self) -> None:
-        """The checks of these options, the one copy (each config's __post_init__ calls it)."""
-        choice("on_error", self.on_error, ON_ERROR_CHOICES, "--on-error")
-        choice("worker_pool", self.worker_pool, WORKER_POOLS, "--worker-pool")
-        check_embedded_workers(self.workers, self.scheduler)
+    def check_job(self, style: str = "--{}") -> None:
+        """The checks of these options, the one copy (each config's __post_init__ calls it). `style`
+        names an option in errors: "--{}" (a command's flag) or "{}=" (a keyword of a Python call)."""
+        flag = lambda name: style.format(name.replace("_", "-") if style.startswith("--") else name)  # noqa: E731
+        choice("on_error", self.on_error, ON_ERROR_CHOICES, flag("on_error"))
+        choice("worker_pool", self.worker_pool, WORKER_POOLS, flag("worker_pool"))
+        check_embedded_workers(self.workers, self.scheduler, flag("workers"))
         remote_policy(self)  # --timeout, --retries

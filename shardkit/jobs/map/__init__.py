@@ -23,17 +23,15 @@ import shardkit.store as store
 from shardkit.jobs import durable
 from shardkit.jobs.cluster import background_client
 from shardkit.jobs.main_guard import check_main_guard
-from shardkit.config import WORKER_POOLS
 from shardkit.contract import ShardInfo
-from shardkit.errors import ConfigError, Rejection, RejectionLog
-from shardkit.identity import check_embedded_workers
+from shardkit.errors import ConfigError, Rejection
 from shardkit.jobs.map.tasks import (STATE, Group, GroupResult, MapContext, Unit, has_marker,
                                      make_durable, markers, run_group, run_unit, samples_of)
 from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, infer_fields
 from shardkit.config.common import QUALITY, SHARD_SIZE, USER_ENCODE
-from shardkit.config.writer import WriterConfig
+from shardkit.config.writer import MapConfig, WriterConfig
 from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
 
@@ -140,7 +138,7 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
               worker_pool: str = "auto", format: str = "tar", shard_size: int = SHARD_SIZE,
               max_samples_per_shard: int | None = None, encode: str = USER_ENCODE, quality: int = QUALITY,
               fields: dict | None = None, inputs_per_shard: int = 1000, on_error: str = "skip",
-              progress: bool = True, curation=None) -> MapResult:
+              progress: bool = True, curation=None, config: MapConfig | None = None) -> MapResult:
     """Run `fn(input)` over `inputs` (any sequence: paths, URLs, rows, ids) and write what it returns
     (a sample dict as ShardWriter takes, an iterable of them, or None to skip) as a shardkit dataset.
 
@@ -155,8 +153,12 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
     lang="en")`) runs on each sample's `txt` as the build's --filter does: removed samples are counted
     in `MapResult.stats` and listed in OUT/curation/filtered-GGGGG.parquet.
 
+    `config`: all of these as one frozen shardkit.config.writer.MapConfig (the keywords are then ignored).
+
     >>> build_map(load_and_resize, sorted(glob.glob("photos/*.jpg")), "out", encode="jpeg")
     """
+    if config is not None:
+        return run_build_map(fn, inputs, out, config)
     options = {"workers": workers, "scheduler": scheduler, "worker_pool": worker_pool, "format": format,
                "shard_size": shard_size, "max_samples_per_shard": max_samples_per_shard, "encode": encode,
                "quality": quality, "fields": fields, "inputs_per_shard": inputs_per_shard, "on_error": on_error,
@@ -164,24 +166,12 @@ def build_map(fn, inputs, out: str, *, workers: int | None = None, scheduler: st
     return run_build_map(fn, inputs, out, options)
 
 
-def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ()) -> MapResult:
-    """build_map with its keyword options as a dict; `prior`: rejections made before fn ran (the
-    built-in stages of `shardkit build --map`), listed first in errors.jsonl."""
-    o = dict(workers=None, scheduler=None, worker_pool="auto", format="tar", shard_size=SHARD_SIZE,
-             max_samples_per_shard=None, encode=USER_ENCODE, quality=QUALITY, fields=None, inputs_per_shard=1000,
-             on_error="skip", progress=True, curation=None)
-    unknown = sorted(set(options) - set(o))
-    if unknown:
-        raise ConfigError(f"build_map: unknown option(s) {unknown}; valid: {', '.join(o)}")
-    o.update(options)
-    cfg = WriterConfig(o["format"], o["shard_size"], o["max_samples_per_shard"], o["encode"], o["quality"])
-    if o["worker_pool"] not in WORKER_POOLS:
-        raise ConfigError(f"worker_pool={o['worker_pool']!r}; expected one of {', '.join(WORKER_POOLS)}")
-    if not isinstance(o["inputs_per_shard"], int) or o["inputs_per_shard"] <= 0:
-        raise ConfigError(f"inputs_per_shard={o['inputs_per_shard']!r}; expected a positive int")
-    RejectionLog(o["on_error"])  # checks the policy's name
-    check_embedded_workers(o["workers"], o["scheduler"], "workers=")
-    if o["workers"] != 0 and not o["scheduler"] and o["worker_pool"] != "threads":
+def run_build_map(fn, inputs, out: str, options: dict | MapConfig, prior: list | tuple = ()) -> MapResult:
+    """build_map with its options as a MapConfig (or build_map's keywords as a dict); `prior`: rejections
+    made before fn ran (the built-in stages of `shardkit build --map`), listed first in errors.jsonl."""
+    run = options if isinstance(options, MapConfig) else MapConfig.from_options(options)
+    cfg = run.writer
+    if run.workers != 0 and not run.scheduler and run.worker_pool != "threads":
         check_main_guard("build_map")  # worker processes import the calling script again
     if not callable(fn):
         raise ConfigError(f"fn={fn!r} is not callable; pass the function to run on each input")
@@ -190,26 +180,11 @@ def run_build_map(fn, inputs, out: str, options: dict, prior: list | tuple = ())
     inputs = inputs if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else list(inputs)
     out = store.location(out, "build_map(out)", write=True)
     store.makedirs(store.join(out, "shards"))
-    run = _Run(o["workers"], o["scheduler"], o["worker_pool"], o["fields"], o["inputs_per_shard"], o["on_error"],
-               o["progress"], tuple(prior), o["curation"] or None)
     with out_lock(out, "build_map"):
-        return _build_map(fn, inputs, out, cfg, run)
+        return _build_map(fn, inputs, out, cfg, run, tuple(prior))
 
 
-@dataclass(frozen=True)
-class _Run:
-    workers: int | None
-    scheduler: str | None
-    worker_pool: str
-    fields: dict | None
-    inputs_per_shard: int
-    on_error: str
-    progress: bool
-    prior: tuple = ()
-    curation: object = None
-
-
-def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
+def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: MapConfig, prior: tuple = ()) -> MapResult:
     start = time.perf_counter()
     durable.retire_manifest(out)
     fields = run.fields if run.fields is not None else first_fields(fn, inputs, cfg)
@@ -224,7 +199,7 @@ def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: _Run) -> MapResult:
     _remove_stale(out, len(groups))
     infos = _numbered([i for r in results for i in r.shards])
     _check_keys_across(out, results)
-    rejections = list(run.prior) + [x for r in results for x in r.rejections]
+    rejections = list(prior) + [x for r in results for x in r.rejections]
     build = {"map": {"function": function_name(fn),
                      "fingerprint": base[:16], "inputs": len(inputs), "inputs_per_shard": run.inputs_per_shard,
                      "format": cfg.format, "shard_size": cfg.shard_size,
@@ -254,7 +229,7 @@ def first_fields(fn, inputs, cfg: WriterConfig) -> dict:
     return {}
 
 
-def _run_groups(fn, inputs, out, cfg, run: _Run, fields, todo: list[Group], counts) -> list[GroupResult]:
+def _run_groups(fn, inputs, out, cfg, run: MapConfig, fields, todo: list[Group], counts) -> list[GroupResult]:
     total, reused, base = counts
     with background_client(run.scheduler, run.workers, start=False) as pending:
         pending.use_threads(run.worker_pool == "threads")
