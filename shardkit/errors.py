@@ -200,7 +200,7 @@ class IndexOutOfRange(ShardkitError, IndexError):
 class RejectedInput(ShardkitError):
     """Raised inside a stage for one bad sample; the policy records it or fails the job."""
 
-    linked = None  # a file outside the sample's own inputs that the sample named (see build_tasks.reusable)
+    linked = None  # a file outside the sample's own inputs that the sample named (see jobs/build/tasks.reusable)
 
     def __init__(self, reason: str):
         super().__init__(reason)

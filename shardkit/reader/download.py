@@ -1,6 +1,6 @@
 """One remote file into the shard cache: a temp file beside its final name, filled by one GET or by
 parallel ranged GETs written in place, then renamed. What is wrong is named by who can fix it: a
-body cut short is retried (fs.read_range), a full disk is this machine's (fs.DiskError), and a
+body cut short is retried (store.remote.read_range), a full disk is this machine's (store.remote.DiskError), and a
 remote copy is called corrupt only when a whole body of the right size fails its sha256."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 from shardkit.store.remote import RemoteError, RemotePolicy, filesystem as _filesystem, with_retries
 
 _STATE = {"policy": RemotePolicy(), "fix": "shardkit build --timeout/--retries"}
-_READER_FIX = "StreamingDataset(timeout=..., retries=...)"  # what fs.with_retries names as the fix
+_READER_FIX = "StreamingDataset(timeout=..., retries=...)"  # what remote.with_retries names as the fix
 
 
 def use_policy(p: RemotePolicy | None, fix: str = "shardkit build --timeout/--retries") -> None:
@@ -46,7 +46,7 @@ def bound(fs, nbytes: int = 0) -> dict:
 
 
 def retry(url: str, attempt, *, write: bool = False):
-    """attempt() with the policy's retries (fs.with_retries); the RemoteError when it cannot pass names
+    """attempt() with the policy's retries (remote.with_retries); the RemoteError when it cannot pass names
     `url`, whether it was read or written, and the job's own options for a slower store."""
     try:
         return with_retries(url, policy(), attempt)

@@ -1,5 +1,5 @@
 """GETs of http(s) files and byte ranges on plain keep-alive connections, one per thread and host
-(http.client): how shardkit.store.remote reads http(s) bytes (fs.read_range, fs.read_bytes).
+(http.client): how shardkit.store.remote reads http(s) bytes (read_range, read_bytes).
 
 Why not fsspec's client here: it runs every GET of a process on one event-loop thread, and the
 reader's GETs come in bursts from many threads (a batch's rows read by range, 4 MiB parts of

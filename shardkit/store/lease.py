@@ -1,6 +1,6 @@
 """One writer per OUT on a store: a lease object taken by a conditional create, refreshed while held.
 
-A local OUT keeps its flock (fs.folder_lock). An object store has no locks, but it has conditional
+A local OUT keeps its flock (store.locks.folder_lock). An object store has no locks, but it has conditional
 writes: `PUT If-None-Match: *` (S3; GCS: ifGenerationMatch=0) creates OUT/.shardkit/lease only
 where none exists, so of two jobs exactly one gets it. The lease records its holder (command, pid,
 host, start) and when it was last refreshed; the running job rewrites it every REFRESH seconds
