@@ -185,3 +185,8 @@ def test_the_size_count_sees_long_functions_and_big_classes(tmp_path):
     long, big = sizes(pkg)
     assert long == [f"toy/a.py:long ({LONG_FUNCTION + 1} lines)"]
     assert big == [f"toy/a.py:Big ({BIG_CLASS + 1} methods)"]
+
+
+def test_the_package_root_holds_at_most_seven_modules():
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= 7, f"{len(root)} modules in shardkit/ ({', '.join(root)}): move one into its package"
