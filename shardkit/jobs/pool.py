@@ -33,20 +33,7 @@ def gil_share(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> tup
     0 to 0.5 in one minute): gil_share_median takes the middle of three."""
     import threading
 
-    def waits(seconds: float, base: float) -> float:
-        """Share of `seconds` this thread waited for the GIL beyond `base` per take."""
-        waited, start = 0.0, time.perf_counter()
-        while (t0 := time.perf_counter()) - start < seconds:
-            time.sleep(0)
-            waited += max(0.0, time.perf_counter() - t0 - base)
-        return waited / (time.perf_counter() - start)
-
-    takes = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        time.sleep(0)
-        takes.append(time.perf_counter() - t0)
-    base = sorted(takes)[len(takes) // 2]
+    waits, base = _gil_waits, _median_take()
     work()  # warm-up: first-call imports and allocations are not the steady state
     alone = waits(max(0.01, seconds / 4), base)
     calls, stop = [], threading.Event()
@@ -69,6 +56,25 @@ def gil_share(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> tup
     alone = (alone + waits(max(0.01, seconds / 4), base)) / 2
     share = (beside - alone) / (1 - alone) if alone < 1 else 1.0
     return min(1.0, max(0.0, share)), sorted(calls)[len(calls) // 2]
+
+
+def _median_take(takes: int = 200) -> float:
+    """Seconds this thread takes to give the GIL up and take it back when nothing else wants it (median)."""
+    times = []
+    for _ in range(takes):
+        t0 = time.perf_counter()
+        time.sleep(0)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _gil_waits(seconds: float, base: float) -> float:
+    """Share of `seconds` this thread waited for the GIL beyond `base` per take."""
+    waited, start = 0.0, time.perf_counter()
+    while (t0 := time.perf_counter()) - start < seconds:
+        time.sleep(0)
+        waited += max(0.0, time.perf_counter() - t0 - base)
+    return waited / (time.perf_counter() - start)
 
 
 def gil_share_median(work: Callable[[], object], rounds: int = 3, seconds: float = PROBE_SECONDS) -> tuple[float, float]:
