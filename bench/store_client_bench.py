@@ -61,16 +61,17 @@ def clients(endpoint: str):
     def url(key):
         return f"s3://{BUCKET}/{key}"
 
-    out = {"s3fs (store.read/write)": (lambda k: store.read(url(k)), lambda k, d: store.write(url(k), d)),
-           "obstore (get/put)": (lambda k: bytes(obstore.get(ob, k).bytes()), lambda k, d: obstore.put(ob, k, d))}
-    try:
-        from shardkit.store import objstore
+    def via(mode, fn):  # shardkit.store's calls with SHARDKIT_OBJECT_CLIENT=mode
+        def call(*args):
+            os.environ["SHARDKIT_OBJECT_CLIENT"] = mode
+            return fn(*args)
+        return call
 
-        if objstore.available():
-            out["shardkit objstore client"] = (lambda k: objstore.get(url(k)), lambda k, d: objstore.put(url(k), d))
-    except ImportError:
-        pass
-    return out
+    return {"s3fs (store.read/write)": (via("fsspec", lambda k: store.read(url(k))),
+                                        via("fsspec", lambda k, d: store.write(url(k), d))),
+            "obstore (get/put), bare": (lambda k: bytes(obstore.get(ob, k).bytes()), lambda k, d: obstore.put(ob, k, d)),
+            "store.read/write on obstore": (via("obstore", lambda k: store.read(url(k))),
+                                            via("obstore", lambda k, d: store.write(url(k), d)))}
 
 
 def batch_ms(n: int, size: str) -> dict:

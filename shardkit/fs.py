@@ -269,7 +269,13 @@ def _reader(url: str, policy: RemotePolicy):
     (http_ranges), else fsspec's."""
     if url.split("://", 1)[0] in OWN_CLIENT:
         return lambda start, end, into=None: http_get(url, start, end, policy.timeout, into)
-    fs, path = filesystem(url, policy)
+    from shardkit.store import objstore
+
+    if objstore.serves(url):  # s3:// on obstore when installed: a tenth of s3fs's CPU per GET
+        fs = objstore.Client(url, policy.timeout, lambda: filesystem(url, policy)[0])
+        path = fs._strip_protocol(url)
+    else:
+        fs, path = filesystem(url, policy)
 
     def read(start, end, into=None):
         data = fs.cat_file(path) if not start and end is None else fs.cat_file(path, start=start, end=end)

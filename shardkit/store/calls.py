@@ -90,6 +90,20 @@ def forget_filesystems() -> None:
     """Drop this process's filesystems (a test that starts another local store, or new credentials)."""
     with _FS_LOCK:
         _FS.clear()
+    from shardkit.store import objstore
+
+    objstore.forget()
+
+
+def client(url: str):
+    """(filesystem, path) for a call of the hot paths: obstore's client where it serves `url`
+    (store.objstore), else the fsspec filesystem."""
+    from shardkit.store import objstore
+
+    if objstore.serves(url):
+        fs = objstore.Client(url, policy().timeout, lambda: filesystem(url)[0])
+        return fs, fs._strip_protocol(url)
+    return filesystem(url)
 
 
 def _s3_session():
@@ -133,6 +147,6 @@ def retry(url: str, attempt, *, write: bool = False):
 
 
 def _call(url: str, attempt, *, write: bool = False):
-    """attempt(fs, path) with retry(): the filesystem of `url` and its path there."""
-    fs, path = filesystem(url)
+    """attempt(fs, path) with retry(): the client of `url` (see client) and its path there."""
+    fs, path = client(url)
     return retry(url, lambda: attempt(fs, path), write=write)
