@@ -186,20 +186,30 @@ def test_exactly_once_and_resume_from_s3_with_rows_read_by_range(s3, tmp_path, m
     assert fetched > sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)  # rows by range, then whole
 
 
+@pytest.mark.parametrize("client", ["fsspec", "obstore"])
 @pytest.mark.parametrize("s3_delay", [0.02])
-def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
+def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch, client):
     import s3fs
 
     from shardkit.reader import download as download_module
+    from shardkit.store import objstore
 
+    if client == "obstore" and not objstore.available():
+        pytest.skip("obstore is not installed (pip install 'shardkit[obstore]')")
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
     root, url, _ = s3
-    ranges, real = [], s3fs.S3FileSystem._cat_file
+    ranges, real, real_obstore = [], s3fs.S3FileSystem._cat_file, objstore._get
 
     async def counted(self, path, version_id=None, start=None, end=None):
         ranges.append((path, start, end))
         return await real(self, path, version_id=version_id, start=start, end=end)
 
+    async def counted_obstore(store, key, start, end, timeout, sink=None):
+        ranges.append((key, start, end))
+        return await real_obstore(store, key, start, end, timeout, sink)
+
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
+    monkeypatch.setattr(objstore, "_get", counted_obstore)
     monkeypatch.setattr(download_module, "PART", 8192)
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
     same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))

@@ -9,7 +9,9 @@ fallback: without the `obstore` extra, or with SHARDKIT_OBJECT_CLIENT=fsspec, no
 One obstore store (its connection pool, kept alive) per process and (bucket, endpoint, region,
 credentials); all calls run on one event loop thread per process, so every wait is bounded the way
 RemotePolicy says (at most `timeout` for an answer and between two chunks of a body) and many small
-GETs go out concurrently (`fetch_many`). After a fork both are made anew (a pid check). obstore's own
+GETs go out concurrently (`fetch_many`). obstore's runtime does not survive a fork once it has made a
+request (a child's first request hangs): a process forked after that (a DataLoader worker) uses fsspec;
+one forked before (or spawned) makes its own loop and stores (a pid check). obstore's own
 retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
 reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, ConnectionError).
 """
@@ -27,7 +29,7 @@ WHOLE = 8 << 20  # bytes: a body up to this is taken in one piece; a larger one 
 MIN_RATE = 1 << 20  # bytes/s, as store.calls.MIN_RATE: a slower transfer is taken for a stalled store
 UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_CONCURRENCY
 WINDOW = 32  # requests of a batch in flight at once
-_STATE: dict = {"pid": None, "loop": None, "stores": {}}
+_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None}
 _LOCK = threading.Lock()
 
 
@@ -36,6 +38,8 @@ def serves(url: str) -> bool:
     and SHARDKIT_OBJECT_CLIENT does not say `fsspec`."""
     if url.split("://", 1)[0] not in PROTOCOLS or os.environ.get("SHARDKIT_OBJECT_CLIENT", "") == "fsspec":
         return False
+    if _STATE["ran_in"] not in (None, os.getpid()):
+        return False  # forked after a request here: obstore's runtime did not come along (it would hang)
     return available()
 
 
@@ -57,6 +61,7 @@ def _loop() -> asyncio.AbstractEventLoop:
     with _LOCK:
         _fresh()
         if _STATE["loop"] is None:
+            _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="shardkit-objstore", daemon=True).start()
             _STATE["loop"] = loop
@@ -90,30 +95,44 @@ def _s3_settings() -> tuple[dict, object]:
     except ImportError:
         return config, None
     session = boto3.Session()
+    if session.get_credentials() is None:  # as s3fs says it (fs.remote_hint adds how to give them)
+        from botocore.exceptions import NoCredentialsError
+
+        raise NoCredentialsError()
     if "region" not in config and session.region_name:
         config["region"] = session.region_name
     return config, Boto3CredentialProvider(session)
 
 
-def _store(url: str, timeout: float):
-    """(obstore store, key) of an s3:// URL: one store per process and settings, kept alive."""
-    from obstore.store import S3Store
+ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+       "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
+       "AWS_SHARED_CREDENTIALS_FILE")
 
+
+def _store(url: str, timeout: float):
+    """(obstore store, key) of an s3:// URL: one store per process, bucket and settings, kept alive."""
     bucket, _, key = url.split("://", 1)[1].partition("/")
-    config, provider = _s3_settings()
-    secret = hashlib.sha256(repr(sorted(config.items())).encode()).hexdigest()  # no secret kept as a key
-    ident = (bucket, secret, os.environ.get("AWS_PROFILE", ""), timeout)
+    # the settings a store was made with, as a digest: no secret is kept in the key
+    digest = hashlib.sha256(repr([os.environ.get(n) for n in ENV]).encode()).hexdigest()
+    ident = (bucket, digest, timeout)
     with _LOCK:
         _fresh()
         store = _STATE["stores"].get(ident)
-        if store is None:
-            options = {"connect_timeout": f"{timeout:g}s", "timeout": "24h",  # waits are bounded per chunk here
-                       "allow_http": str(config.get("endpoint", "")).startswith("http://"),
-                       "pool_max_idle_per_host": "64"}
-            store = S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
-                            credential_provider=provider)
-            _STATE["stores"][ident] = store
+    if store is None:
+        store = _new_store(bucket, timeout)
+        with _LOCK:
+            store = _STATE["stores"].setdefault(ident, store)
     return store, key
+
+
+def _new_store(bucket: str, timeout: float):
+    from obstore.store import S3Store
+
+    config, provider = _s3_settings()
+    options = {"connect_timeout": f"{timeout:g}s", "timeout": "24h",  # waits are bounded per chunk here
+               "allow_http": str(config.get("endpoint", "")).startswith("http://"), "pool_max_idle_per_host": "64"}
+    return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
+                   credential_provider=provider)
 
 
 class StoreStatus(OSError):
