@@ -130,3 +130,44 @@ def test_a_process_forked_after_a_request_uses_fsspec(s3):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list)."""
+    from moto.server import DomainDispatcherApplication
+
+    real, planned = DomainDispatcherApplication.__call__, {}
+
+    def answer(self, environ, start_response):
+        queue = planned.get(environ.get("PATH_INFO", ""))
+        if environ["REQUEST_METHOD"] == "GET" and queue:
+            status = queue.pop(0)
+            start_response(f"{status} Oops", [("Content-Type", "text/plain"), ("Content-Length", "4")])
+            return [b"oops"]
+        return real(self, environ, start_response)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
+    return planned
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_500_and_503_are_retried_within_retries_then_one_line_naming_the_url(s3, answers, monkeypatch, client):
+    from shardkit.fs import RemotePolicy
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)  # the same tries and the same message on both
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=2, backoff=0.01),
+                                                "fix": "shardkit build --timeout/--retries"})
+    url = s3.url("flaky.bin")
+    store.write(url, b"z" * 50)
+    answers["/shardkit-test/flaky.bin"] = [503, 500]
+    assert store.read(url) == b"z" * 50  # two failures, the third try passes
+    answers["/shardkit-test/flaky.bin"] = [503, 503, 503]
+    with pytest.raises(store.RemoteError) as e:
+        store.read(url)
+    message = str(e.value)
+    assert message.startswith(f"cannot read {url}: ") and "\n" not in message  # s3fs says "OSError: [Errno 16]"
+    assert "Service Unavailable (tried 3 time(s)" in message and "--timeout/--retries allow a slower store" in message
+    answers["/shardkit-test/flaky.bin"] = [403]
+    with pytest.raises(store.RemoteError, match="not retried"):
+        store.read(url)
