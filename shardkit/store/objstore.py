@@ -255,6 +255,8 @@ class Client:
         import obstore
 
         store, key = self._store(path)
+        if not key or key.endswith("/"):  # a bucket or a folder: no object to HEAD; fsspec tells what it is
+            return self._fallback().info(path)
         meta = run(_guard(lambda: obstore.head_async(store, key), self.timeout))
         return {"name": self._strip_protocol(path), "type": "file", "size": meta["size"], "ETag": meta["e_tag"],
                 "LastModified": meta["last_modified"]}
