@@ -31,20 +31,16 @@ def raw(tmp_path):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """{'get': n, 'put': n}: obstore requests made by this process."""
+    """{'get': n, 'put': n}: obstore requests made by this process (sync and async calls)."""
+    import obstore
+
     calls = {"get": 0, "put": 0}
-    real_get, real_put = objstore._get, objstore.Client._put
+    for name in ("get", "get_async", "put", "put_async"):
+        def wrapped(*args, _real=getattr(obstore, name), _kind=name.split("_")[0], **kwargs):
+            calls[_kind] += 1
+            return _real(*args, **kwargs)
 
-    async def get(*args, **kwargs):
-        calls["get"] += 1
-        return await real_get(*args, **kwargs)
-
-    def put(self, *args):
-        calls["put"] += 1
-        return real_put(self, *args)
-
-    monkeypatch.setattr(objstore, "_get", get)
-    monkeypatch.setattr(objstore.Client, "_put", put)
+        monkeypatch.setattr(obstore, name, wrapped)
     return calls
 
 

@@ -196,20 +196,27 @@ def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch, clien
 
     if client == "obstore" and not objstore.available():
         pytest.skip("obstore is not installed (pip install 'shardkit[obstore]')")
+
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
     root, url, _ = s3
-    ranges, real, real_obstore = [], s3fs.S3FileSystem._cat_file, objstore._get
+    ranges, real = [], s3fs.S3FileSystem._cat_file
 
     async def counted(self, path, version_id=None, start=None, end=None):
         ranges.append((path, start, end))
         return await real(self, path, version_id=version_id, start=start, end=end)
 
-    async def counted_obstore(store, key, start, end, timeout, sink=None):
-        ranges.append((key, start, end))
-        return await real_obstore(store, key, start, end, timeout, sink)
+    def counted_obstore(real_get):
+        def get(store, key, options=None):
+            ranges.append((key, *(options or {}).get("range", (None, None))))
+            return real_get(store, key, options=options)
+        return get
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
-    monkeypatch.setattr(objstore, "_get", counted_obstore)
+    if client == "obstore":
+        import obstore
+
+        for name in ("get", "get_async"):
+            monkeypatch.setattr(obstore, name, counted_obstore(getattr(obstore, name)))
     monkeypatch.setattr(download_module, "PART", 8192)
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
     same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))
