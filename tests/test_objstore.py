@@ -130,21 +130,28 @@ def test_a_process_forked_after_a_request_uses_fsspec(s3):
 
 @pytest.fixture
 def answers(monkeypatch):
-    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list)."""
+    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list);
+    "stall": no answer until the test ends."""
+    import threading
+
     from moto.server import DomainDispatcherApplication
 
-    real, planned = DomainDispatcherApplication.__call__, {}
+    real, planned, release = DomainDispatcherApplication.__call__, {}, threading.Event()
 
     def answer(self, environ, start_response):
         queue = planned.get(environ.get("PATH_INFO", ""))
         if environ["REQUEST_METHOD"] == "GET" and queue:
             status = queue.pop(0)
+            if status == "stall":
+                release.wait(60)
+                return real(self, environ, start_response)
             start_response(f"{status} Oops", [("Content-Type", "text/plain"), ("Content-Length", "4")])
             return [b"oops"]
         return real(self, environ, start_response)
 
     monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
-    return planned
+    yield planned
+    release.set()
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])
@@ -167,3 +174,19 @@ def test_500_and_503_are_retried_within_retries_then_one_line_naming_the_url(s3,
     answers["/shardkit-test/flaky.bin"] = [403]
     with pytest.raises(store.RemoteError, match="not retried"):
         store.read(url)
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_a_stalled_get_fails_within_the_bound_naming_the_url(s3, answers, monkeypatch, client):
+    from shardkit.fs import RemotePolicy
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(timeout=1, retries=1, backoff=0.01),
+                                                "fix": "shardkit build --timeout/--retries"})
+    url = s3.url("stalled.bin")
+    store.write(url, b"s" * 50)
+    answers["/shardkit-test/stalled.bin"] = ["stall", "stall"]
+    with pytest.raises(store.RemoteError) as e:
+        store.read_source(url)
+    message = str(e.value)
+    assert message.startswith(f"cannot read {url}: ") and "tried 2 time(s)" in message and "timeout 1 s" in message
