@@ -1,15 +1,16 @@
 """The lean client for s3:// on the hot paths: obstore (Rust's object_store), when installed.
 
-s3fs spends 4-5 ms of client CPU on a 40 KB GET (botocore's request building and parsing); obstore
-spends ~0.4 ms (bench/store_client_bench.py). `client(url, timeout)` gives an object with the few
+s3fs spends ~5 ms of client CPU on a 40 KB GET (botocore's request building and parsing); this client
+~0.6 ms (bench/store_client_bench.py). `client(url, timeout)` gives an object with the few
 fsspec methods the store's calls use (cat_file, pipe_file, put_file, get_file, info, rm_file); any
 other method (ls, open, rm, ...) is the fsspec filesystem's, so fsspec stays the long tail and the
 fallback: without the `obstore` extra, or with SHARDKIT_OBJECT_CLIENT=fsspec, nothing changes.
 
 One obstore store (its connection pool, kept alive) per process and (bucket, endpoint, region,
-credentials); all calls run on one event loop thread per process, so every wait is bounded the way
-RemotePolicy says (at most `timeout` for an answer and between two chunks of a body) and many small
-GETs go out concurrently (`fetch_many`). obstore's runtime does not survive a fork once it has made a
+credentials). A whole object or a range of up to SMALL, and a PUT of up to WHOLE, is a sync call in
+the caller's thread on a store that bounds each request as a whole; the rest runs on one event loop
+thread per process, every wait bounded the way RemotePolicy says (at most `timeout` for an answer
+and between two chunks of a body), and many small GETs go out concurrently (`fetch_many`). obstore's runtime does not survive a fork once it has made a
 request (a child's first request hangs): a process forked after that (a DataLoader worker) uses fsspec;
 one forked before (or spawned) makes its own loop and stores (a pid check). obstore's own
 retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
