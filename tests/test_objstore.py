@@ -190,3 +190,23 @@ def test_a_stalled_get_fails_within_the_bound_naming_the_url(s3, answers, monkey
         store.read_source(url)
     message = str(e.value)
     assert message.startswith(f"cannot read {url}: ") and "tried 2 time(s)" in message and "timeout 1 s" in message
+
+
+def test_without_a_region_the_bucket_s_own_is_asked_for(monkeypatch):
+    import urllib.error
+    import urllib.request
+    from email.message import Message
+
+    asked = []
+
+    def urlopen(request, timeout):
+        asked.append(request.full_url)
+        headers = Message()
+        headers["x-amz-bucket-region"] = "eu-west-3"
+        raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", headers, None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert objstore._with_region({}, "photos", 1.0) == {"region": "eu-west-3"}
+    assert objstore._with_region({"region": "us-west-2"}, "photos", 1.0) == {"region": "us-west-2"}
+    assert objstore._with_region({"endpoint": "http://127.0.0.1:9"}, "photos", 1.0) == {"endpoint": "http://127.0.0.1:9"}
+    assert asked == ["https://photos.s3.amazonaws.com/"]

@@ -76,7 +76,7 @@ def run(coro):
     return asyncio.run_coroutine_threadsafe(coro, _loop()).result()
 
 
-def _s3_settings() -> tuple[dict, object]:
+def _s3_settings(bucket: str, timeout: float) -> tuple[dict, object]:
     """(config, credential provider) from the usual places: AWS_* variables (keys, region, endpoint),
     else boto3's chain (profile, SSO, instance role) when boto3 is there, else obstore's own."""
     env = os.environ
@@ -91,7 +91,7 @@ def _s3_settings() -> tuple[dict, object]:
         config.update(access_key_id=env["AWS_ACCESS_KEY_ID"], secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""))
         if env.get("AWS_SESSION_TOKEN"):
             config["session_token"] = env["AWS_SESSION_TOKEN"]
-        return config, None
+        return _with_region(config, bucket, timeout), None
     try:
         import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
@@ -104,7 +104,26 @@ def _s3_settings() -> tuple[dict, object]:
         raise NoCredentialsError()
     if "region" not in config and session.region_name:
         config["region"] = session.region_name
-    return config, Boto3CredentialProvider(session)
+    return _with_region(config, bucket, timeout), Boto3CredentialProvider(session)
+
+
+def _with_region(config: dict, bucket: str, timeout: float) -> dict:
+    """The bucket's region when none is given, as s3fs finds it: AWS names it in the
+    x-amz-bucket-region header of any answer about the bucket (even a 403); us-east-1 otherwise."""
+    if "region" in config or "endpoint" in config:
+        return config
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"https://{bucket}.s3.amazonaws.com/", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            region = answer.headers.get("x-amz-bucket-region")
+    except urllib.error.HTTPError as e:
+        region = e.headers.get("x-amz-bucket-region")
+    except OSError:  # unreachable: the request itself will then say so, with its URL
+        region = None
+    return {**config, "region": region or "us-east-1"}
 
 
 ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
@@ -135,7 +154,7 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
 def _new_store(bucket: str, timeout: float, total: str):
     from obstore.store import S3Store
 
-    config, provider = _s3_settings()
+    config, provider = _s3_settings(bucket, timeout)
     options = {"connect_timeout": f"{timeout:g}s", "timeout": total,  # else bounded per chunk here
                "allow_http": str(config.get("endpoint", "")).startswith("http://"), "pool_max_idle_per_host": "64"}
     return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
