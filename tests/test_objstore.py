@@ -208,5 +208,6 @@ def test_without_a_region_the_bucket_s_own_is_asked_for(monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     assert objstore._with_region({}, "photos", 1.0) == {"region": "eu-west-3"}
     assert objstore._with_region({"region": "us-west-2"}, "photos", 1.0) == {"region": "us-west-2"}
-    assert objstore._with_region({"endpoint": "http://127.0.0.1:9"}, "photos", 1.0) == {"endpoint": "http://127.0.0.1:9"}
+    local = {"endpoint": "http://127.0.0.1:9"}
+    assert objstore._with_region(local, "photos", 1.0) == local
     assert asked == ["https://photos.s3.amazonaws.com/"]

@@ -10,10 +10,10 @@ One obstore store (its connection pool, kept alive) per process and (bucket, end
 credentials). A whole object or a range of up to SMALL, and a PUT of up to WHOLE, is a sync call in
 the caller's thread on a store that bounds each request as a whole; the rest runs on one event loop
 thread per process, every wait bounded the way RemotePolicy says (at most `timeout` for an answer
-and between two chunks of a body), and many small GETs go out concurrently (`fetch_many`). obstore's runtime does not survive a fork once it has made a
-request (a child's first request hangs): a process forked after that (a DataLoader worker) uses fsspec;
-one forked before (or spawned) makes its own loop and stores (a pid check). obstore's own
-retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
+and between two chunks of a body), and many small GETs go out concurrently (`fetch_many`).
+obstore's runtime does not survive a fork once it has made a request (a child's first request
+hangs): a process forked after that (a DataLoader worker) uses fsspec; one forked before (or
+spawned) makes its own loop and stores (a pid check). obstore's own retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
 reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, ConnectionError).
 """
 
