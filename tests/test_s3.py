@@ -191,12 +191,18 @@ def test_exactly_once_and_resume_from_s3_with_rows_read_by_range(s3, tmp_path, m
     assert fetched > sum(s.bytes + s.index["bytes"] for s in loaders[0].source.shards)  # rows by range, then whole
 
 
+@pytest.mark.parametrize("client", ["fsspec", "obstore"])
 @pytest.mark.parametrize("s3_delay", [0.02])
-def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
+def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch, client):
     import s3fs
 
     from shardkit.reader import download as download_module
+    from shardkit.store import objstore
 
+    if client == "obstore" and not objstore.available():
+        pytest.skip("obstore is not installed (pip install 'shardkit[obstore]')")
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
     root, url, _ = s3
     ranges, real = [], s3fs.S3FileSystem._cat_file
 
@@ -204,7 +210,18 @@ def test_s3_shards_come_as_parallel_ranged_gets(s3, tmp_path, monkeypatch):
         ranges.append((path, start, end))
         return await real(self, path, version_id=version_id, start=start, end=end)
 
+    def counted_obstore(real_get):
+        def get(store, key, options=None):
+            ranges.append((key, *(options or {}).get("range", (None, None))))
+            return real_get(store, key, options=options)
+        return get
+
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted)
+    if client == "obstore":
+        import obstore
+
+        for name in ("get", "get_async"):
+            monkeypatch.setattr(obstore, name, counted_obstore(getattr(obstore, name)))
     monkeypatch.setattr(download_module, "PART", 8192)
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=8)
     same(list(make_loader(ds, batch_size=5, num_workers=0)), read(root, tmp_path / "unused", workers=0))

@@ -45,6 +45,17 @@ def bound(fs, nbytes: int = 0) -> dict:
     return {"timeout": 2 * policy().timeout + nbytes / MIN_RATE}
 
 
+def client(url: str):
+    """(filesystem, path) for a call of the hot paths: obstore's client where it serves `url`
+    (store.objstore), else the fsspec filesystem."""
+    from shardkit.store import objstore
+
+    if objstore.serves(url):
+        fs = objstore.Client(url, policy().timeout, lambda: filesystem(url)[0])
+        return fs, fs._strip_protocol(url)
+    return filesystem(url)
+
+
 def retry(url: str, attempt, *, write: bool = False):
     """attempt() with the policy's retries (remote.with_retries); the RemoteError when it cannot pass names
     `url`, whether it was read or written, and the job's own options for a slower store."""
@@ -58,6 +69,6 @@ def retry(url: str, attempt, *, write: bool = False):
 
 
 def _call(url: str, attempt, *, write: bool = False):
-    """attempt(fs, path) with retry(): the filesystem of `url` and its path there."""
-    fs, path = filesystem(url)
+    """attempt(fs, path) with retry(): the client of `url` (see client) and its path there."""
+    fs, path = client(url)
     return retry(url, lambda: attempt(fs, path), write=write)

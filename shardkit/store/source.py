@@ -80,7 +80,12 @@ class Fetch:
     """Whole source files fetched concurrently in the background (store.fetch_sources)."""
 
     def __init__(self, urls: list[str]):
-        self.urls, self.future = urls, None
+        self.urls, self.future, self.paths = urls, None, list(urls)
+        from shardkit.store import objstore
+
+        if urls and objstore.serves(urls[0]):  # s3:// on obstore: its async GETs, a window at a time
+            self.future = objstore.fetch_many(urls, policy().timeout)
+            return
         fs = filesystem(urls[0])[0] if urls and is_url(urls[0]) else None
         if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
             import asyncio
@@ -99,6 +104,8 @@ class Fetch:
             except Exception:  # noqa: BLE001 — every file is then read alone, its errors named
                 self.future.cancel()
         out = []
+        if isinstance(got, list):  # obstore's answers, in order
+            got = dict(zip(self.paths, got))
         for i, url in enumerate(self.urls):
             value = got.get(self.paths[i]) if got else None
             if not isinstance(value, bytes):

@@ -1,0 +1,353 @@
+"""The lean client for s3:// on the hot paths: obstore (Rust's object_store), when installed.
+
+s3fs spends ~5 ms of client CPU on a 40 KB GET (botocore's request building and parsing); this client
+~0.6 ms (bench/store_client_bench.py). `client(url, timeout)` gives an object with the few
+fsspec methods the store's calls use (cat_file, pipe_file, put_file, get_file, info, rm_file); any
+other method (ls, open, rm, ...) is the fsspec filesystem's, so fsspec stays the long tail and the
+fallback: without the `obstore` extra, or with SHARDKIT_OBJECT_CLIENT=fsspec, nothing changes.
+
+One obstore store (its connection pool, kept alive) per process and (bucket, endpoint, region,
+credentials). A whole object or a range of up to SMALL, and a PUT of up to WHOLE, is a sync call in
+the caller's thread on a store that bounds each request as a whole; the rest runs on one event loop
+thread per process, every wait bounded the way RemotePolicy says (at most `timeout` for an answer
+and between two chunks of a body), and many small GETs go out concurrently (`fetch_many`).
+obstore's runtime does not survive a fork once it has made a request (a child's first request
+hangs): a process forked after that (a DataLoader worker) uses fsspec; one forked before (or
+spawned) makes its own loop and stores (a pid check). obstore's own retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
+reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, ConnectionError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import threading
+
+PROTOCOLS = frozenset({"s3", "s3a"})  # gs://, az:// stay on fsspec until tested against an emulator
+WHOLE = 8 << 20  # bytes: a body up to this is taken in one piece; a larger one chunk by chunk
+MIN_RATE = 1 << 20  # bytes/s, as store.calls.MIN_RATE: a slower transfer is taken for a stalled store
+UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_CONCURRENCY
+SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a larger one costs less CPU
+#                 on the loop: 4.5 against 7.6 ms per 4 MB, bench/store_client_bench.py)
+WINDOW = 32  # requests of a batch in flight at once
+_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None}
+_LOCK = threading.Lock()
+
+
+def serves(url: str) -> bool:
+    """Whether `url`'s calls go through obstore: its protocol is one it carries, obstore is installed,
+    and SHARDKIT_OBJECT_CLIENT does not say `fsspec`."""
+    if url.split("://", 1)[0] not in PROTOCOLS or os.environ.get("SHARDKIT_OBJECT_CLIENT", "") == "fsspec":
+        return False
+    if _STATE["ran_in"] not in (None, os.getpid()):
+        return False  # forked after a request here: obstore's runtime did not come along (it would hang)
+    return available()
+
+
+def available() -> bool:
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fresh() -> None:
+    """Forget the loop and stores of the parent after a fork (their threads are not in this process)."""
+    if _STATE["pid"] != os.getpid():
+        _STATE.update(pid=os.getpid(), loop=None, stores={})
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    with _LOCK:
+        _fresh()
+        if _STATE["loop"] is None:
+            _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="shardkit-objstore", daemon=True).start()
+            _STATE["loop"] = loop
+        return _STATE["loop"]
+
+
+def run(coro):
+    """The coroutine's result, run on this process's loop (its waits bounded inside)."""
+    return asyncio.run_coroutine_threadsafe(coro, _loop()).result()
+
+
+def _s3_settings(bucket: str, timeout: float) -> tuple[dict, object]:
+    """(config, credential provider) from the usual places: AWS_* variables (keys, region, endpoint),
+    else boto3's chain (profile, SSO, instance role) when boto3 is there, else obstore's own."""
+    env = os.environ
+    config = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        config["endpoint"] = endpoint
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        config["region"] = region
+    if env.get("AWS_ACCESS_KEY_ID"):
+        config.update(access_key_id=env["AWS_ACCESS_KEY_ID"], secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""))
+        if env.get("AWS_SESSION_TOKEN"):
+            config["session_token"] = env["AWS_SESSION_TOKEN"]
+        return _with_region(config, bucket, timeout), None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return config, None
+    session = boto3.Session()
+    if session.get_credentials() is None:  # as s3fs says it (fs.remote_hint adds how to give them)
+        from botocore.exceptions import NoCredentialsError
+
+        raise NoCredentialsError()
+    if "region" not in config and session.region_name:
+        config["region"] = session.region_name
+    return _with_region(config, bucket, timeout), Boto3CredentialProvider(session)
+
+
+def _with_region(config: dict, bucket: str, timeout: float) -> dict:
+    """The bucket's region when none is given, as s3fs finds it: AWS names it in the
+    x-amz-bucket-region header of any answer about the bucket (even a 403); us-east-1 otherwise."""
+    if "region" in config or "endpoint" in config:
+        return config
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"https://{bucket}.s3.amazonaws.com/", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            region = answer.headers.get("x-amz-bucket-region")
+    except urllib.error.HTTPError as e:
+        region = e.headers.get("x-amz-bucket-region")
+    except OSError:  # unreachable: the request itself will then say so, with its URL
+        region = None
+    return {**config, "region": region or "us-east-1"}
+
+
+ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+       "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
+       "AWS_SHARED_CREDENTIALS_FILE")
+
+
+def _store(url: str, timeout: float, *, bounded: bool = False):
+    """(obstore store, key) of an s3:// URL: one store per process, bucket and settings, kept alive.
+    `bounded`: the store for calls made in the caller's thread (sync: no hand-off to the loop, half
+    the CPU of a small GET), each request bounded as a whole to 2 x timeout + WHOLE at MIN_RATE;
+    they move WHOLE bytes at most."""
+    bucket, _, key = url.split("://", 1)[1].partition("/")
+    # the settings a store was made with, as a digest: no secret is kept in the key
+    digest = hashlib.sha256(repr([os.environ.get(n) for n in ENV]).encode()).hexdigest()
+    ident = (bucket, digest, timeout, bounded)
+    with _LOCK:
+        _fresh()
+        store = _STATE["stores"].get(ident)
+    if store is None:
+        _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
+        store = _new_store(bucket, timeout, f"{2 * timeout + WHOLE / MIN_RATE:g}s" if bounded else "24h")
+        with _LOCK:
+            store = _STATE["stores"].setdefault(ident, store)
+    return store, key
+
+
+def _new_store(bucket: str, timeout: float, total: str):
+    from obstore.store import S3Store
+
+    config, provider = _s3_settings(bucket, timeout)
+    options = {"connect_timeout": f"{timeout:g}s", "timeout": total,  # else bounded per chunk here
+               "allow_http": str(config.get("endpoint", "")).startswith("http://"), "pool_max_idle_per_host": "64"}
+    return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
+                   credential_provider=provider)
+
+
+class StoreStatus(OSError):
+    """An HTTP status the store answered with (fs.retryable reads `.status`)."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(text)
+        self.status = status
+
+
+_STATUS = re.compile(r"(?:status(?: code)?|Status)[:=]?\s*(\d{3})\b|\b([45]\d\d) [A-Z][a-z]")
+
+
+def translate(error: BaseException) -> BaseException:
+    """An obstore error as the exception fsspec would have raised for the same answer."""
+    import obstore.exceptions as ox
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, ox.NotFoundError):
+        return FileNotFoundError(text)
+    if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
+        return PermissionError(text)
+    found = _STATUS.search(str(error))
+    if found:
+        status = int(found.group(1) or found.group(2))
+        if status == 404:
+            return FileNotFoundError(text)
+        if status == 403:
+            return PermissionError(text)
+        return StoreStatus(status, text)
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(error).lower():
+        return TimeoutError(text)
+    if isinstance(error, (ox.InvalidPathError, ox.UnknownConfigurationKeyError, ox.NotSupportedError)):
+        return ValueError(text)
+    return ConnectionError(text)
+
+
+async def _guard(make, seconds: float):
+    """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
+    called here, on the loop: obstore's async calls bind to the running loop when made."""
+    try:
+        return await asyncio.wait_for(make(), seconds)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no answer within {seconds:g} s") from None
+    except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
+        if type(e).__module__.startswith("obstore"):
+            raise translate(e) from None
+        raise
+
+
+async def _get(store, key: str, start, end, timeout: float, sink=None):
+    """Bytes [start, end) of an object (end None: to its end); with `sink(chunk)`, streamed into it."""
+    import obstore
+
+    options = {}
+    if end is not None:
+        options["range"] = (start or 0, end)
+    elif start:
+        options["range"] = {"offset": start}
+    result = await _guard(lambda: obstore.get_async(store, key, options=options), timeout)
+    lo, hi = result.range
+    if sink is None and hi - lo <= WHOLE:
+        return bytes(await _guard(result.bytes_async, timeout + (hi - lo) / MIN_RATE))
+    parts, stream = [], result.stream(min_chunk_size=1 << 20)
+    while True:
+        try:
+            chunk = await _guard(stream.__anext__, timeout)
+        except StopAsyncIteration:
+            break
+        parts.append(chunk) if sink is None else sink(chunk)
+    return b"".join(bytes(p) for p in parts) if sink is None else None
+
+
+class Client:
+    """The fsspec methods store calls use, on obstore; everything else is the fsspec filesystem's."""
+
+    async_impl = False  # store.calls.bound: the waits are bounded here, not by fsspec keywords
+
+    def __init__(self, url: str, timeout: float, fallback):
+        self.protocol = url.split("://", 1)[0]
+        self.timeout, self._fallback = timeout, fallback
+
+    def __getattr__(self, name):
+        return getattr(self._fallback(), name)
+
+    def _strip_protocol(self, url: str) -> str:
+        return url.split("://", 1)[1] if "://" in url else url
+
+    def _store(self, path: str):
+        return _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout)
+
+    def cat_file(self, path: str, start=None, end=None, **_) -> bytes:
+        if (start or 0) < 0 or (end is not None and end < 0):  # from the end: fsspec knows the size
+            return self._fallback().cat_file(path, start=start, end=end)
+        if end is None or end - (start or 0) <= SMALL:  # a whole object: most are small (source files)
+            data = self._small(path, start, end)
+            if data is not None:
+                return data
+        store, key = self._store(path)
+        return run(_get(store, key, start, end, self.timeout))
+
+    def _small(self, path: str, start, end) -> bytes | None:
+        """The bytes in the caller's thread (the bounded store), or None when the object turns out to
+        be larger than WHOLE (then read on the loop, its body's waits bounded chunk by chunk)."""
+        import obstore
+
+        store, key = _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=True)
+        options = {}
+        if end is not None:
+            options["range"] = (start or 0, end)
+        elif start:
+            options["range"] = {"offset": start}
+        try:
+            result = obstore.get(store, key, options=options)
+            lo, hi = result.range
+            return bytes(result.bytes()) if hi - lo <= WHOLE else None
+        except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
+            if type(e).__module__.startswith("obstore"):
+                raise translate(e) from None
+            raise
+
+    def pipe_file(self, path: str, data: bytes, **_) -> None:
+        if len(data) <= WHOLE:  # one PUT in the caller's thread, bounded as a whole
+            import obstore
+
+            store, key = _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=True)
+            try:
+                obstore.put(store, key, data, use_multipart=False)
+            except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
+                if type(e).__module__.startswith("obstore"):
+                    raise translate(e) from None
+                raise
+            return
+        self._put(path, data, len(data))
+
+    def put_file(self, source: str, path: str, **_) -> None:
+        from pathlib import Path
+
+        self._put(path, Path(source), os.path.getsize(source))
+
+    def _put(self, path: str, data, nbytes: int) -> None:
+        import obstore
+
+        store, key = self._store(path)
+        run(_guard(lambda: obstore.put_async(store, key, data, chunk_size=UPLOAD_PART,
+                                                 max_concurrency=UPLOAD_CONCURRENCY),
+                   2 * self.timeout + nbytes / MIN_RATE))
+
+    def get_file(self, path: str, local: str, **_) -> None:
+        store, key = self._store(path)
+        with open(local, "wb") as f:
+            run(_get(store, key, None, None, self.timeout, sink=f.write))
+
+    def info(self, path: str, **_) -> dict:
+        import obstore
+
+        store, key = self._store(path)
+        if not key or key.endswith("/"):  # a bucket or a folder: no object to HEAD; fsspec tells what it is
+            return self._fallback().info(path)
+        meta = run(_guard(lambda: obstore.head_async(store, key), self.timeout))
+        return {"name": self._strip_protocol(path), "type": "file", "size": meta["size"], "ETag": meta["e_tag"],
+                "LastModified": meta["last_modified"]}
+
+    def rm_file(self, path: str, **_) -> None:
+        import obstore
+
+        store, key = self._store(path)
+        run(_guard(lambda: obstore.delete_async(store, key), self.timeout))
+
+
+def fetch_many(urls: list[str], timeout: float):
+    """Whole objects fetched concurrently (WINDOW at a time) on the loop: a concurrent Future of
+    their bytes (or the error reading each raised), in order."""
+    async def one(url, gate):
+        async with gate:
+            store, key = _store(url, timeout)
+            try:
+                return await _get(store, key, None, None, timeout)
+            except Exception as e:  # noqa: BLE001 — the caller reads that one alone, with retries
+                return e
+
+    async def every():
+        gate = asyncio.Semaphore(WINDOW)
+        return await asyncio.gather(*(one(url, gate) for url in urls))
+
+    return asyncio.run_coroutine_threadsafe(every(), _loop())
+
+
+def forget() -> None:
+    """Drop this process's stores (new credentials, another local server)."""
+    with _LOCK:
+        _STATE["stores"] = {}

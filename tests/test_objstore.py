@@ -1,0 +1,213 @@
+"""The lean s3:// client (store.objstore, obstore): taken when installed, fsspec when hidden, the same
+bytes either way, errors as fsspec's, and no secret in anything written or printed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+from moto_store import s3, same_files  # noqa: F401 — s3: the fixture
+
+from shardkit import store
+from shardkit.cli import main
+from shardkit.config import BuildConfig
+from shardkit.jobs.build import build
+from shardkit.store import objstore
+
+pytestmark = pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
+OPTIONS = dict(workers=0, image_size=48, progress=False, max_samples_per_shard=6)
+SECRET = "fake-secret-7f3a9c-never-shown"
+
+
+@pytest.fixture
+def raw(tmp_path):
+    from shardkit.demo.datagen import raw_folder
+
+    root = tmp_path / "raw"
+    raw_folder(str(root), images_per_class=5, documents=3, bad=True)
+    return str(root)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """{'get': n, 'put': n}: obstore requests made by this process (sync and async calls)."""
+    import obstore
+
+    calls = {"get": 0, "put": 0}
+    for name in ("get", "get_async", "put", "put_async"):
+        def wrapped(*args, _real=getattr(obstore, name), _kind=name.split("_")[0], **kwargs):
+            calls[_kind] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(obstore, name, wrapped)
+    return calls
+
+
+def test_store_calls_take_obstore_when_installed_and_fsspec_when_told(s3, monkeypatch, counted):
+    url = s3.url("a/b.bin")
+    store.write(url, b"x" * 1000)
+    assert store.read(url) == b"x" * 1000 and store.read_source(url, 10, 20) == b"x" * 10
+    assert store.size(url) == 1000 and store.stat_source(url)[0] == 1000
+    assert counted == {"get": 2, "put": 1}
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    store.write(url, b"y" * 10)
+    assert store.read(url) == b"y" * 10
+    assert counted == {"get": 2, "put": 1}
+
+
+def test_the_version_of_a_source_is_the_same_on_both_clients(s3, monkeypatch):
+    url = s3.url("v.bin")
+    store.write(url, b"v" * 100)
+    on_obstore = store.stat_source(url)
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    assert store.stat_source(url) == on_obstore  # a rerun after switching rebuilds nothing
+
+
+def test_a_batch_of_sources_comes_in_order_with_errors_in_place(s3, counted):
+    urls = [s3.url(f"many/{i:03d}") for i in range(3 * objstore.WINDOW)]
+    for i, url in enumerate(urls):
+        store.write(url, os.urandom(100 + i))
+    expected = [store.read(u) for u in urls]
+    counted["get"] = 0
+    got = store.read_sources(urls + [s3.url("many/missing")] + urls[:2])
+    assert got[:len(urls)] == expected and got[-2:] == expected[:2]
+    missing = got[len(urls)]
+    assert isinstance(missing, store.RemoteError) and missing.not_found and s3.url("many/missing") in str(missing)
+    assert counted["get"] >= len(urls) + 3  # all through obstore (the missing one read again, alone)
+
+
+def test_a_missing_object_and_a_missing_bucket_say_so_as_before(s3):
+    with pytest.raises(FileNotFoundError):
+        store.read(s3.url("nothing/here"))
+    with pytest.raises(store.RemoteError, match=r"cannot read s3://no-such-bucket/x: .*not retried"):
+        store.read_source("s3://no-such-bucket/x")
+
+
+def test_build_s3_to_s3_on_obstore_is_byte_identical_to_local_and_to_fsspec(raw, tmp_path, s3, monkeypatch, counted):
+    local = build(BuildConfig(raw, str(tmp_path / "local"), **OPTIONS))
+    src = s3.upload(raw, "raw")
+    remote = build(BuildConfig(src, s3.url("out"), **OPTIONS))
+    assert remote.samples == local.samples and counted["get"] > 0 and counted["put"] > 0
+    assert same_files(str(tmp_path / "local"), s3.download("out", str(tmp_path / "got"))) == []
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    build(BuildConfig(src, s3.url("out-fsspec"), **OPTIONS))
+    assert same_files(str(tmp_path / "local"), s3.download("out-fsspec", str(tmp_path / "got-fsspec"))) == []
+
+
+def test_a_fake_secret_never_appears_in_output_or_written_files(raw, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)  # moto does not check signatures
+    objstore.forget()
+    src = s3.upload(raw, "raw")
+    runner = CliRunner()
+    ok = runner.invoke(main, ["build", src, s3.url("out"), "--workers", "0", "--no-progress", "--image-size", "48"])
+    bad = runner.invoke(main, ["build", "s3://no-such-bucket/raw", str(tmp_path / "out2"), "--workers", "0",
+                               "--no-progress", "--retries", "0"])
+    assert ok.exit_code == 0, ok.output
+    assert bad.exit_code != 0 and "no-such-bucket" in bad.output + bad.stderr
+    assert SECRET not in ok.output + ok.stderr + bad.output + bad.stderr
+    local = s3.download("out", str(tmp_path / "got"))
+    for folder in (local, str(tmp_path / "out2")):
+        for d, _, names in os.walk(folder):
+            for name in names:
+                with open(os.path.join(d, name), "rb") as f:
+                    assert SECRET.encode() not in f.read(), name
+
+
+def test_a_process_forked_after_a_request_uses_fsspec(s3):
+    store.write(s3.url("f.bin"), b"f")
+    assert objstore.serves(s3.url("f.bin"))
+    pid = os.fork()
+    if pid == 0:  # obstore's runtime did not come along: a request here would hang
+        code = 1
+        try:
+            code = 0 if not objstore.serves(s3.url("f.bin")) and store.read(s3.url("f.bin")) == b"f" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list);
+    "stall": no answer until the test ends."""
+    import threading
+
+    from moto.server import DomainDispatcherApplication
+
+    real, planned, release = DomainDispatcherApplication.__call__, {}, threading.Event()
+
+    def answer(self, environ, start_response):
+        queue = planned.get(environ.get("PATH_INFO", ""))
+        if environ["REQUEST_METHOD"] == "GET" and queue:
+            status = queue.pop(0)
+            if status == "stall":
+                release.wait(60)
+                return real(self, environ, start_response)
+            start_response(f"{status} Oops", [("Content-Type", "text/plain"), ("Content-Length", "4")])
+            return [b"oops"]
+        return real(self, environ, start_response)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
+    yield planned
+    release.set()
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_500_and_503_are_retried_within_retries_then_one_line_naming_the_url(s3, answers, monkeypatch, client):
+    from shardkit.store.remote import RemotePolicy
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)  # the same tries and the same message on both
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=2, backoff=0.01),
+                                                "fix": "shardkit build --timeout/--retries"})
+    url = s3.url("flaky.bin")
+    store.write(url, b"z" * 50)
+    answers["/shardkit-test/flaky.bin"] = [503, 500]
+    assert store.read(url) == b"z" * 50  # two failures, the third try passes
+    answers["/shardkit-test/flaky.bin"] = [503, 503, 503]
+    with pytest.raises(store.RemoteError) as e:
+        store.read(url)
+    message = str(e.value)
+    assert message.startswith(f"cannot read {url}: ") and "\n" not in message  # s3fs says "OSError: [Errno 16]"
+    assert "Service Unavailable (tried 3 time(s)" in message and "--timeout/--retries allow a slower store" in message
+    answers["/shardkit-test/flaky.bin"] = [403]
+    with pytest.raises(store.RemoteError, match="not retried"):
+        store.read(url)
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_a_stalled_get_fails_within_the_bound_naming_the_url(s3, answers, monkeypatch, client):
+    from shardkit.store.remote import RemotePolicy
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(timeout=1, retries=1, backoff=0.01),
+                                                "fix": "shardkit build --timeout/--retries"})
+    url = s3.url("stalled.bin")
+    store.write(url, b"s" * 50)
+    answers["/shardkit-test/stalled.bin"] = ["stall", "stall"]
+    with pytest.raises(store.RemoteError) as e:
+        store.read_source(url)
+    message = str(e.value)
+    assert message.startswith(f"cannot read {url}: ") and "tried 2 time(s)" in message and "timeout 1 s" in message
+
+
+def test_without_a_region_the_bucket_s_own_is_asked_for(monkeypatch):
+    import urllib.error
+    import urllib.request
+    from email.message import Message
+
+    asked = []
+
+    def urlopen(request, timeout):
+        asked.append(request.full_url)
+        headers = Message()
+        headers["x-amz-bucket-region"] = "eu-west-3"
+        raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", headers, None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert objstore._with_region({}, "photos", 1.0) == {"region": "eu-west-3"}
+    assert objstore._with_region({"region": "us-west-2"}, "photos", 1.0) == {"region": "us-west-2"}
+    local = {"endpoint": "http://127.0.0.1:9"}
+    assert objstore._with_region(local, "photos", 1.0) == local
+    assert asked == ["https://photos.s3.amazonaws.com/"]
