@@ -28,7 +28,7 @@ from shardkit.reader.mix_order import ChunkPlan, MixtureOrder, SourceStreams
 from shardkit.reader.mixing import MixConfig, MixPlan, Schedule, Source, epoch_units, source_of
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.position import Position
-from shardkit.reader.selection import SelectedOrder, Selection, part_of
+from shardkit.reader.selection import SelectedOrder, Selection, check_not_empty, check_tables, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Mixture(EpochDataset):
         if any(w is not None for w in wheres):  # each source's kept samples only (reader/selection.py)
             self.selection = Selection([_part(name, s, m, t, w, self.config) for name, s, (m, t), w in
                                         zip(self.names, self.sources, opened, wheres)], self.config.remote_policy())
-            self.selection.check_not_empty([f"mixture source {n!r}" for n in self.names])
+            check_not_empty(self.selection, [f"mixture source {n!r}" for n in self.names])
             counts = np.split(self.selection.counts, shards.first[1:-1])
         seeds = [key_hash(f"{self.config.seed}|{name}") for name in self.names]
         self.streams = SourceStreams(counts, seeds, self.config.shuffle, self.config.shuffle_buffer)
@@ -221,7 +221,7 @@ class Mixture(EpochDataset):
                                   "the same datasets, weights and schedule (to change weights during training, "
                                   "give a schedule)")
         if self.selection is not None and "attributes" in state:  # a state of an earlier version has none
-            self.selection.check_tables(state["attributes"], [f"source {n!r}" for n in self.names])
+            check_tables(self.selection, state["attributes"], [f"source {n!r}" for n in self.names])
 
     def yielded(self, batch, size: int) -> None:
         """Count what this batch holds per source; note which planned positions it covered (their
