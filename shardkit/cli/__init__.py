@@ -128,6 +128,17 @@ def _show_logs():
     return undo
 
 
+def _stopped(e: Terminated, debug) -> None:
+    """Ends the process after a SIGTERM: one line (the traceback first under --debug), exit EXIT_TERMINATED."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(scrub(e))
+    # One line, and the same status a shell shows for SIGTERM: schedulers read it as "stopped".
+    click.secho(f"stopped by {e.name}: rerun the same command to continue", fg="red", err=True)
+    sys.exit(EXIT_TERMINATED)
+
+
 class _Group(click.Group):
     """Turns every failure into one line on stderr and a documented exit status; --debug (or
     SHARDKIT_DEBUG=1) shows the traceback instead."""
@@ -162,13 +173,7 @@ class _Group(click.Group):
             os._exit(EXIT_PIPE)
         except KeyboardInterrupt as e:
             if isinstance(e, Terminated):
-                if debug:
-                    import traceback
-
-                    traceback.print_exception(scrub(e))
-                # One line, and the same status a shell shows for SIGTERM: schedulers read it as "stopped".
-                click.secho(f"stopped by {e.name}: rerun the same command to continue", fg="red", err=True)
-                sys.exit(EXIT_TERMINATED)
+                _stopped(e, debug)
             if debug:
                 raise
             click.secho("interrupted", fg="red", err=True)

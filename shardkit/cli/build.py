@@ -151,6 +151,25 @@ def build_summary(r) -> str:
     ]
     lines += [f"    {n:>5}  {reason}" for reason, n in r.rejected_by_reason.items()]
     lines += [f"  note            {note}" for note in r.notes]
+    lines += _dedup_lines(r)
+    lines += curation_lines(getattr(r, "stats", {}))
+    if r.utf8_replaced:
+        lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
+    tok = r.manifest.extra.get("tokenizer") if r.manifest else None
+    lines += _content_lines(r, tok)
+    lines += [
+        f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
+        + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),
+        f"  bytes           {human_bytes(total_bytes)}",
+        f"  time            {r.seconds:.1f} s",
+        _rate_line(r, tok),
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+def _dedup_lines(r) -> list[str]:
+    """The summary's lines on duplicates removed or marked, and on the attribute columns written."""
+    lines = []
     if r.duplicates:
         lines.append(f"  duplicates      {r.duplicates} removed (review dedup/clusters.parquet, dedup/summary.json)")
     marked = r.manifest.build.get("dedup", {}).get("marked") if r.manifest else None
@@ -162,10 +181,12 @@ def build_summary(r) -> str:
                      "StreamingDataset(OUT, where=...))")
     if getattr(r, "exact_duplicates", 0):
         lines.append(f"  exact dups      {r.exact_duplicates} removed (review dedup/exact/clusters.parquet)")
-    lines += curation_lines(getattr(r, "stats", {}))
-    if r.utf8_replaced:
-        lines.append(f"  text            {r.utf8_replaced} invalid UTF-8 characters replaced")
-    tok = r.manifest.extra.get("tokenizer") if r.manifest else None
+    return lines
+
+
+def _content_lines(r, tok: dict | None) -> list[str]:
+    """The summary's lines on what the rows hold: tokens (with the tokenizer's stats) and labels."""
+    lines = []
     if tok:
         st = tok.get("stats", {})
         lines.append(f"  tokens          {st.get('tokens', 0)} from {st.get('documents', 0)} documents in "
@@ -177,14 +198,7 @@ def build_summary(r) -> str:
         lines.append(f"  labels          {len(classes)} classes from column {column!r} (--label-field)")
     elif classes:
         lines.append(f"  labels          {len(classes)} classes from the subfolders (--no-labels to leave them out)")
-    lines += [
-        f"  shards          {n_shards} × {'+'.join(per_format) or '-'}"
-        + (f" ({r.reused_shards} unchanged, reused)" if r.reused_shards else ""),
-        f"  bytes           {human_bytes(total_bytes)}",
-        f"  time            {r.seconds:.1f} s",
-        _rate_line(r, tok),
-    ]
-    return "\n".join(line for line in lines if line)
+    return lines
 
 
 def _rate_line(r, tok: dict | None) -> str:

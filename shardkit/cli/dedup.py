@@ -77,14 +77,19 @@ def dedup(src, out, threshold, ngram, num_perm, bands, rows, verify, seed, modal
     """
     from shardkit.config import DedupConfig
     from shardkit.jobs.dedup import dedup as run_dedup
-    from shardkit.duplicates.review import summary_text
 
     cfg = DedupConfig(src=src, out=out, threshold=threshold, num_perm=num_perm, ngram=ngram, bands=bands,
                       rows=rows, seed=seed, verify=verify, modality=modality, image_hash=image_hash,
                       image_distance=image_distance, partition_size=partition_size, format=format,
                       text_field=text_field, image_field=image_field, workers=workers, scheduler=scheduler,
                       on_error=on_error, progress=progress, timeout=timeout, retries=retries, curation=curation)
-    result = run_dedup(cfg)
+    _say_result(run_dedup(cfg), out, curation)
+
+
+def _say_result(result, out, curation: dict) -> None:
+    """Prints what a dedup did: its summary, what the curation filters removed, and where OUT is."""
+    from shardkit.duplicates.review import summary_text
+
     click.echo(summary_text(result))
     if any(v for k, v in curation.items() if k != "lang_threshold"):  # what the filters removed, as build says it
         from shardkit.manifest import load_manifest

@@ -48,6 +48,11 @@ def inspect(dataset, as_json):
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
         return
+    _print_summary(m, dataset, info["jpeg"])
+
+
+def _print_summary(m, dataset, jpeg: dict | None) -> None:
+    """Prints inspect's text form of manifest m (jpeg: what _jpeg_kinds found)."""
     click.echo(f"dataset {dataset}  ({m.created_by})")
     click.echo(f"  samples  {m.samples}")
     for name, spec in sorted(m.fields.items()):
@@ -61,7 +66,6 @@ def inspect(dataset, as_json):
         click.echo(f"  {fmt:<8} {len(shards)} shards, {human_bytes(sum(sizes))} "
                    f"(min {human_bytes(min(sizes))}, max {human_bytes(max(sizes))})")
     click.echo(f"  rejected {m.errors.get('count', 0)} inputs at build time {m.errors.get('by_reason', {})}")
-    jpeg = info["jpeg"]
     if jpeg and jpeg.get("progressive"):
         click.echo(f"  jpeg     {jpeg['share']:.0%} of {jpeg['sampled']} sampled {jpeg['field']} images are "
                    "progressive JPEG: GPUs' hardware decoders take baseline only (decode='nvjpeg' falls back to slower "

@@ -62,6 +62,35 @@ def _stop_quietly():
         raise
 
 
+def _workers_log_level() -> int:
+    """The log level of an embedded cluster's workers (their silence_logs)."""
+    # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
+    # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
+    quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
+    if quiet_on_stop and quiet >= logging.ERROR:
+        # The shardkit command reports a failed task or a lost worker itself; what a worker process
+        # would add on its own stderr is a stop's teardown (a heartbeat to a scheduler that has just
+        # closed), which no handler here can drop, that process being another one.
+        quiet = logging.CRITICAL
+    return quiet
+
+
+@contextlib.contextmanager
+def _threaded_cluster(n: int, quiet: int):
+    """A client of an embedded LocalCluster of one worker in this process, with n threads."""
+    import dask
+    from distributed import Client, LocalCluster
+    from PIL import Image
+
+    # Every image plugin registered once, here: Image.open registers the rest on its first miss,
+    # which two worker threads could otherwise do at the same time.
+    Image.init()
+    with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
+            LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=":0",
+                         silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
+        yield client
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None, threads: bool = False):
     """None for workers=0 (run in-process), else an existing cluster (`--scheduler ADDRESS`) or an
@@ -87,23 +116,9 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
     # The nanny's default MALLOC_TRIM_THRESHOLD_ also switches off glibc's adaptive mmap threshold,
     # so every decoded image buffer (> 128 KiB) becomes an mmap + munmap + page faults: 25-30% of
     # the per-image time (bench/RESULTS.md). Workers of this short-lived cluster keep the default.
-    # A failing task reaches the caller as its exception; the workers' own multi-line reports of it
-    # are shown only with `shardkit --debug` (or SHARDKIT_DEBUG=1).
-    quiet = logging.WARNING if os.environ.get("SHARDKIT_DEBUG") else worker_log_level
-    if quiet_on_stop and quiet >= logging.ERROR:
-        # The shardkit command reports a failed task or a lost worker itself; what a worker process
-        # would add on its own stderr is a stop's teardown (a heartbeat to a scheduler that has just
-        # closed), which no handler here can drop, that process being another one.
-        quiet = logging.CRITICAL
+    quiet = _workers_log_level()
     if threads:  # no worker process to start, no task or result copied between processes
-        from PIL import Image
-
-        # Every image plugin registered once, here: Image.open registers the rest on its first miss,
-        # which two worker threads could otherwise do at the same time.
-        Image.init()
-        with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
-                LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=":0",
-                             silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
+        with _threaded_cluster(n, quiet) as client:
             yield client
         return
     check_main_guard("a shardkit job on worker processes (build, dedup, annotate)", main_thread=True)

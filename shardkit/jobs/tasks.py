@@ -270,34 +270,7 @@ class _Run:
             bar.update(1)
 
     def run(self, client, bar, check, head_threads: int = 1) -> list:
-        import threading
-
-        helpers, self.in_process = [], isinstance(client, PendingClient) and client.in_process
-        try:
-            # An embedded cluster's start-up is worth a head start (begun before importing Dask here: that
-            # waits on the cluster's import); a --scheduler's workers are up, and its client reads no input.
-            if isinstance(client, PendingClient) and client.embedded:
-                helpers = [threading.Thread(target=self.head, args=(check,), name="shardkit-head-start", daemon=True)
-                           for _ in range(head_threads)]
-                for helper in helpers:
-                    helper.start()
-            if isinstance(client, PendingClient):
-                client = client.get()
-            from distributed import as_completed
-
-            self.client, self.stamp = client, f"{os.getpid()}-{time.time_ns()}"
-            self.done = as_completed(loop=client.loop)
-            self.shared = tuple(client.scatter(list(self.raw_shared), broadcast=True)) if self.raw_shared else ()
-            self.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
-        except BaseException:
-            with self.lock:
-                self.steps.clear()
-                self._to("failed")
-                self.step_done.notify_all()
-            raise
-        with self.lock:
-            self._to("up")
-            self.step_done.notify_all()  # head-start threads waiting on a group's items: stop
+        client, helpers = _start(self, client, check, head_threads)
         try:
             while True:
                 self.feed()
@@ -334,6 +307,40 @@ class _Run:
             done_here = [g for g in self.local_groups if g not in self.reported]
         for g in done_here:
             self.report(g, self.local_groups[g], bar, check)
+
+
+def _start(run: _Run, client, check, head_threads: int) -> tuple:
+    """Starts `run` on `client` (a PendingClient is waited for, head-start threads reading the first items
+    meanwhile); returns (the Dask client, those threads), the run then "up", or "failed" and the error raised."""
+    import threading
+
+    helpers, run.in_process = [], isinstance(client, PendingClient) and client.in_process
+    try:
+        # An embedded cluster's start-up is worth a head start (begun before importing Dask here: that
+        # waits on the cluster's import); a --scheduler's workers are up, and its client reads no input.
+        if isinstance(client, PendingClient) and client.embedded:
+            helpers = [threading.Thread(target=run.head, args=(check,), name="shardkit-head-start", daemon=True)
+                       for _ in range(head_threads)]
+            for helper in helpers:
+                helper.start()
+        if isinstance(client, PendingClient):
+            client = client.get()
+        from distributed import as_completed
+
+        run.client, run.stamp = client, f"{os.getpid()}-{time.time_ns()}"
+        run.done = as_completed(loop=client.loop)
+        run.shared = tuple(client.scatter(list(run.raw_shared), broadcast=True)) if run.raw_shared else ()
+        run.limit = IN_FLIGHT * max(1, sum(client.nthreads().values()))
+    except BaseException:
+        with run.lock:
+            run.steps.clear()
+            run._to("failed")
+            run.step_done.notify_all()
+        raise
+    with run.lock:
+        run._to("up")
+        run.step_done.notify_all()  # head-start threads waiting on a group's items: stop
+    return client, helpers
 
 
 class _Then:

@@ -218,6 +218,31 @@ def stop_workers(loader: DataLoader) -> None:
     gc.collect()
 
 
+def _check_workers(num_workers, prefetch_factor, multiprocessing_context) -> None:
+    """ConfigError naming make_loader's worker option that holds no usable value."""
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(f"num_workers={num_workers!r}: expected 0 (main process) or more")
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+        raise ConfigError(f"prefetch_factor={prefetch_factor!r}: expected a positive integer (batches per worker)")
+    if isinstance(multiprocessing_context, str) or multiprocessing_context is None:
+        if multiprocessing_context not in START_METHODS:
+            raise ConfigError(f"multiprocessing_context={multiprocessing_context!r}: expected one of "
+                              "'fork', 'spawn', 'forkserver' or None (the platform's default)")
+
+
+def _pin_memory(pin_memory: bool | None) -> bool:
+    """make_loader's pin_memory: None means pinned when CUDA is present; True without CUDA warns, and is off."""
+    import torch
+
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    elif pin_memory and not torch.cuda.is_available():
+        # Pinned host memory needs a CUDA runtime; DataLoader would warn and skip it too.
+        logging.getLogger(__name__).warning("pin_memory=True ignored: CUDA is not available")
+        pin_memory = False
+    return pin_memory
+
+
 def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | None = None,
                 prefetch_factor: int = 4, pin_memory: bool | None = None, drop_last: bool = False,
                 multiprocessing_context: str | None = None, decode: str = "cpu") -> StreamingLoader:
@@ -235,8 +260,6 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
     common size; a ConfigError where it cannot run. `decode="auto"`: nvImageCodec, else
     torchvision, else the CPU workers (the path taken: shardkit.loader.memory.PATHS["decode"]).
     The dataset is left as given."""
-    import torch
-
     if not isinstance(dataset, EpochDataset):
         raise ConfigError(f"make_loader needs a shardkit StreamingDataset or Mixture, got {type(dataset).__name__}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
@@ -244,25 +267,12 @@ def make_loader(dataset: EpochDataset, *, batch_size: int, num_workers: int | No
     dataset.check_loader(batch_size, drop_last)
     if num_workers is None:
         num_workers = default_workers()
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigError(f"num_workers={num_workers!r}: expected 0 (main process) or more")
-    if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-        raise ConfigError(f"prefetch_factor={prefetch_factor!r}: expected a positive integer (batches per worker)")
-    if isinstance(multiprocessing_context, str) or multiprocessing_context is None:
-        if multiprocessing_context not in START_METHODS:
-            raise ConfigError(f"multiprocessing_context={multiprocessing_context!r}: expected one of "
-                              "'fork', 'spawn', 'forkserver' or None (the platform's default)")
+    _check_workers(num_workers, prefetch_factor, multiprocessing_context)
     gpu_decoder = choose(decode, num_workers)
     if gpu_decoder is not None and (getattr(dataset, "transform", None) or getattr(dataset, "batch_transform", None)):
         raise ConfigError(f"decode={decode!r} decodes images after the workers, so the dataset's transform / "
                           "batch_transform would see encoded bytes: apply it to the GPU batch in the training "
                           "loop, or use decode='cpu'")
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
-    elif pin_memory and not torch.cuda.is_available():
-        # Pinned host memory needs a CUDA runtime; DataLoader would warn and skip it too.
-        logging.getLogger(__name__).warning("pin_memory=True ignored: CUDA is not available")
-        pin_memory = False
     return StreamingLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
-                           prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                           prefetch_factor=prefetch_factor, pin_memory=_pin_memory(pin_memory),
                            multiprocessing_context=multiprocessing_context, gpu_decoder=gpu_decoder)

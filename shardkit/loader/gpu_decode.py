@@ -61,6 +61,12 @@ def choose(decode: str, num_workers: int = 1):
             raise ConfigError(f"decode='nvjpeg' cannot run here: {why}. Install the extra ({nvjpeg.INSTALL}) on a "
                               "machine with an NVIDIA GPU, or use decode='auto', which falls back to torchvision's "
                               "nvJPEG, then to decoding on the CPU in the workers")
+    return _torchvision_or_cpu(decode, why if decode == "auto" else None)
+
+
+def _torchvision_or_cpu(decode: str, why: str | None):
+    """choose's last resort for "cuda" and "auto": torchvision's nvJPEG decoder, else None (the CPU
+    workers decode), the path taken recorded in memory.PATHS; `why`: why nvImageCodec did not run ("auto")."""
     decoder, why_tv = gpu_decoder()
     if decoder is None:
         if decode == "auto":

@@ -148,7 +148,7 @@ class SlotTransport:
         if not isinstance(batch, dict):
             # DataLoader pickles (copies) it later, in the worker's queue feeder thread: the slots of
             # the tensors it holds stay taken until the next iteration's reclaim.
-            self._free(info, set(pending) - _slots_in(batch, spans))
+            _free(self.flags, info, set(pending) - _slots_in(batch, spans))
             return batch
         out, used = {}, set()
         for name, value in batch.items():
@@ -166,12 +166,8 @@ class SlotTransport:
         left = set(pending) - used
         if left:
             left -= _slots_in([v for v in batch.values() if not isinstance(v, torch.Tensor)], spans)
-        self._free(info, left)
+        _free(self.flags, info, left)
         return out
-
-    def _free(self, info, slots) -> None:
-        if slots:
-            self.flags[info.id].numpy()[sorted(slots)] = 0
 
     def _ref(self, info, slot: int, value) -> SlotRef:
         storage, _, version, _ = self._slots[slot]
@@ -228,9 +224,9 @@ class SlotTransport:
         """Free the slots of lent tensors that nothing refers to any more; returns how many."""
         if self._baseline is None:  # what an unreferenced tensor looks like, measured the same way
             held = torch.UntypedStorage(1)  # held like the storages in self._main
-            self._baseline = self._scan([(0, 0, torch.empty(0, dtype=torch.uint8).set_(held, 0, (1,)))],
-                                        probe=True)
-        freed = self._scan(self._lent)
+            self._baseline = _scan([(0, 0, torch.empty(0, dtype=torch.uint8).set_(held, 0, (1,)))], None,
+                                   probe=True)
+        freed = _scan(self._lent, self._baseline)
         if self.pin:
             # Page-locked: a copy to the GPU queued from the slot may still be running; the slot
             # is refilled once the current stream has passed a fence recorded now.
@@ -245,15 +241,25 @@ class SlotTransport:
         self._draining = [e for e in self._draining if not any(e is d for d in done)]
         return len(freed)
 
-    def _scan(self, entries: list, probe: bool = False):
-        freed = []
-        for entry in entries:
-            refs = memory.refs(entry[2])
-            if probe:
-                return refs
-            if refs is not None and refs == self._baseline:
-                freed.append(entry)
-        return freed
+
+def _free(flags, info, slots) -> None:
+    """Worker side: marks `slots` of worker info.id free in the shared flags."""
+    if slots:
+        flags[info.id].numpy()[sorted(slots)] = 0
+
+
+def _scan(entries: list, baseline, probe: bool = False):
+    """The lent entries (worker, slot, handle) whose slot storage nothing refers to any more: the
+    handle's memory.refs equal `baseline`, an unreferenced tensor's. With `probe`, the first entry's
+    memory.refs: the baseline, measured the same way (through an entry of a list, in this frame)."""
+    freed = []
+    for entry in entries:
+        refs = memory.refs(entry[2])
+        if probe:
+            return refs
+        if refs is not None and refs == baseline:
+            freed.append(entry)
+    return freed
 
 
 _NUMPY_LACKS = {torch.bfloat16: torch.int16}

@@ -64,13 +64,67 @@ def _info(row: dict) -> ShardInfo:
     return info
 
 
-class ShardTable:
+class TableColumns:
+    """A shard table's columns in its order (`rows`): the ones held as arrays (ids, formats, sample
+    counts, bytes), and the others, read from the table file (`blob`) when asked for."""
+
+    @property
+    def formats(self) -> list[str]:
+        return sorted(set(self._formats[self.rows].tolist()))
+
+    @property
+    def samples(self):
+        """Samples of each shard, as an int64 numpy array in this table's order."""
+        return self._samples[self.rows]
+
+    @property
+    def nbytes(self):
+        """Bytes of each shard file, as an int64 numpy array in this table's order."""
+        return self._bytes[self.rows]
+
+    @property
+    def ids(self):
+        """Shard ids, as an int64 numpy array in this table's order."""
+        return self._ids[self.rows]
+
+    def strings(self, name: str) -> list:
+        """Column `name` (sha256, path, ...) of these shards, in this table's order (read when asked)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        column = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=[name], use_threads=False).column(0)
+        return column.take(self.rows).to_pylist()
+
+    def content_digest(self) -> str:
+        """xxh3 of the shards' sha256s in this table's order: equal for the same shard files
+        wherever they are kept, different for other contents (read from the table when asked)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        import xxhash
+
+        sums = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["sha256"], use_threads=False).column(0)
+        return xxhash.xxh3_64_hexdigest("\n".join(sums.take(self.rows).to_pylist()).encode())
+
+    def key_bounds(self):
+        """(first keys, last keys) of every shard in this table's order, as object arrays with None for
+        a shard whose record has none (an empty shard, or one written before bounds were recorded)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if "first_key" not in self.columns:
+            return np.full(len(self.rows), None, dtype=object), np.full(len(self.rows), None, dtype=object)
+        cols = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["first_key", "last_key"], use_threads=False)
+        return tuple(np.asarray(c.to_pylist(), dtype=object)[self.rows] for c in cols.columns)
+
+
+class ShardTable(TableColumns):
     """Shard records as columns: a reader of 100k+ shards holds a few arrays, not 100k objects.
 
     Only ids, formats and sample counts are held as arrays; a shard's full record (paths,
     sizes, checksums) is read from the table file's row group when it is asked for. Indexing
     gives one ShardInfo and iteration all of them, as a list of ShardInfo would; `of(fmt)` is a
-    view of one format's shards in id order.
+    view of one format's shards in id order. Its columns, held or read when asked, are TableColumns'.
     """
 
     def __init__(self, blob: bytes, where: str = "shard table", rows=None):
@@ -152,18 +206,6 @@ class ShardTable:
             self._groups[g] = pf.read_row_group(g, columns=self.columns, use_threads=False).to_pylist()
         return self._groups[g]
 
-    def key_bounds(self):
-        """(first keys, last keys) of every shard in this table's order, as object arrays with None for
-        a shard whose record has none (an empty shard, or one written before bounds were recorded)."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if "first_key" not in self.columns:
-            return np.full(len(self.rows), None, dtype=object), np.full(len(self.rows), None, dtype=object)
-        cols = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["first_key", "last_key"], use_threads=False)
-        return tuple(np.asarray(c.to_pylist(), dtype=object)[self.rows] for c in cols.columns)
-
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
@@ -175,43 +217,6 @@ class ShardTable:
 
     def __getstate__(self):
         return {**self.__dict__, "_groups": None}  # decoded row groups stay in their process
-
-    @property
-    def formats(self) -> list[str]:
-        return sorted(set(self._formats[self.rows].tolist()))
-
-    @property
-    def samples(self):
-        """Samples of each shard, as an int64 numpy array in this table's order."""
-        return self._samples[self.rows]
-
-    @property
-    def nbytes(self):
-        """Bytes of each shard file, as an int64 numpy array in this table's order."""
-        return self._bytes[self.rows]
-
-    @property
-    def ids(self):
-        """Shard ids, as an int64 numpy array in this table's order."""
-        return self._ids[self.rows]
-
-    def strings(self, name: str) -> list:
-        """Column `name` (sha256, path, ...) of these shards, in this table's order (read when asked)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        column = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=[name], use_threads=False).column(0)
-        return column.take(self.rows).to_pylist()
-
-    def content_digest(self) -> str:
-        """xxh3 of the shards' sha256s in this table's order: equal for the same shard files
-        wherever they are kept, different for other contents (read from the table when asked)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        import xxhash
-
-        sums = pq.ParquetFile(pa.BufferReader(self.blob)).read(columns=["sha256"], use_threads=False).column(0)
-        return xxhash.xxh3_64_hexdigest("\n".join(sums.take(self.rows).to_pylist()).encode())
 
     def of(self, fmt: str) -> "ShardTable":
         """The shards of one format, ordered by id: a view, the columns are shared."""

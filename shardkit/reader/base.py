@@ -24,26 +24,9 @@ from shardkit.reader.tokens import STORED
 GROUP_ROWS = 512
 
 
-class EpochDataset(IterableDataset):
-    """An IterableDataset read in epochs: exactly-once over ranks x workers, resumable.
-
-    The contract a subclass fills, and nothing more: it sets `config` (StreamConfig), `reader`
-    (BatchReader), `tokens` (TokenBatches or None), `fields` and `field_specs`, `transform`,
-    `batch_transform`, `rank`, `world_size` and `position` (Position), and gives `epoch_plan`,
-    `__len__` and `plan_fields` (what fixes the order: saved in the loader's state and compared on
-    restore); `state_extra` / `check_state` add what tells one dataset from another. The plan's
-    options and the slots a batch fills follow from those here. Two hooks only a mixture needs (`check_loader`, `yielded`)
-    do nothing unless overridden.
-    """
-
-    position: Position
-
-    def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False,
-                   world_size: int | None = None):
-        """This rank's plan of `epoch` after resume `layers` (rank 0's at another `world_size`)."""
-        raise NotImplementedError
-
-    # -- the state contract: what the loader saves besides the position, and its check on restore
+class StateContract:
+    """The state contract of an EpochDataset: what the loader saves besides the position, and its
+    check on restore."""
 
     def plan_fields(self) -> dict:
         """What fixes an epoch's order, saved in the loader's state and compared key by key on restore."""
@@ -57,24 +40,9 @@ class EpochDataset(IterableDataset):
     def check_state(self, state: dict) -> None:
         """Raise a ConfigError when a saved loader state cannot resume this dataset."""
 
-    @property
-    def plan(self) -> Plan:
-        """The epoch layout these options give (one sample per batch)."""
-        c = self.config
-        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
 
-    def slotted_fields(self) -> int:
-        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
-        fixed-shape rows, arrays, token fields)."""
-        return slotted_fields(self.field_specs, self.fields, self.tokens)
-
-    # -- hooks only a mixture needs
-
-    def check_loader(self, batch_size: int, drop_last: bool) -> None:
-        """Raise a ConfigError when make_loader's batching does not fit this dataset."""
-
-    def yielded(self, batch, size: int) -> None:
-        """Main process: `batch` (`size` planned samples) is about to reach the training loop."""
+class Progress:
+    """Where an EpochDataset stands in its epochs: read from, and moved through, its `position`."""
 
     @property
     def padding(self) -> int:
@@ -103,6 +71,10 @@ class EpochDataset(IterableDataset):
         """Go to the first sample of `epoch`, whatever was consumed (e.g. a validation pass)."""
         self.position.jump(epoch)
 
+
+class ReaderCounts:
+    """What an EpochDataset's `reader` counted in every worker: shards and samples skipped, network figures."""
+
     @property
     def skipped_shards(self) -> list[str]:
         """Paths of shards skipped as unreadable under on_error='skip' (seen by any worker)."""
@@ -122,6 +94,46 @@ class EpochDataset(IterableDataset):
     def skipped_samples(self) -> int:
         """Samples left out under on_error='skip' because their bytes failed the checksum (all workers)."""
         return int(self.reader.skipped.sum())
+
+
+class EpochDataset(IterableDataset, StateContract, Progress, ReaderCounts):
+    """An IterableDataset read in epochs: exactly-once over ranks x workers, resumable.
+
+    The contract a subclass fills, and nothing more: it sets `config` (StreamConfig), `reader`
+    (BatchReader), `tokens` (TokenBatches or None), `fields` and `field_specs`, `transform`,
+    `batch_transform`, `rank`, `world_size` and `position` (Position), and gives `epoch_plan`,
+    `__len__` and `plan_fields` (what fixes the order: saved in the loader's state and compared on
+    restore); `state_extra` / `check_state` add what tells one dataset from another. The plan's
+    options and the slots a batch fills follow from those here. Two hooks only a mixture needs (`check_loader`, `yielded`)
+    do nothing unless overridden. The state contract's defaults, the epoch progress and the reader's
+    counts are in StateContract, Progress and ReaderCounts.
+    """
+
+    position: Position
+
+    def epoch_plan(self, epoch: int, layers=(), batch_size: int = 1, drop_last: bool = False,
+                   world_size: int | None = None):
+        """This rank's plan of `epoch` after resume `layers` (rank 0's at another `world_size`)."""
+        raise NotImplementedError
+
+    @property
+    def plan(self) -> Plan:
+        """The epoch layout these options give (one sample per batch)."""
+        c = self.config
+        return Plan(seed=c.seed, shuffle=c.shuffle, shuffle_buffer=c.shuffle_buffer, drop_remainder=c.drop_remainder)
+
+    def slotted_fields(self) -> int:
+        """Tensors per batch that fill reusable shared slots in make_loader's workers (images,
+        fixed-shape rows, arrays, token fields)."""
+        return slotted_fields(self.field_specs, self.fields, self.tokens)
+
+    # -- hooks only a mixture needs
+
+    def check_loader(self, batch_size: int, drop_last: bool) -> None:
+        """Raise a ConfigError when make_loader's batching does not fit this dataset."""
+
+    def yielded(self, batch, size: int) -> None:
+        """Main process: `batch` (`size` planned samples) is about to reach the training loop."""
 
     def batches(self, batch_size: int, drop_last: bool = False, transport=None):
         """This worker's batches from the published position: {'__key__': [str], field: tensor or

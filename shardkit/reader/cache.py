@@ -153,16 +153,13 @@ class ShardCache:
             if fd is None:
                 if not wait:
                     return None
-                time.sleep(pause)
-                pause = min(2 * pause, 0.5)
+                pause = _backoff(pause)
                 continue
             got = self._fill(fd, rel, (sha256, nbytes, verify), direct)
             if got is not None:
                 return got
             evicted += 1
-        raise ShardError(f"cannot keep {join(self.root, rel)} in the cache: other processes evicted it "
-                         f"{ATTEMPTS} times before it could be opened; cache_limit={self.limit} bytes is too "
-                         "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
+        raise _evicted_too_often(join(self.root, rel), self.limit)
 
     def _fill(self, fd: int, rel: str, expect: tuple, direct: bool) -> tuple[str, Pin] | None:
         """With `fd` (rel's lock) held exclusively: fetch `rel` unless another process just did, then
@@ -312,6 +309,19 @@ class ShardCache:
 # (which lives and dies with it): a copy of another build of the dataset (rebuilt since, same paths
 # and sizes) must not be read as this one's. Its values' checksums would not tell: a Parquet shard
 # carries them inside, and a tar shard's index sidecar is stamped like any cached file.
+def _backoff(pause: float) -> float:
+    """Sleeps `pause` seconds; returns the next pause, twice as long, at most 0.5 s."""
+    time.sleep(pause)
+    return min(2 * pause, 0.5)
+
+
+def _evicted_too_often(url: str, limit: int | None) -> ShardError:
+    """The error when other processes evicted a file ATTEMPTS times before it could be pinned."""
+    return ShardError(f"cannot keep {url} in the cache: other processes evicted it "
+                      f"{ATTEMPTS} times before it could be opened; cache_limit={limit} bytes is too "
+                      "small for the shards in use at once: raise it (StreamingDataset(cache_limit=...))")
+
+
 def _stamp(fd: int, sha256: str) -> None:
     """Record in lock fd that its file was fetched (and checked) for `sha256`."""
     os.ftruncate(fd, 0)

@@ -15,7 +15,7 @@ from shardkit.reader.batches import BatchReader
 from shardkit.reader.partition import EpochPlan, rank_size
 from shardkit.reader.lookup import MISSING, Lookup
 from shardkit.reader.position import Position
-from shardkit.reader.selection import SelectedOrder, Selection, part_of
+from shardkit.reader.selection import SelectedOrder, Selection, check_not_empty, check_tables, part_of
 from shardkit.reader.tokens import TokenBatches, resolve as resolve_tokens
 
 
@@ -59,7 +59,7 @@ class StreamingDataset(EpochDataset):
             self.selection = Selection([part_of(self.src, self.manifest, self.shards, self.config.where,
                                                 self.config.remote_policy())], self.config.remote_policy())
             self.counts = self.selection.counts
-            self.selection.check_not_empty([repr(self.src)])  # not "the dataset has no samples"
+            check_not_empty(self.selection, [repr(self.src)])  # not "the dataset has no samples"
         self.rank, self.world_size = rank_world()
         self.position = Position()
         self._lookup, self._digest = None, None
@@ -117,7 +117,7 @@ class StreamingDataset(EpochDataset):
                               f"(digest {self.digest()}): resume with the dataset the state was saved from, or "
                               "start this one without loading the state")
         if self.selection is not None and "attributes" in state:  # a state of an earlier version has none
-            self.selection.check_tables([state["attributes"]], [repr(self.src)])
+            check_tables(self.selection, [state["attributes"]], [repr(self.src)])
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""

@@ -97,17 +97,13 @@ class Selection:
         start = time.perf_counter()
         kept = np.zeros(len(part.ids), np.int64)
         for j, shard_id in enumerate(part.ids.tolist()):  # the last MASKS_KEPT masks stay for the reads
-            mask = make_mask(self._evaluate(part, shard_id))
+            mask = make_mask(_evaluate(part, shard_id, self.policy))
             kept[j] = mask.kept
             self._keep(first + j, mask)
         log.info("where=%r: counted the kept samples of %d shards from their attribute tables in %.1f s (`shardkit "
                  "annotate %s --select %r` stores the counts with the dataset: no process then reads them all)",
                  part.where.text, len(part.ids), time.perf_counter() - start, part.root, part.where.text)
         return kept
-
-    def _evaluate(self, part: Part, shard_id: int) -> np.ndarray:
-        info = part.attributes.info(shard_id)
-        return part.where.mask(read_columns(part.root, info, part.where.columns, self.policy))
 
     def stored(self, ids) -> np.ndarray:
         """The reader's ids (stored rows, shard by shard) of kept ids."""
@@ -124,7 +120,7 @@ class Selection:
         part = self.parts[p]
         mask = None
         if part.where is not None:
-            mask = make_mask(self._evaluate(part, int(part.ids[s - self.first[p]])))
+            mask = make_mask(_evaluate(part, int(part.ids[s - self.first[p]]), self.policy))
             if mask.kept != self.counts[s]:  # the attribute table changed since the counts were taken
                 raise ShardError(f"where={part.where.text!r} keeps {mask.kept} samples of shard "
                                  f"{int(part.ids[s - self.first[p]])} of {part.root}, the plan counted "
@@ -166,27 +162,6 @@ class Selection:
         held = [m for m in self._masks.values() if m is not None]
         return sum(m.nbytes for m in held), sum(m.size for m in held)
 
-    def check_not_empty(self, names: list[str]) -> None:
-        """A ConfigError when a part's where= keeps no sample: the expression, the samples it was
-        asked of, and how many pass each of its conditions (a comparison that none passes, or two that
-        pass for different samples), counted over the attribute tables (at most EXPLAIN_SHARDS)."""
-        for part, name, kept in zip(self.parts, names, np.split(self.counts, self.first[1:-1])):
-            if part.where is None or int(kept.sum()):
-                continue
-            ids = part.ids[:EXPLAIN_SHARDS].tolist()
-            passing = dict.fromkeys(part.where.conditions(), 0)
-            for shard_id in ids:
-                info = part.attributes.info(int(shard_id))
-                for c, n in part.where.passing(read_columns(part.root, info, part.where.columns, self.policy)).items():
-                    passing[c] += n
-            total = int(part.samples[:len(ids)].sum())
-            over = "" if len(ids) == len(part.ids) else f" (over its first {len(ids)} of {len(part.ids)} shards)"
-            counts = "; ".join(f"{c}: {n} of {total}" for c, n in passing.items())
-            raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of "
-                              f"{name} (the selection is empty, not the dataset); samples that pass each "
-                              f"condition{over}: {counts}; loosen the expression (a missing value passes no "
-                              "comparison)")
-
     def tables(self) -> list[dict | None]:
         """Per part, the attribute tables its where= selects from (None without where=), for a loader
         state: `digest`, an xxh3 of their sha256s in reader order, and `tables`, 8 hex digits of each
@@ -205,27 +180,6 @@ class Selection:
                                      "tables": "".join(h[:8] for h in sums)})
         return self._tables
 
-    def check_tables(self, saved: list, names: list[str]) -> None:
-        """A ConfigError unless each part's where= selects from the attribute tables it selected from
-        when the state was saved (`saved`: tables() then; a part saved without any is not checked).
-        Re-scored tables (`shardkit annotate`) may keep as many samples per shard, but others: a
-        resume would then read some samples twice and others never."""
-        for part, name, then, now in zip(self.parts, names, saved, self.tables()):
-            if not isinstance(then, dict) or now is None or then.get("digest") == now["digest"]:
-                continue
-            old, new = str(then.get("tables", "")), now["tables"]
-            changed = [j for j in range(len(part.ids)) if old[8 * j:8 * j + 8] != new[8 * j:8 * j + 8]]
-            which = "which ones could not be told"
-            if changed and len(old) == len(new):
-                named = [f"{part.attributes.info(int(part.ids[j])).path} (shard {int(part.ids[j])})"
-                         for j in changed[:3]]
-                which = f"{len(changed)} of {len(part.ids)}: " + ", ".join(named) + (" …" if len(changed) > 3 else "")
-            raise ConfigError(f"the loader state was saved while where={part.where.text!r} selected from other "
-                              f"attribute tables of {name} than it does now ({which}): `shardkit annotate` rewrote "
-                              "them since, so the samples kept differ even where their counts do not, and a resume "
-                              "would read some twice and others never; resume against the tables the state was "
-                              "saved with, or start without loading the state")
-
     def __getstate__(self):
         return {**self.__dict__, "_masks": OrderedDict(), "_lock": None}  # masks are made in the process that reads
 
@@ -236,6 +190,56 @@ class Selection:
         """Itself: a copy of a plan for another thread of this process (the remote walk) shares the
         masks made here (read-only, behind the lock) rather than reading the attribute tables again."""
         return self
+
+
+def _evaluate(part: Part, shard_id: int, policy) -> np.ndarray:
+    """The where= mask of stored shard `shard_id` of `part`, from its attribute table."""
+    info = part.attributes.info(shard_id)
+    return part.where.mask(read_columns(part.root, info, part.where.columns, policy))
+
+
+def check_not_empty(selection: Selection, names: list[str]) -> None:
+    """A ConfigError when the where= of a part of `selection` keeps no sample: the expression, the samples
+    it was asked of, and how many pass each of its conditions (a comparison that none passes, or two that
+    pass for different samples), counted over the attribute tables (at most EXPLAIN_SHARDS)."""
+    for part, name, kept in zip(selection.parts, names, np.split(selection.counts, selection.first[1:-1])):
+        if part.where is None or int(kept.sum()):
+            continue
+        ids = part.ids[:EXPLAIN_SHARDS].tolist()
+        passing = dict.fromkeys(part.where.conditions(), 0)
+        for shard_id in ids:
+            info = part.attributes.info(int(shard_id))
+            for c, n in part.where.passing(read_columns(part.root, info, part.where.columns, selection.policy)).items():
+                passing[c] += n
+        total = int(part.samples[:len(ids)].sum())
+        over = "" if len(ids) == len(part.ids) else f" (over its first {len(ids)} of {len(part.ids)} shards)"
+        counts = "; ".join(f"{c}: {n} of {total}" for c, n in passing.items())
+        raise ConfigError(f"where={part.where.text!r} keeps none of the {int(part.samples.sum())} samples of "
+                          f"{name} (the selection is empty, not the dataset); samples that pass each "
+                          f"condition{over}: {counts}; loosen the expression (a missing value passes no "
+                          "comparison)")
+
+
+def check_tables(selection: Selection, saved: list, names: list[str]) -> None:
+    """A ConfigError unless the where= of each part of `selection` selects from the attribute tables it
+    selected from when the state was saved (`saved`: tables() then; a part saved without any is not checked).
+    Re-scored tables (`shardkit annotate`) may keep as many samples per shard, but others: a
+    resume would then read some samples twice and others never."""
+    for part, name, then, now in zip(selection.parts, names, saved, selection.tables()):
+        if not isinstance(then, dict) or now is None or then.get("digest") == now["digest"]:
+            continue
+        old, new = str(then.get("tables", "")), now["tables"]
+        changed = [j for j in range(len(part.ids)) if old[8 * j:8 * j + 8] != new[8 * j:8 * j + 8]]
+        which = "which ones could not be told"
+        if changed and len(old) == len(new):
+            named = [f"{part.attributes.info(int(part.ids[j])).path} (shard {int(part.ids[j])})"
+                     for j in changed[:3]]
+            which = f"{len(changed)} of {len(part.ids)}: " + ", ".join(named) + (" …" if len(changed) > 3 else "")
+        raise ConfigError(f"the loader state was saved while where={part.where.text!r} selected from other "
+                          f"attribute tables of {name} than it does now ({which}): `shardkit annotate` rewrote "
+                          "them since, so the samples kept differ even where their counts do not, and a resume "
+                          "would read some twice and others never; resume against the tables the state was "
+                          "saved with, or start without loading the state")
 
 
 class SelectedOrder:

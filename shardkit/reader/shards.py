@@ -178,19 +178,7 @@ class ParquetShard:
         self._direct: dict = {}  # field -> (offsets, sizes) of every row's value, or None
         self._whole: dict = {}   # int column -> (values, validity), read once
         if checks and shard.sums:
-            self._check_sums(shard.sums)
-
-    def _check_sums(self, recorded: str) -> None:
-        """The checksums in the file (and its keys) are those the manifest records: every value is
-        checked against them, so a shard replaced by another build's, whose values pass its own
-        checksums, is refused here, before any value is served. 8 bytes a value are read (the
-        checksum columns, which checked reads read anyway), not the whole file's sha256."""
-        sums = {n: self._ints(n) for n in self.columns if n.endswith(CHECKSUM_SUFFIX)}
-        got = sums_digest(self.keys, sums)
-        if got != recorded:
-            raise ShardError(f"shard {self.url}: its keys and checksums are not those the manifest records (digest "
-                             f"{got[:16]}…, the manifest says {recorded[:16]}…): the file was replaced since the "
-                             "build (another build's shard, or damage); rebuild or re-upload the dataset")
+            _check_sums(self, shard.sums)
 
     def direct(self, field: str):
         """(offsets, sizes) of each row's value in the file (-1 where null), or None when the column
@@ -241,13 +229,6 @@ class ParquetShard:
             sums = sums.fill_null(0)
         return sums.to_numpy(zero_copy_only=False)[local]
 
-    def _by_group(self, rows):
-        rows = np.asarray(rows, np.int64)
-        groups = np.searchsorted(self.starts, rows, side="right") - 1
-        for g in np.unique(groups):
-            sel = np.nonzero(groups == g)[0]
-            yield int(g), sel, rows[sel] - self.starts[g]
-
     def values(self, field: str, rows) -> list:
         """Stored values of `field` at `rows` (binary as bytes, json parsed); None where null."""
         rows = np.asarray(rows, np.int64)
@@ -256,7 +237,7 @@ class ParquetShard:
         if self.specs[field]["kind"] == "int":
             return self._int_values(field, rows)
         out: list = [None] * len(rows)
-        for g, sel, local in self._by_group(rows):
+        for g, sel, local in _by_group(self.starts, rows):
             # Bytes as stored (a string column viewed as binary: no UTF-8 check yet), checked first.
             arr, sums = _as_binary(self._group(g, field)), self._sums(g, field, local)
             raw = arr.take(local).to_pylist()  # bytes or None each; one C loop, not a scalar per row
@@ -303,7 +284,7 @@ class ParquetShard:
         nbytes = out.shape[1]
         positions = np.asarray(positions)
         present = np.ones(len(rows), bool)
-        for g, sel, local in self._by_group(rows):
+        for g, sel, local in _by_group(self.starts, rows):
             arr = self._group(g, field)
             # fixed_size_binary: buffer 1 is the values, contiguous; a view, no copy.
             view = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * nbytes:(arr.offset + len(arr)) * nbytes]
@@ -333,6 +314,29 @@ class ParquetShard:
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
+
+
+def _check_sums(shard: ParquetShard, recorded: str) -> None:
+    """The checksums in the shard's file (and its keys) are those the manifest records: every value is
+    checked against them, so a shard replaced by another build's, whose values pass its own
+    checksums, is refused here, before any value is served. 8 bytes a value are read (the
+    checksum columns, which checked reads read anyway), not the whole file's sha256."""
+    sums = {n: shard._ints(n) for n in shard.columns if n.endswith(CHECKSUM_SUFFIX)}
+    got = sums_digest(shard.keys, sums)
+    if got != recorded:
+        raise ShardError(f"shard {shard.url}: its keys and checksums are not those the manifest records (digest "
+                         f"{got[:16]}…, the manifest says {recorded[:16]}…): the file was replaced since the "
+                         "build (another build's shard, or damage); rebuild or re-upload the dataset")
+
+
+def _by_group(starts: np.ndarray, rows):
+    """(row group g, positions in `rows`, rows local to g) for each row group the rows fall in (`starts`:
+    each group's first row, then the row count)."""
+    rows = np.asarray(rows, np.int64)
+    groups = np.searchsorted(starts, rows, side="right") - 1
+    for g in np.unique(groups):
+        sel = np.nonzero(groups == g)[0]
+        yield int(g), sel, rows[sel] - starts[g]
 
 
 def _check_schema(schema, specs: dict, url: str) -> None:

@@ -133,6 +133,16 @@ def _estimates(table, opts: ScanOptions) -> np.ndarray:
     return np.where(has_image & is_file, resized, size).astype(np.int64)
 
 
+def _check_parquet(parquet: list[dict], cfg: BuildConfig, opts: ScanOptions) -> None:
+    """ConfigError when SRC's Parquet rows (their files' infos) hold none of the columns asked for."""
+    if parquet and not any(i["text"] or i["image"] for i in parquet):
+        raise ConfigError(f"no Parquet file in SRC has a column {opts.text_field!r} (--text-field) or "
+                          f"{opts.image_field!r} (--image-field); its columns are e.g. "
+                          f"{', '.join(parquet[0]['columns'])}")
+    if cfg.label_field and not parquet:
+        raise ConfigError("--label-field names a column of Parquet sources, and SRC holds no Parquet rows")
+
+
 def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildConfig,
                    opts: ScanOptions) -> Inventory:
     """Order everything by key (exploding the rare row files that interleave with other keys)."""
@@ -143,12 +153,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     if cfg.label_field:  # a file whose label column has the other type is rejected alone
         counts = reject_odd_label_types(listing.row_files, counts, cfg.label_field)
     parquet = [counts[rf.id].parquet for rf in listing.row_files if rf.kind == "parquet" and counts[rf.id].rows]
-    if parquet and not any(i["text"] or i["image"] for i in parquet):
-        raise ConfigError(f"no Parquet file in SRC has a column {opts.text_field!r} (--text-field) or "
-                          f"{opts.image_field!r} (--image-field); its columns are e.g. "
-                          f"{', '.join(parquet[0]['columns'])}")
-    if cfg.label_field and not parquet:
-        raise ConfigError("--label-field names a column of Parquet sources, and SRC holds no Parquet rows")
+    _check_parquet(parquet, cfg, opts)
     blow = O.exploded(listing.files, listing.row_files, counts)
     extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id])) for rf in listing.row_files
              if rf.id in blow]

@@ -136,6 +136,22 @@ def _resync(f, pos: int, size: int) -> int:
     return size
 
 
+def _damaged(f, start: int, after: int, size: int, block: bytes):
+    """Yields the Damage from `start` to the next header found from `after` on; returns that header's offset."""
+    stop = _resync(f, after, size)
+    yield Damage(start, stop, name_hint(block))
+    return stop
+
+
+def _read_meta(f, kind: bytes, data: int, length: int, extra: dict) -> None:
+    """Adds what a meta member at `data` says of the next member to `extra`: its GNU long name, or its pax records."""
+    payload = read_at(f, data, length)
+    if kind == tarfile.GNUTYPE_LONGNAME:
+        extra["path"] = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    elif kind in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
+        extra.update(_pax(payload))
+
+
 def members(f, size: int):
     """Members (folders left out), Damage and Truncated events of the tar in `f` (a seekable binary file
     of `size` bytes), in file order. The end is clean when the file ends in end-of-archive (zero) blocks; a
@@ -152,23 +168,15 @@ def members(f, size: int):
         try:
             name, length, kind = header(block)
         except tarfile.HeaderError:
-            stop = _resync(f, pos + BLOCK, size)
-            yield Damage(pos, stop, name_hint(block))
-            pos, start, extra = stop, None, {}
+            pos, start, extra = (yield from _damaged(f, pos, pos + BLOCK, size, block)), None, {}
             continue
         zeros, start = False, pos if start is None else start
         data = pos + BLOCK
         if kind in _META_TYPES:
             if length > MAX_META or data + length > size:
-                stop = _resync(f, data, size)
-                yield Damage(start, stop, name_hint(block))
-                pos, start, extra = stop, None, {}
+                pos, start, extra = (yield from _damaged(f, start, data, size, block)), None, {}
                 continue
-            payload = read_at(f, data, length)
-            if kind == tarfile.GNUTYPE_LONGNAME:
-                extra["path"] = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif kind in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
-                extra.update(_pax(payload))
+            _read_meta(f, kind, data, length, extra)
             pos = data + padded(length)
             continue
         length = 0 if kind in _NO_DATA else extra.get("size", length)

@@ -242,12 +242,35 @@ def _info(groups: list[_Group], rejections: list) -> dict:
             "cls": {"samples": len(labelled), "max": max(labelled, default=-1)}, "rejections": rejections}
 
 
+def _write_index(groups: list, keys: list[str], opts, base: str) -> np.ndarray:
+    """Writes a tar's row index (base.npy) and keys file (base.keys.arrow), samples in key order; returns the index."""
+    import pyarrow as pa
+
+    from shardkit.store import writer
+
+    order = sorted(range(len(groups)), key=keys.__getitem__)
+    index = np.empty(len(groups), INDEX_DTYPE)
+    index["number"] = [groups[i].number for i in order]
+    index["offset"] = [groups[i].start for i in order]
+    index["length"] = [groups[i].end - groups[i].start for i in order]
+    index["cum"] = np.cumsum([_estimate(groups[i], opts.image_estimate) for i in order]) if order else []
+    with writer(base + ".npy") as f:
+        np.save(f, index)
+    # Where each field's bytes lie in the sample's span: a unit slices them out without parsing headers.
+    layout = pa.list_(pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64())]))
+    table = pa.table({"key": pa.array([keys[i] for i in order], pa.string()),
+                      "member": pa.array([groups[i].key for i in order], pa.string()),
+                      "layout": pa.array([[dict(zip(("ext", "offset", "size"), m)) for m in groups[i].layout]
+                                          for i in order], layout)})
+    with writer(base + ".keys.arrow") as f, pa.ipc.new_file(f, table.schema) as ipc:
+        ipc.write_table(table)
+    return index
+
+
 def count_tar(rf, opts, base: str) -> RowCount:
     """The counting task of one tar: its row index (samples in key order), keys file and count,
     written under `base` (.npy, .keys.arrow, then .json last: it marks the count complete)."""
-    import pyarrow as pa
-
-    from shardkit.store import write, writer
+    from shardkit.store import write
 
     try:
         with open_source(opts.root, rf.rel) as f:
@@ -268,22 +291,7 @@ def count_tar(rf, opts, base: str) -> RowCount:
     if not count.seen and (size == 0 or count.no_header):
         return RowCount(0, 0, 0, 0, 0, "", error=_not_a_tar(size))
     groups, keys = _unique(rf, groups, count.rejections)
-    order = sorted(range(len(groups)), key=keys.__getitem__)
-    index = np.empty(len(groups), INDEX_DTYPE)
-    index["number"] = [groups[i].number for i in order]
-    index["offset"] = [groups[i].start for i in order]
-    index["length"] = [groups[i].end - groups[i].start for i in order]
-    index["cum"] = np.cumsum([_estimate(groups[i], opts.image_estimate) for i in order]) if order else []
-    with writer(base + ".npy") as f:
-        np.save(f, index)
-    # Where each field's bytes lie in the sample's span: a unit slices them out without parsing headers.
-    layout = pa.list_(pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64())]))
-    table = pa.table({"key": pa.array([keys[i] for i in order], pa.string()),
-                      "member": pa.array([groups[i].key for i in order], pa.string()),
-                      "layout": pa.array([[dict(zip(("ext", "offset", "size"), m)) for m in groups[i].layout]
-                                          for i in order], layout)})
-    with writer(base + ".keys.arrow") as f, pa.ipc.new_file(f, table.schema) as ipc:
-        ipc.write_table(table)
+    index = _write_index(groups, keys, opts, base)
     rows = len(index)
     result = RowCount(rows, 0, max(rows - 1, 0), max(rows - 1, 0), int(index["cum"][-1]) if rows else 0,
                       base + ".npy", keys=base + ".keys.arrow", tar=_info(groups, count.rejections))

@@ -137,6 +137,21 @@ def labels_on(setting: bool | None, subfolders: set[str], images: int, top_image
     return len(subfolders) == 1 and images > 0 and top_images == 0
 
 
+def _folder(entry, rel: str, listing: Listing, subdirs: list[str], out: str | None) -> None:
+    """A subfolder met in the walk: to visit (appended to `subdirs`), or rejected with the reason."""
+    rejections = listing.rejections
+    if entry.name.startswith("."):
+        rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
+    elif entry.is_symlink():
+        rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
+    elif reason := not_input(entry.path, out):
+        rejections.append(Rejection(rel + "/", "source", reason))
+    else:
+        if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
+            listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
+        subdirs.append(rel)
+
+
 def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs: list[str], out: str | None):
     """(relpath, stat) of the regular files of one folder, sorted; subfolders to visit go to `subdirs`."""
     rejections = listing.rejections
@@ -153,16 +168,7 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
             rejections.append(Rejection(_printable(rel), "source", reason))
             continue
         if entry.is_dir():  # follows symlinks, as os.walk lists them
-            if entry.name.startswith("."):
-                rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
-            elif entry.is_symlink():
-                rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
-            elif reason := not_input(entry.path, out):
-                rejections.append(Rejection(rel + "/", "source", reason))
-            else:
-                if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
-                    listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
-                subdirs.append(rel)
+            _folder(entry, rel, listing, subdirs, out)
             continue
         if entry.name.startswith("."):
             rejections.append(Rejection(rel, "source", "hidden file: not read"))

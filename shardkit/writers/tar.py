@@ -86,6 +86,30 @@ def _member_views(array, sums):
     return valid, lambda i: data[offsets[i]:offsets[i + 1]], lambda i: int(sums[i])
 
 
+def _write_members(f, table, names: list[str], keys: list[str], offsets: dict, sizes: dict, sums: dict) -> None:
+    """Writes each sample of `table` as `{key}.{field}` members to f, noting its key and, per field, each
+    member's data offset, size and checksum (-1, -1, 0 where the sample lacks the field)."""
+    for batch in table.to_batches():
+        batch_keys = batch.column("__key__").to_pylist()
+        columns = [(name, *_member_views(batch.column(name), batch.column(name + CHECKSUM_SUFFIX)))
+                   for name in names]
+        for i, key in enumerate(batch_keys):
+            keys.append(key)
+            for name, valid, member, member_sum in columns:
+                if not valid[i]:
+                    offsets[name].append(-1)
+                    sizes[name].append(-1)
+                    sums[name].append(0)
+                    continue
+                data = member(i)
+                f.write(_header(f"{key}.{name}", len(data)))
+                offsets[name].append(f.n)
+                sizes[name].append(len(data))
+                sums[name].append(member_sum(i))
+                f.write(data)
+                f.write(b"\0" * (-len(data) % BLOCK))
+
+
 def write_tar_table(table, root: str, shard_id: int, fields: dict, durable: bool = True) -> ShardInfo:
     """Write a samples_table (possibly concatenated from work units) as `{key}.{field}` members.
 
@@ -105,25 +129,7 @@ def write_tar_table(table, root: str, shard_id: int, fields: dict, durable: bool
     sums = {n: [] for n in names}
     with atomic_writer(os.path.join(root, rel), durable=durable) as raw:
         f = _HashingFile(raw)
-        for batch in table.to_batches():
-            batch_keys = batch.column("__key__").to_pylist()
-            columns = [(name, *_member_views(batch.column(name), batch.column(name + CHECKSUM_SUFFIX)))
-                       for name in names]
-            for i, key in enumerate(batch_keys):
-                keys.append(key)
-                for name, valid, member, member_sum in columns:
-                    if not valid[i]:
-                        offsets[name].append(-1)
-                        sizes[name].append(-1)
-                        sums[name].append(0)
-                        continue
-                    data = member(i)
-                    f.write(_header(f"{key}.{name}", len(data)))
-                    offsets[name].append(f.n)
-                    sizes[name].append(len(data))
-                    sums[name].append(member_sum(i))
-                    f.write(data)
-                    f.write(b"\0" * (-len(data) % BLOCK))
+        _write_members(f, table, names, keys, offsets, sizes, sums)
         f.write(b"\0" * (2 * BLOCK))
         f.write(b"\0" * (-f.n % RECORD))
         digest, nbytes = f.h.hexdigest(), f.n

@@ -98,6 +98,16 @@ def _check_dict(sample) -> str:
         raise BadSample(str(e)) from None
 
 
+def _int_value(value, kind: str, bad) -> int:
+    """The stored form of an int field's value, or the BadSample `bad` makes when it is no int64."""
+    if kind != "int":
+        raise bad(f"expected an int, got a {kind}")
+    value = int(value)
+    if not -2**63 <= value < 2**63:
+        raise bad(f"{value} does not fit in int64", mismatch=False)
+    return value
+
+
 def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool = True):
     """The stored form of one value (bytes, int, str or dict), or BadSample naming key and field.
     copy=False leaves an array as a C-contiguous ndarray, possibly the caller's own, to be copied
@@ -124,12 +134,7 @@ def store(key: str, name: str, spec: dict, value, cfg: WriterConfig, copy: bool 
     if want == "array":
         return _array_value(value, spec, bad, kind, copy)
     if want == "int":
-        if kind != "int":
-            raise bad(f"expected an int, got a {kind}")
-        value = int(value)
-        if not -2**63 <= value < 2**63:
-            raise bad(f"{value} does not fit in int64", mismatch=False)
-        return value
+        return _int_value(value, kind, bad)
     if want == "text":
         if kind != "text":
             raise bad(f"expected a str, got a {kind}")

@@ -290,6 +290,24 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None, curation) -> BuildResult
     return _finish(b, results, start)
 
 
+def _build_record(b: _Plan, samples: int, stats: dict) -> tuple[dict, dict]:
+    """The manifest's `build` record (the config and its hash, what dedup and curation did), and the
+    curation counts among stats."""
+    cfg = b.cfg
+    build_record = {"config": cfg.recorded(), "hash": b.config_hash}
+    if b.dedup is not None:
+        build_record["dedup"] = dedup_record(b.dedup.summary, samples)
+        if cfg.annotate:  # marked in the attribute `duplicate`, not removed
+            build_record["dedup"].update(removed=0, marked=b.dedup.summary["removed"], source_samples=samples)
+    if b.exact is not None:
+        build_record["dedup_exact"] = {"removed": b.exact.summary["removed"], "report": "dedup/exact/summary.json"}
+    curated = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
+    if b.curation:
+        build_record["curation"] = {"filters": b.curation.record(), "counts": curated,
+                                    "filtered": f"{FILTERED_DIR}/filtered-*.parquet"}
+    return build_record, curated
+
+
 def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     """errors.jsonl, then the manifest (last), then the summary."""
     cfg = b.cfg
@@ -307,17 +325,7 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
         add_stats(stats, r.stats)
     if samples == 0 and not cfg.allow_empty:  # errors.jsonl says why; no manifest: nothing looks built
         raise EmptyInput(_nothing_passed(cfg, rejections, stats, b))
-    build_record = {"config": cfg.recorded(), "hash": b.config_hash}
-    if b.dedup is not None:
-        build_record["dedup"] = dedup_record(b.dedup.summary, samples)
-        if cfg.annotate:  # marked in the attribute `duplicate`, not removed
-            build_record["dedup"].update(removed=0, marked=b.dedup.summary["removed"], source_samples=samples)
-    if b.exact is not None:
-        build_record["dedup_exact"] = {"removed": b.exact.summary["removed"], "report": "dedup/exact/summary.json"}
-    curated = {k: v for k, v in sorted(stats.items()) if k.startswith(STAT + ".")}
-    if b.curation:
-        build_record["curation"] = {"filters": b.curation.record(), "counts": curated,
-                                    "filtered": f"{FILTERED_DIR}/filtered-*.parquet"}
+    build_record, curated = _build_record(b, samples, stats)
     tok_stats = {k: v for k, v in sorted(stats.items()) if k not in curated}
     extra = {} if b.tok is None else {"tokenizer": dict(b.tok.to_dict(), stats=tok_stats)}
     classes = b.scanned.classes if "cls" in b.fields else None  # packed token rows drop the labels
