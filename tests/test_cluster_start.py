@@ -197,3 +197,20 @@ def test_a_stop_drops_the_event_loops_tracebacks_too(monkeypatch, name):
     cluster.silence_for_stop()
     logger.error("Task exception was never retrieved")
     assert seen == ["before the stop"]
+
+
+def test_worker_processes_see_store_credentials_exported_after_the_fork_server_started(monkeypatch):
+    """The fork server keeps the environment of its start; a key exported since reaches the workers
+    all the same (a notebook that sets AWS_ACCESS_KEY_ID between two builds)."""
+    import os
+
+    from shardkit.jobs.cluster import dask_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "first-key")
+    with dask_client(None, 2) as client:  # starts the fork server (if not yet)
+        assert set(client.run(os.environ.get, "AWS_ACCESS_KEY_ID").values()) == {"first-key"}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "second-key")
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    with dask_client(None, 2) as client:
+        seen = client.run(lambda: (os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("SHARDKIT_OBJECT_CLIENT")))
+    assert set(seen.values()) == {("second-key", "fsspec")}

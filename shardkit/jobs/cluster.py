@@ -125,12 +125,26 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
     # Workers are forked from a fork server that has imported Dask and the build's modules once
     # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a
     # small build's fixed cost). The server starts with the environment the nanny prepares
-    # (OMP_NUM_THREADS=1, ...) and lives as long as this process.
+    # (OMP_NUM_THREADS=1, ...) and lives as long as this process: its children inherit the
+    # environment of its start, not today's, so the store's settings are passed again (store_environ).
     _preload_forkserver()
     with dask.config.set(EMBEDDED_CLUSTER_CONFIG), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         silence_logs=quiet) as cluster, Client(cluster) as client, _stop_quietly():
+                         silence_logs=quiet, env=store_environ()) as cluster, Client(cluster) as client, \
+            _stop_quietly():
         yield client
+
+
+# The environment a worker reads its store's credentials and settings from (boto3/obstore, gcsfs,
+# adlfs, huggingface_hub, fsspec, shardkit's own switches).
+STORE_ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "HF_", "FSSPEC_", "SHARDKIT_")
+
+
+def store_environ() -> dict:
+    """This process's store settings as they are now, for worker processes: a fork server started
+    by an earlier job (or a DataLoader) gives its children the environment of its own start, so a
+    key exported since (a notebook's os.environ["AWS_ACCESS_KEY_ID"] = ...) would not reach them."""
+    return {k: v for k, v in os.environ.items() if k.startswith(STORE_ENV_PREFIXES)}
 
 
 # Seconds an embedded cluster costs before its first task runs and after its last (start-up,
