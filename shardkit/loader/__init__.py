@@ -14,6 +14,7 @@ from shardkit.loader import signals
 from shardkit.loader.gpu_decode import BatchDecoder, choose
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
+from shardkit.reader import spans
 from shardkit.reader.base import EpochDataset, check_state_shape
 from shardkit.reader.partition import batch_sizes, num_batches
 
@@ -96,8 +97,12 @@ class StreamingLoader(DataLoader):
     def _count(self, items, sizes: list[int], where: tuple):
         ds, pos, j = self.source, self.source.position, 0
         for item in _unwrapped(items):
+            if spans.ON:  # the worker's spans of this item go to the meter's trace; unpacking is the main's
+                item = spans.received(item)
             # A worker item is one batch, or a group of consecutive batches (packed token rows).
-            for batch in ds.received(self._transport.unpack(item) if self._transport is not None else item):
+            with spans.main("unpack"):
+                item = self._transport.unpack(item) if self._transport is not None else item
+            for batch in ds.received(item):
                 if j >= len(sizes) or (pos.epoch, pos.layers) != where:
                     raise RuntimeError(f"loader got batch {j} of epoch {where[0]}, expected {len(sizes)} batches "
                                        f"of epoch {pos.epoch}: set_epoch() was called during an epoch")

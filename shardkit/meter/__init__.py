@@ -14,6 +14,7 @@ from shardkit.fs import atomic_write
 from shardkit.identity import rank_world
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
+from shardkit.meter.trace import DEFAULT_STEPS, shares_line, start_trace, stop_trace
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
 
 __all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
@@ -157,7 +158,7 @@ class StarvationMeter:
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
                  *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter,
-                 worker_cpu: WorkerCpu | None = None):
+                 worker_cpu: WorkerCpu | None = None, trace: str | None = None, trace_steps: int = DEFAULT_STEPS):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
         self._cpu = worker_cpu or WorkerCpu()  # the loader's workers' CPU, for the advice's levers
@@ -177,6 +178,7 @@ class StarvationMeter:
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
+        self._trace = None if trace is None else start_trace(trace, trace_steps, self.rank, self.world_size)
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable):
@@ -190,21 +192,30 @@ class StarvationMeter:
         it = iter(iterable)
         self._cpu.watch(worker_pids(it) or worker_pids(getattr(iterable, "_iterator", None)))
         self._epoch_start = True
-        clock = self._clock
+        clock, tr = self._clock, self._trace
         while True:
+            if tr is not None:
+                tr.waiting()
             t0 = clock()
             try:
                 batch = next(it)
             except StopIteration:
+                if tr is not None:
+                    tr.write()  # an epoch's end: the file holds the last steps even if summary() never comes
                 return
             t1 = clock()
+            if tr is not None:
+                tr.arrived()
             if self._gpu is not None:
                 self._gpu.batch_arrived()
             try:
                 yield batch
             finally:
                 # Runs on resume and also when the loop breaks (generator closed): the step ends here.
-                self.record(t1 - t0, clock() - t1, batch_size_of(batch))
+                samples = batch_size_of(batch)
+                self.record(t1 - t0, clock() - t1, samples)
+                if tr is not None:
+                    tr.stepped(samples)
 
     def record(self, wait_s: float, step_s: float, samples: int) -> None:
         """Add one step measured elsewhere (a custom loop); wrap() calls this for every batch."""
@@ -265,6 +276,8 @@ class StarvationMeter:
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
+        if self._trace is not None:  # per-stage shares of the same spans the trace file shows
+            out.update(stages=self._trace.shares(), trace=self._trace.write())
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture
@@ -355,6 +368,8 @@ class StarvationMeter:
                          + (f", waited on the network {s['network_wait_pct']:.0f}% of the time"
                             if "network_wait_pct" in s else "")
                          + (f", spent {s['fetch_cpu_pct']:.0f}% of their CPU fetching" if "fetch_cpu_pct" in s else ""))
+        if "stages" in s:
+            lines.append(shares_line(s["stages"]) + f" (trace: {s['trace']})")
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]
@@ -365,6 +380,14 @@ class StarvationMeter:
         s = self.summary()
         atomic_write(path, json.dumps(s, indent=2, sort_keys=True) + "\n")
         return s
+
+    def close_trace(self) -> str | None:
+        """Write the trace file one last time and turn the spans off; its path (None: not tracing)."""
+        if self._trace is None:
+            return None
+        path = self._trace.write()
+        stop_trace()
+        return path
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict:
