@@ -189,10 +189,13 @@ class StarvationMeter:
         self._proportions = getattr(iterable, "proportions", self._proportions)
         self._io = next((d for d in (getattr(iterable, "source", None), getattr(iterable, "dataset", None), self._io)
                          if d is not None), None)
+        clock, tr = self._clock, self._trace
+        started = tr.now() if tr is not None else 0
         it = iter(iterable)
         self._cpu.watch(worker_pids(it) or worker_pids(getattr(iterable, "_iterator", None)))
         self._epoch_start = True
-        clock, tr = self._clock, self._trace
+        if tr is not None:  # iter(): workers take up the new epoch (started, or reset when persistent)
+            tr.span("epoch start", started, tr.now())
         while True:
             if tr is not None:
                 tr.waiting()
@@ -201,6 +204,7 @@ class StarvationMeter:
                 batch = next(it)
             except StopIteration:
                 if tr is not None:
+                    tr.ended()
                     tr.write()  # an epoch's end: the file holds the last steps even if summary() never comes
                 return
             t1 = clock()

@@ -63,8 +63,17 @@ class Trace:
             self._pending.append((name, start, end))
 
     # -- the meter's steps ---------------------------------------------------------------------
+    now = staticmethod(_spans._now)
+
     def waiting(self) -> None:
         self._wait = _spans._now()
+
+    def ended(self) -> None:
+        """The wait that found the epoch over (shown with the next step: the end of an epoch is the
+        time its last next() took to say so)."""
+        if self._wait is not None:
+            self.span("epoch end", self._wait, _spans._now())
+        self._wait = None
 
     def arrived(self) -> None:
         self._arrived = _spans._now()
@@ -108,9 +117,8 @@ class Trace:
         """The ring as trace events (ts and dur in microseconds from the ring's first event)."""
         if not self._ring:
             return []
-        origin = self._ring[0][1]
-        for b in self.batches():
-            origin = min(origin, b["start"])
+        origin = min(min(self._ring[0][1], p[1] if isinstance(p, tuple) else p["start"])
+                     for *_, pending in self._ring for p in pending or [(None, self._ring[0][1])])
         us = lambda t: (t - origin) / 1e3  # noqa: E731
         out, names = [], {self.main_pid: f"main (rank {self.rank})"}
         main = {"pid": self.main_pid, "tid": self.main_pid}
