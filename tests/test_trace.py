@@ -92,7 +92,7 @@ def test_trace_is_valid_nested_and_covers_its_wall_time(dataset, tmp_path, worke
         if "main" in names[pid]:
             waits = [e for e in evs if e["name"] == "wait"]
             steps = [e for e in evs if e["name"] == "step"]
-            top = waits + steps + [e for e in evs if e["name"] in ("epoch start", "epoch end")]
+            top = waits + steps + [e for e in evs if e["name"] in ("epoch start", "epoch end", "trace write")]
             covered = max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in top)
             assert sum(e["dur"] for e in top) == pytest.approx(covered, rel=0.05)
             for e in evs:

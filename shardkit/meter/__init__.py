@@ -203,9 +203,9 @@ class StarvationMeter:
             try:
                 batch = next(it)
             except StopIteration:
-                if tr is not None:
+                if tr is not None:  # the file holds the last steps even if summary() never comes
                     tr.ended()
-                    tr.write()  # an epoch's end: the file holds the last steps even if summary() never comes
+                    tr.write_now_and_then()
                 return
             t1 = clock()
             if tr is not None:

@@ -21,6 +21,7 @@ from shardkit.reader import spans as _spans
 
 __all__ = ["Trace", "span", "rank_path", "merge", "DEFAULT_STEPS", "PENDING_MAX"]
 
+WRITE_EVERY_S = 30.0  # at an epoch's end the file is rewritten at most this often (a write takes ~10 ms)
 DEFAULT_STEPS = 300  # ~50 KB of JSON per worker at 10 stages a batch: a few minutes of a fast run
 PENDING_MAX = 4096  # spans held between two steps (a loop that never steps must not grow them)
 
@@ -52,6 +53,7 @@ class Trace:
         self._pending: list = []
         self._wait = self._arrived = None
         self._steps = 0
+        self._written = None  # when write_now_and_then() last wrote
 
     # -- the sink (reader.spans) ---------------------------------------------------------------
     def batch(self, shipped: dict) -> None:
@@ -144,6 +146,15 @@ class Trace:
                      {"ph": "M", "name": "thread_name", "pid": pid, "tid": pid,
                       "args": {"name": "training loop" if pid == self.main_pid else "batches"}}]
         return meta + out
+
+    def write_now_and_then(self) -> None:
+        """Write at the first epoch's end, then at most every WRITE_EVERY_S; the write shows as a span."""
+        start = _spans._now()
+        if self._written is not None and start - self._written < WRITE_EVERY_S * 1e9:
+            return
+        self.write()
+        self._written = _spans._now()
+        self.span("trace write", start, self._written)
 
     def write(self) -> str:
         """Write the ring as trace-event JSON (atomically); returns the path."""
