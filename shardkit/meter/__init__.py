@@ -178,6 +178,7 @@ class StarvationMeter:
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
+        self._wraps = 0  # wrap() calls in this process: epochs, for telling a tiny dataset's restarts apart
         self._trace = None if trace is None else start_trace(trace, trace_steps, self.rank, self.world_size)
 
     # -- measuring ---------------------------------------------------------------------------
@@ -194,6 +195,7 @@ class StarvationMeter:
         it = iter(iterable)
         self._cpu.watch(worker_pids(it) or worker_pids(getattr(iterable, "_iterator", None)))
         self._epoch_start = True
+        self._wraps += 1
         if tr is not None:  # iter(): workers take up the new epoch (started, or reset when persistent)
             tr.span("epoch start", started, tr.now())
         while True:
@@ -274,14 +276,16 @@ class StarvationMeter:
             out.update(network_wait_s=io.get("network_wait_s", 0.0), bytes_fetched=io.get("bytes_fetched", 0),
                        fetch_cpu_s=io.get("fetch_cpu_s", 0.0))
         out.update(self._worker_figures(out["wait_s"] + out["step_s"], out.get("fetch_cpu_s", 0.0)))
+        if self._wraps:
+            out["epochs"] = self._wraps
+        if self._trace is not None:  # per-stage shares of the same spans the trace file shows
+            out.update(stages=self._trace.shares(), trace=self._trace.write())
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
-        if self._trace is not None:  # per-stage shares of the same spans the trace file shows
-            out.update(stages=self._trace.shares(), trace=self._trace.write())
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture

@@ -17,6 +17,7 @@ from collections import deque
 
 from shardkit.errors import ConfigError
 from shardkit.fs import atomic_write
+from shardkit.meter.stages import wait_holders
 from shardkit.reader import spans as _spans
 
 __all__ = ["Trace", "span", "rank_path", "merge", "DEFAULT_STEPS", "PENDING_MAX"]
@@ -111,9 +112,10 @@ class Trace:
                     main[p[0]] = main.get(p[0], 0) + p[2] - p[1]
         wall = main.get("wait", 0) + main.get("step", 0)
         loader = {k: 100.0 * v / busy for k, v in sorted(stage.items(), key=lambda kv: -kv[1])} if busy else {}
+        wait = wait_holders(self._ring)
         return {"steps": len(self._ring), "batches": sum(1 for _ in self.batches()), "loader_busy_s": busy / 1e9,
                 "loader": loader, "main": {k: 100.0 * v / wall for k, v in main.items()} if wall else {},
-                "slowest_stage": next(iter(loader), None)}
+                "slowest_stage": next(iter(loader), None), "wait": wait, "held_by": next(iter(wait), None)}
 
     def events(self) -> list:
         """The ring as trace events (ts and dur in microseconds from the ring's first event)."""
@@ -189,7 +191,9 @@ def shares_line(shares: dict) -> str:
         return f"loader stages: no batch spans in the last {shares.get('steps', 0)} steps"
     parts = [f"{name} {pct:.0f}%" for name, pct in loader.items() if pct >= 0.5]
     parts[0] += " of the workers' time"
-    return f"loader stages (last {shares['steps']} steps, {shares['batches']} batches): " + ", ".join(parts)
+    line = f"loader stages (last {shares['steps']} steps, {shares['batches']} batches): " + ", ".join(parts)
+    wait = [f"{name} {pct:.0f}%" for name, pct in (shares.get("wait") or {}).items() if pct >= 0.5]
+    return line + ("; the loop's wait was held by " + ", ".join(wait) if wait else "")
 
 
 def start_trace(path, steps: int, rank: int, world_size: int) -> Trace:
