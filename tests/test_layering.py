@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
 BASE = {"sample", "config", "errors", "fs", "http_ranges", "store", "_version", "datagen", "contract", "identity"}
 FLOW = ["sources", "stages", "duplicates", "writers", "manifest", "reader", "loader", "meter", "train"]
-TOP = {"cli", "jobs", "loaderbench", "demo", "recipes"}
+TOP = {"cli", "jobs", "loaderbench", "demo", "recipes", "plan"}
 
 
 def _layer(module: str) -> str | None:
