@@ -105,3 +105,47 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, message):
     result = CliRunner().invoke(main, ["plan", *[a.format(ds=root, tmp=tmp_path) for a in args]])
     assert result.exit_code == 2 and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_the_meter_holds_the_run_to_its_plan(tmp_path, monkeypatch):
+    import time
+
+    from factory import make_dataset
+
+    from shardkit.loader import make_loader
+    from shardkit.meter import StarvationMeter
+    from shardkit.plan import PlanConfig, make_plan
+    from shardkit.reader import decode, spans
+    from shardkit.reader.dataset import StreamingDataset
+
+    root, _ = make_dataset(tmp_path / "ds", 96, shards=2, fields=("jpg", "cls"), size=(32, 32))
+    make_plan(PlanConfig(root, rate=100, batch=8, workers=0, out=str(tmp_path / "p")))
+    plain = decode.column
+
+    def slow(spec, values, *args, **kwargs):  # the run decodes 3 ms a sample slower than the probe saw
+        if spec.get("kind") == "image":
+            time.sleep(0.003 * len(values))
+        return plain(spec, values, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "column", slow)
+    try:
+        meter = StarvationMeter(warmup=1, log_every=0, plan=str(tmp_path / "p" / "plan.json"), gpu_hour_price=2.5)
+        for _ in meter.wrap(make_loader(StreamingDataset(root, fields=["jpg", "cls"]), batch_size=8, num_workers=0)):
+            time.sleep(0.001)
+        s = meter.summary()
+    finally:
+        spans.disable()
+    assert s["plan"]["stages"]["decode"]["ratio"] > 2 and "trace" not in s  # no file without trace=
+    assert "decode is" in s["plan"]["line"] and "slower than planned" in s["plan"]["line"]
+    assert "$" in s["plan"]["line"] and s["plan"]["line"] in meter.report()
+
+
+def test_a_missing_or_foreign_plan_says_how_to_make_one(tmp_path):
+    from shardkit.errors import ConfigError
+    from shardkit.meter import StarvationMeter
+
+    with pytest.raises(ConfigError, match="shardkit plan"):
+        StarvationMeter(plan=str(tmp_path / "nope.json"))
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a plan"):
+        StarvationMeter(plan=str(tmp_path / "x.json"))

@@ -14,6 +14,7 @@ from shardkit.fs import atomic_write
 from shardkit.identity import rank_world
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
+from shardkit.meter.planned import compare, load_plan
 from shardkit.meter.trace import DEFAULT_STEPS, shares_line, start_trace, stop_trace
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
 
@@ -158,7 +159,8 @@ class StarvationMeter:
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
                  *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter,
-                 worker_cpu: WorkerCpu | None = None, trace: str | None = None, trace_steps: int = DEFAULT_STEPS):
+                 worker_cpu: WorkerCpu | None = None, trace: str | None = None, trace_steps: int = DEFAULT_STEPS,
+                 plan: str | None = None, gpu_hour_price: float | None = None):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
         self._cpu = worker_cpu or WorkerCpu()  # the loader's workers' CPU, for the advice's levers
@@ -179,7 +181,10 @@ class StarvationMeter:
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
         self._wraps = 0  # wrap() calls in this process: epochs, for telling a tiny dataset's restarts apart
-        self._trace = None if trace is None else start_trace(trace, trace_steps, self.rank, self.world_size)
+        # plan.json (shardkit plan): the run's stage costs against the planned ones, from the same spans
+        self._plan, self._price = (None if plan is None else load_plan(plan)), gpu_hour_price
+        tracing = trace is not None or self._plan is not None
+        self._trace = start_trace(trace, trace_steps, self.rank, self.world_size) if tracing else None
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable):
@@ -279,13 +284,17 @@ class StarvationMeter:
         if self._wraps:
             out["epochs"] = self._wraps
         if self._trace is not None:  # per-stage shares of the same spans the trace file shows
-            out.update(stages=self._trace.shares(), trace=self._trace.write())
+            out.update(stages=self._trace.shares())
+            if self._trace.path is not None:
+                out["trace"] = self._trace.write()
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
+        if self._plan is not None:  # the feed-rate contract
+            out["plan"] = compare(self._plan, out["stages"], list(self._trace.batches()), out, self._price)
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture
@@ -377,7 +386,9 @@ class StarvationMeter:
                             if "network_wait_pct" in s else "")
                          + (f", spent {s['fetch_cpu_pct']:.0f}% of their CPU fetching" if "fetch_cpu_pct" in s else ""))
         if "stages" in s:
-            lines.append(shares_line(s["stages"]) + f" (trace: {s['trace']})")
+            lines.append(shares_line(s["stages"]) + (f" (trace: {s['trace']})" if "trace" in s else ""))
+        if "plan" in s:
+            lines.append(s["plan"]["line"])
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
         lines += [f"{s['band']}: {s['advice']}", s["cost"]]

@@ -48,7 +48,9 @@ class Trace:
     def __init__(self, path: str, steps: int = DEFAULT_STEPS, rank: int = 0, world_size: int = 1):
         if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
             raise ConfigError(f"trace_steps={steps!r}: expected a positive number of steps (StarvationMeter(trace_steps=...))")
-        self.path, self.rank, self.world_size = rank_path(path, rank, world_size), rank, world_size
+        # path None: spans for the summary only (StarvationMeter(plan=...) without trace=), no file
+        self.path = None if path is None else rank_path(path, rank, world_size)
+        self.rank, self.world_size = rank, world_size
         self.main_pid, self.main_tid = os.getpid(), threading.get_ident()
         self._ring: deque = deque(maxlen=steps)  # (step, wait start, batch arrived, step end, samples, pending)
         self._pending: list = []
@@ -152,14 +154,16 @@ class Trace:
     def write_now_and_then(self) -> None:
         """Write at the first epoch's end, then at most every WRITE_EVERY_S; the write shows as a span."""
         start = _spans._now()
-        if self._written is not None and start - self._written < WRITE_EVERY_S * 1e9:
+        if self.path is None or self._written is not None and start - self._written < WRITE_EVERY_S * 1e9:
             return
         self.write()
         self._written = _spans._now()
         self.span("trace write", start, self._written)
 
-    def write(self) -> str:
-        """Write the ring as trace-event JSON (atomically); returns the path."""
+    def write(self) -> str | None:
+        """Write the ring as trace-event JSON (atomically); returns the path (None: no file asked for)."""
+        if self.path is None:
+            return None
         doc = {"traceEvents": self.events(), "displayTimeUnit": "ms",
                "otherData": {"rank": self.rank, "world_size": self.world_size, "steps": len(self._ring),
                              "shares": self.shares()}}
