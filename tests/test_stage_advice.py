@@ -75,3 +75,27 @@ def test_the_demo_names_what_holds_its_step_not_a_smaller_image(tmp_path, capsys
     assert "--image-size" not in report
     assert "wait was held by" in report  # the stage that holds the step, whatever the band
     assert summary["stages"]["wait"] and (tmp_path / "demo.trace.json").exists()
+
+
+def test_all_ranks_names_the_straggler_and_its_worst_stage(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    procs = [subprocess.Popen([sys.executable, os.path.join(here, "rank_meter.py"), str(r), str(tmp_path / "store"),
+                               str(tmp_path), here], env=env) for r in (0, 1)]
+    try:
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    with open(tmp_path / "all.json", encoding="utf-8") as f:
+        result = json.load(f)
+    assert result["straggler_rank"] == 1 and result["straggler_stage"] == "decode"
+    assert result["straggler_wait_x_median"] > 1 and result["straggler"].startswith("rank 1 waits")
+    assert (tmp_path / "run.rank0.trace.json").exists() and (tmp_path / "run.rank1.trace.json").exists()

@@ -15,6 +15,7 @@ from shardkit.identity import rank_world
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
 from shardkit.meter.planned import compare, load_plan
+from shardkit.meter.stages import straggler
 from shardkit.meter.trace import DEFAULT_STEPS, shares_line, start_trace, stop_trace
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
 
@@ -341,7 +342,7 @@ class StarvationMeter:
         key = "gpu_idle_pct" if "gpu_idle_pct" in mine else "starved_pct"
         slowest = max(ranks, key=lambda s: s[key])
         return {"ranks": ranks, "slowest_rank": slowest["rank"], "max_starved_pct": slowest[key],
-                "band": band(slowest[key])}
+                "band": band(slowest[key]), **straggler(ranks)}
 
     def log_line(self) -> str:
         """The periodic line: rank, steps, throughput, starved%, p50/p95 wait, band."""

@@ -72,3 +72,23 @@ def stage_lever(stage: str, images: str | None, image_shape=None) -> str:
     if stage == "not started":
         return "the workers are busy with earlier batches: raise num_workers or prefetch_factor"
     return "epochs restart often: longer epochs (more data per epoch) hide the workers' restart"
+
+
+def straggler(ranks: list) -> dict:
+    """The rank whose waits lead (synchronous data parallelism runs at its pace): its wait against
+    the median rank's, and its worst stage where it traced (what held its waits, else the loader's
+    largest stage). {} with one rank."""
+    if len(ranks) < 2:
+        return {}
+    waits = sorted(r["wait_s"] for r in ranks)
+    mid = len(waits) // 2
+    median = waits[mid] if len(waits) % 2 else (waits[mid - 1] + waits[mid]) / 2
+    worst = max(ranks, key=lambda r: r["wait_s"])
+    times = worst["wait_s"] / median if median > 0 else float("inf")
+    stages = worst.get("stages") or {}
+    stage = stages.get("held_by") or stages.get("slowest_stage")
+    line = f"rank {worst['rank']} waits {times:.1f}x the median rank ({worst['wait_s']:.2f} s vs {median:.2f} s)"
+    if stage:
+        line += f"; its worst stage: {stage}"
+    return {"straggler_rank": worst["rank"], "straggler_wait_x_median": times, "straggler_stage": stage,
+            "straggler": line}
