@@ -4,15 +4,17 @@
     PYTHONPATH=. .venv/bin/python bench/plan_bench.py --n 6000      # the probe-time target's size
 
 Configurations: local raw uint8, local JPEG, JPEG over the throttled http store of tests/throttled.py
-(50 ms before each answer, 25 MB/s per connection), each with 1 and 2 workers. For each, the plan
-is made (probe on this machine), then one epoch is read through make_loader with no step (the
-first batch, the workers' start, left out) and predicted / measured printed; target 0.85-1.15.
+(50 ms before each answer, 25 MB/s per connection), each with 1 and 2 workers. For each dataset
+the plan is made once (probe on this machine; it predicts every worker count), then epochs are
+read through make_loader with no step (the first batch, the workers' start, left out), 1 and 2
+workers interleaved for --rounds rounds; predicted / median measured is printed; target 0.85-1.15.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +73,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=3000)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default=None)
     a = p.parse_args(argv)
     work = a.work or os.path.join(tempfile.gettempdir(), f"shardkit-plan-bench-{a.n}")
@@ -79,17 +82,21 @@ def main(argv=None) -> None:
     rows = []
     try:
         for name, src in (("local raw", roots["raw"]), ("local JPEG", roots["jpeg"]), ("http JPEG", store.url)):
+            t0 = time.perf_counter()
+            plan = make_plan(PlanConfig(src, rate=1.0, batch=a.batch, workers=1, out=os.path.join(work, "plan")))
+            probe_s = time.perf_counter() - t0
+            curve = dict(plan["curves"]["as stored"])
+            got: dict = {1: [], 2: []}
+            for r in range(a.rounds):  # 1 and 2 workers interleaved, order alternating; the median is kept
+                for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
+                    with tempfile.TemporaryDirectory() as cache:  # a cold cache: the epoch fetches every shard
+                        got[workers].append(measured(src, workers, a.batch, cache))
             for workers in (1, 2):
-                t0 = time.perf_counter()
-                plan = make_plan(PlanConfig(src, rate=1.0, batch=a.batch, workers=workers,
-                                            out=os.path.join(work, "plan")))
-                probe_s = time.perf_counter() - t0
-                with tempfile.TemporaryDirectory() as cache:  # a cold cache: the epoch fetches every shard
-                    got = measured(src, workers, a.batch, cache)
-                pred = plan["predicted_samples_per_s"]
-                rows.append((name, workers, pred, got, pred / got, probe_s))
-                print(f"{name:<11} {workers} workers: predicted {pred:8.0f}  measured {got:8.0f}  "
-                      f"ratio {pred / got:5.2f}  (plan took {probe_s:4.1f} s)", flush=True)
+                pred, meas = curve[workers], statistics.median(got[workers])
+                rows.append((name, workers, pred, meas, pred / meas, probe_s))
+                print(f"{name:<11} {workers} workers: predicted {pred:8.0f}  measured {meas:8.0f} "
+                      f"(rounds {', '.join(f'{g:.0f}' for g in got[workers])})  ratio {pred / meas:5.2f}  "
+                      f"(plan took {probe_s:4.1f} s)", flush=True)
     finally:
         store.close()
     inside = sum(0.85 <= r[4] <= 1.15 for r in rows)

@@ -20,8 +20,12 @@ def image_fields(probe) -> dict:
 
 
 def decode_s(probe) -> float:
-    """Per-sample seconds spent decoding encoded images (what re-encoding to raw removes)."""
-    return sum(v["decode_s"] for v in image_fields(probe).values() if v.get("encoding") not in ("raw", None))
+    """Per-sample seconds of a worker's time spent decoding encoded images (what re-encoding to raw
+    removes): the decode's share of the fields' measured costs applied to the worker's time, so a
+    machine busier during one part of the probe than another does not skew it."""
+    dec = sum(v["decode_s"] for v in image_fields(probe).values() if v.get("encoding") not in ("raw", None))
+    total = sum(v["read_s"] + v["decode_s"] for v in probe.fields.values())
+    return probe.worker_s * dec / total if total > 0 and probe.kind == "dataset" else dec
 
 
 def raw_bytes(probe) -> float:
@@ -88,7 +92,7 @@ def changes(probe, target: float, workers: int) -> list[dict]:
         added = max(0.0, raw_bytes(probe) - probe.bytes_per_sample) * probe.samples
         out.append({"change": "re-encode to raw uint8 (shardkit build --encode raw)", "rate": rate(probe, workers, u_raw),
                     "cost": f"a rebuild; +{added / 1e9:.2f} GB of storage", "order": 2, "unit": u_raw})
-        u_small = probe.worker_s - dec * (1 - SMALLER ** 2)
+        u_small = max(probe.worker_s * 0.05, probe.worker_s - dec * (1 - SMALLER ** 2))
         out.append({"change": "store images at half the side (--image-size)", "rate": rate(probe, workers, u_small),
                     "cost": "a rebuild; a quarter of the pixels", "order": 3, "unit": u_small})
         if probe.gpu_decode:
