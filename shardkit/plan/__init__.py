@@ -105,7 +105,8 @@ def _check_fields(src: str, fields) -> None:
 def text(plan: dict) -> str:
     """One screen: what was measured, the prediction, and the changes."""
     p = plan["probe"]
-    lines = [f"{plan['dataset']}: {p['samples']} samples, {p['cores']} cores, probed in {p['probe_s']:.1f} s"
+    lines = [f"{plan['dataset']}: {p['samples']} samples, {p['cores']} cores ({p['free_cores']:.1f} free now), "
+             f"probed in {p['probe_s']:.1f} s"
              + (f"; store: round trip {1e3 * p['rtt_s']:.0f} ms, {p['conn_bytes_per_s'] / 1e6:.1f} MB/s a connection"
                 if p["remote"] else "")]
     for name, f in p["fields"].items():

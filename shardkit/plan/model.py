@@ -1,8 +1,9 @@
 """`shardkit plan`'s model: samples/s per worker count and decode placement, and the cheapest change.
 
 A worker's per-sample time u is what one worker measured (probe.worker_s). With w workers on
-c cores, the workers and the training process's own share m (unpacking, the loop) share the
-cores: rate(w) = min(w / u, c / (u + m)). A remote store adds a bound per worker: its fetch-ahead
+f free cores (the cores less what other processes keep busy: the load average), the workers and
+the training process's own share m (unpacking, the loop) share them: rate(w) = min(min(w, f) / u,
+f / (u + m)); with at most one core free, a second worker adds nothing. A remote store adds a bound per worker: its fetch-ahead
 keeps `connections` GETs going, each a round trip plus the shard at one connection's rate:
 net(w) = w * connections * shard_bytes / (rtt + shard_bytes / conn_rate) / bytes_per_sample.
 Placements change u: raw (decoded uint8 stored) removes the decode and adds a copy of the
@@ -49,10 +50,11 @@ def rate(probe, workers: int, unit_s: float | None = None, net: bool = True) -> 
     if u <= 0:
         return 0.0
     cores = max(1, probe.cores)
+    free = min(cores, max(1.0, getattr(probe, "free_cores", 0.0) or cores))
     if workers == 0:
         cpu = 1.0 / (u + probe.main_s)
-    else:
-        cpu = min(workers / u, cores / (u + probe.main_s))
+    else:  # u was measured with one worker under today's load: more workers gain only the free cores
+        cpu = min(min(workers, free) / u, free / (u + probe.main_s) if free > 1 else 1.0 / u)
     if net and probe.remote and probe.conn_bytes_per_s and probe.bytes_per_sample > 0:
         per_get = probe.rtt_s + probe.shard_bytes / probe.conn_bytes_per_s
         cpu = min(cpu, max(1, workers) * probe.connections * probe.shard_bytes / per_get / probe.bytes_per_sample)

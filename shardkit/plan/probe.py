@@ -41,9 +41,24 @@ class Probe:
     copy_bytes_per_s: float = 0.0  # memcpy rate here: prices stored-decoded images
     probe_s: float = 0.0
     gpu_decode: bool = False
+    free_cores: float = 0.0  # cores the loader can have now: the cores less what other processes keep busy
+
+    def __post_init__(self):
+        if not self.free_cores:
+            self.free_cores = free_cores(self.cores)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def free_cores(cores: int) -> float:
+    """The cores not taken by other processes now: cores less the 1-minute load average beyond this
+    process (at least 1). A shared machine gives a second worker little when the others keep it busy."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the cores are free
+        return float(cores)
+    return float(max(1.0, min(cores, cores - (load - 1.0))))
 
 
 class _Sink:
