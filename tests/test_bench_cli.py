@@ -338,3 +338,22 @@ def test_checks_flag_a_mixture_off_its_targets():
     assert not result["same_samples"] and "tar 75.0% / 50.0%" in result["mismatches"][0]
     run["mixture"] = {k: dict(v, observed=0.5) for k, v in run["mixture"].items()}
     assert checks([run], data)["same_samples"]  # the label checksum is not a mixture's to match
+
+
+def test_trace_writes_one_trace_per_variant_and_worker_count(tmp_path):
+    from shardkit.reader import spans
+
+    trace = tmp_path / "run.trace.json"
+    try:
+        result = bench(*TINY, "--repeat", "1", "--workers", "1", "--variants", "shardkit-tar", "--out",
+                       str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--trace", str(trace))
+    finally:
+        spans.disable()
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "run.shardkit-tar.w1.trace.json"
+    with open(path, encoding="utf-8") as f:
+        names = {e["args"]["name"] for e in json.load(f)["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"main (rank 0)", "loader worker 0"}
+    with open(tmp_path / "out" / "bench.json", encoding="utf-8") as f:
+        runs = [r for r in json.load(f)["runs"] if r["variant"] == "shardkit-tar"]
+    assert runs and all("decode" in r["stages"] and r["trace"] == str(path) for r in runs)

@@ -10,7 +10,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "shardkit"
 BASE = {"sample", "config", "errors", "store", "_version", "contract", "identity"}
 FLOW = ["sources", "stages", "duplicates", "writers", "manifest", "reader", "loader", "meter", "train"]
-TOP = {"cli", "jobs", "loaderbench", "demo", "recipes"}
+TOP = {"cli", "jobs", "loaderbench", "demo", "recipes", "plan"}
 
 
 def _layer(module: str) -> str | None:

@@ -239,7 +239,7 @@ def _register_optional():
     for module, name in (("shardkit.cli.build", "build"), ("shardkit.cli.inspect", "inspect"),
                          ("shardkit.cli.verify", "verify"), ("shardkit.cli.dedup", "dedup"),
                          ("shardkit.cli.bench", "bench"), ("shardkit.cli.show", "show"),
-                         ("shardkit.cli.annotate", "annotate")):
+                         ("shardkit.cli.annotate", "annotate"), ("shardkit.cli.plan", "plan")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -51,9 +51,12 @@ def _names(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated folder.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Draw bench.png.")
 @click.option("--plot-only", is_flag=True, help="Only redraw OUT/bench.png from OUT/bench.json.")
+@click.option("--trace", default=None, type=click.Path(dir_okay=False),
+              help="Write a pipeline trace (Perfetto / chrome://tracing) per variant and worker count: "
+                   "PATH's stem + .<variant>.w<N>.trace.json; bench.json gets each run's stage shares.")
 @progress_option
 def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, variants, batch_size, repeat,
-          warmup, min_batches, step_ms, gpu, build_workers, seed, plot, plot_only, progress):
+          warmup, min_batches, step_ms, gpu, build_workers, seed, plot, plot_only, trace, progress):
     """Measure data loading on this machine: a raw-folder Dataset vs WebDataset vs shardkit.
 
     \b
@@ -76,7 +79,7 @@ def bench(raw_folder, out, cache_dir, images, classes, image_size, workers, vari
     cfg = BenchConfig(raw_folder=raw_folder, out=out, cache_dir=cache_dir, images=images, classes=classes,
                       image_size=image_size, workers=workers, variants=variants, batch_size=batch_size,
                       repeat=repeat, warmup=warmup, min_batches=min_batches, step_ms=step_ms, gpu=gpu, build_workers=build_workers,
-                      seed=seed, plot=plot, progress=progress)
+                      seed=seed, plot=plot, progress=progress, trace=trace)
     report = run_bench(cfg)
     click.echo(markdown(report))
     click.echo("wrote " + ", ".join(report["outputs"].values()))

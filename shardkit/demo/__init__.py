@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -33,7 +34,9 @@ def run(out: str, *, epochs: int = 8, batch_size: int = 32, num_workers: int = 2
     model = torch.nn.Sequential(torch.nn.LazyConv2d(16, 3, stride=2), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.LazyLinear(10))
     loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers)
-    meter = StarvationMeter(warmup=2, log_every=1000)
+    # The trace lets the report name the stage that holds the step (and Perfetto show it).
+    trace = os.path.join(os.path.dirname(os.path.abspath(out)), "demo.trace.json")
+    meter = StarvationMeter(warmup=2, log_every=1000, trace=trace)
     start, seen, first = time.perf_counter(), 0, None
     for epoch in range(epochs):
         ds.set_epoch(epoch)
@@ -51,7 +54,9 @@ def run(out: str, *, epochs: int = 8, batch_size: int = 32, num_workers: int = 2
           f"{num_workers} workers: {seen / elapsed:.0f} samples/s")
     print(f"first batch:\n  {first}")
     print(meter.report())
-    return meter.summary()
+    summary = meter.summary()
+    meter.close_trace()
+    return summary
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ from shardkit.loader.decode_ahead import DecodeAhead
 from shardkit.loader.gpu_decode import BatchDecoder, choose
 from shardkit.loader.stream import BatchStream
 from shardkit.loader.transport import SlotTransport
+from shardkit.reader import spans
 from shardkit.reader.base import EpochDataset, check_state_shape
 from shardkit.reader.partition import batch_sizes, num_batches
 
@@ -98,10 +99,17 @@ class StreamingLoader(DataLoader):
         ctx = self.multiprocessing_context  # None: the platform's default context
         return (ctx or multiprocessing.get_context()).get_start_method()
 
+    def _unpack(self, item):
+        """A worker's item as the main process reads it: its spans handed to the meter's trace, then
+        out of its slot (or as pickled)."""
+        if spans.ON:  # the worker's spans of this item go to the meter's trace; unpacking is the main's
+            item = spans.received(item)
+        with spans.main("unpack"):
+            return self._transport.unpack(item) if self._transport is not None else item
+
     def _count(self, items, sizes: list[int], where: tuple):
         ds, pos, j = self.source, self.source.position, 0
-        unpacked = (self._transport.unpack(item) if self._transport is not None else item
-                    for item in _unwrapped(items))
+        unpacked = (self._unpack(item) for item in _unwrapped(items))
         if self._ahead is not None:  # decoded on the decode thread, one batch ahead of this loop
             unpacked = self._ahead.run(unpacked)
         for item in unpacked:

@@ -8,6 +8,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.loader import signals
 from shardkit.loader.threads import cap_worker_threads
+from shardkit.reader import spans
 
 
 class BatchStream(IterableDataset):
@@ -33,16 +34,16 @@ class BatchStream(IterableDataset):
         # them, so counting here tells the worker which iteration it serves. The first next()
         # comes later, possibly after the main process has stopped this iteration and begun the
         # next one.
-        if get_worker_info() is not None:  # a worker process: right after torch's set-up and worker_init_fn
+        info = get_worker_info()
+        if info is not None:  # a worker process: right after torch's set-up and worker_init_fn
             signals.take_in_worker(self.main_pid)
             if not getattr(self, "_capped", False):  # library threads: one per worker (loader/threads.py)
                 self._capped = True
                 cap_worker_threads()
         if self.transport is None:
-            return self.dataset.batches(self.batch_size, self.drop_last)
+            return spans.traced(self.dataset.batches(self.batch_size, self.drop_last), None, False, None)
         self.transport.start_iteration()
-        return self._packed(self.transport)
-
-    def _packed(self, transport):
-        for batch in self.dataset.batches(self.batch_size, self.drop_last, transport):
-            yield transport.pack(batch)
+        # Traced (StarvationMeter(trace=...)), the pack is the batch's hand-off span and the spans
+        # ride in the batch; off, this is the plain map of pack over the batches.
+        return spans.traced(self.dataset.batches(self.batch_size, self.drop_last, self.transport),
+                            self.transport.pack, info is not None, None if info is None else info.id)

@@ -95,13 +95,15 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
     variant = ALL_VARIANTS[name]
     pin = cfg.gpu and torch.cuda.is_available()
     loader = variant.loader(data, workers, cfg.batch_size, pin)
-    meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu", data=variant.data)
+    meter = StarvationMeter(warmup=cfg.warmup, log_every=0, device="cuda" if cfg.gpu else "cpu", data=variant.data,
+                            trace=trace_path(cfg.trace, name, workers))
     epochs = cfg.epochs_per_run(data.samples)
     with RssSampler() as rss:
         start = time.perf_counter()
         samples, checksum, first_batch = _read(loader, variant, meter, epochs, step, len(data.classes))
         wall = time.perf_counter() - start
         s = meter.summary()
+        meter.close_trace()
         _close(loader)
     del loader
     gc.collect()
@@ -116,7 +118,16 @@ def measure_once(name: str, data: BenchData, workers: int, cfg: BenchConfig, ste
         "epoch_start_wait_pct": s["epoch_start_wait_pct"], "steady_wait_p95_ms": s["steady_wait_p95_ms"],
         "steady_starved_pct": s["steady_starved_pct"], "band": s["band"], "advice": s["advice"],
         **({"mixture": s["mixture"]} if "mixture" in s else {}),  # observed vs target share per source
+        **({"trace": s["trace"], "stages": s["stages"]["loader"]} if "trace" in s else {}),  # --trace
     }
+
+
+def trace_path(path: str | None, variant: str, workers: int) -> str | None:
+    """--trace run.trace.json -> run.shardkit-jpeg-tar.w2.trace.json (the last repeat's run is kept)."""
+    if path is None:
+        return None
+    head = path[:-len(".trace.json")] if path.endswith(".trace.json") else os.path.splitext(path)[0]
+    return f"{head}.{variant}.w{workers}.trace.json"
 
 
 def _step(cfg: BenchConfig, data: BenchData):

@@ -44,6 +44,7 @@ class BenchConfig:
     seed: int = 0
     plot: bool = True
     progress: bool = True
+    trace: str | None = None  # a pipeline trace per variant x workers: PATH -> PATH's stem.<variant>.w<N>.trace.json
 
     def __post_init__(self):
         for name in ("images", "classes", "image_size", "batch_size", "repeat", "min_batches"):

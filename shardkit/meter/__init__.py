@@ -16,6 +16,9 @@ from shardkit.identity import rank_world
 from shardkit.meter import transfer as _transfer
 from shardkit.meter.advice import (FINE_BELOW, INPUT_BOUND_FROM, DataProfile, advice, band, cost_line,
                                    profile_of)
+from shardkit.meter.planned import compare, load_plan
+from shardkit.meter.stages import straggler
+from shardkit.meter.trace import DEFAULT_STEPS, shares_line, start_trace, stop_trace
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
 
 __all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
@@ -159,7 +162,9 @@ class StarvationMeter:
 
     def __init__(self, warmup: int = 5, log_every: int = 100, window: int = 100, device: str = "cpu",
                  *, data: DataProfile | None = None, event_factory=None, clock=time.perf_counter,
-                 worker_cpu: WorkerCpu | None = None, pin: bool = False, copy=None, lock=None):
+                 worker_cpu: WorkerCpu | None = None, pin: bool = False, copy=None, lock=None,
+                 trace: str | None = None, trace_steps: int = DEFAULT_STEPS, plan: str | None = None,
+                 gpu_hour_price: float | None = None):
         self.config = MeterConfig(warmup=warmup, log_every=log_every, window=window, device=device)
         self._clock = clock
         self._cpu = worker_cpu or WorkerCpu()  # the loader's workers' CPU, for the advice's levers
@@ -182,6 +187,11 @@ class StarvationMeter:
         self._window_start = (0, 0)  # (index into the arrays, samples) where the window began
         self.windows: list[dict] = []
         self._proportions = None  # a mixture loader's proportions(): observed vs target share per source
+        self._wraps = 0  # wrap() calls in this process: epochs, for telling a tiny dataset's restarts apart
+        # plan.json (shardkit plan): the run's stage costs against the planned ones, from the same spans
+        self._plan, self._price = (None if plan is None else load_plan(plan)), gpu_hour_price
+        tracing = trace is not None or self._plan is not None
+        self._trace = start_trace(trace, trace_steps, self.rank, self.world_size) if tracing else None
 
     # -- measuring ---------------------------------------------------------------------------
     def wrap(self, iterable, to: str | None = None):
@@ -193,24 +203,38 @@ class StarvationMeter:
         self._proportions = getattr(iterable, "proportions", self._proportions)
         self._io = next((d for d in (getattr(iterable, "source", None), getattr(iterable, "dataset", None), self._io)
                          if d is not None), None)
+        clock, tr = self._clock, self._trace
+        started = tr.now() if tr is not None else 0
         it = iter(iterable)
         self._cpu.watch(worker_pids(it) or worker_pids(getattr(iterable, "_iterator", None)))
         self._epoch_start = True
-        clock = self._clock
+        self._wraps += 1
+        if tr is not None:  # iter(): workers take up the new epoch (started, or reset when persistent)
+            tr.span("epoch start", started, tr.now())
         while True:
+            if tr is not None:
+                tr.waiting()
             t0 = clock()
             try:
                 batch = next(it)
             except StopIteration:
+                if tr is not None:  # the file holds the last steps even if summary() never comes
+                    tr.ended()
+                    tr.write_now_and_then()
                 return
             t1 = clock()
+            if tr is not None:
+                tr.arrived()
             if self._gpu is not None:
                 self._gpu.batch_arrived()
             try:
                 yield batch if to is None else self.to_device(batch, to)
             finally:
                 # Runs on resume and also when the loop breaks (generator closed): the step ends here.
-                self.record(t1 - t0, clock() - t1, batch_size_of(batch))
+                samples = batch_size_of(batch)
+                self.record(t1 - t0, clock() - t1, samples)
+                if tr is not None:
+                    tr.stepped(samples)
 
     def record(self, wait_s: float, step_s: float, samples: int) -> None:
         """Add one step measured elsewhere (a custom loop); wrap() calls this for every batch."""
@@ -272,6 +296,12 @@ class StarvationMeter:
                        fetch_cpu_s=io.get("fetch_cpu_s", 0.0))
         out.update(self._worker_figures(out["wait_s"] + out["step_s"], out.get("fetch_cpu_s", 0.0)))
         out.update(self._moves.figures(out["wait_s"], out["step_s"]))
+        if self._wraps:
+            out["epochs"] = self._wraps
+        if self._trace is not None:  # per-stage shares of the same spans the trace file shows
+            out.update(stages=self._trace.shares())
+            if self._trace.path is not None:
+                out["trace"] = self._trace.write()
         out.update(
             rank=self.rank, world_size=self.world_size, device=self.config.device,
             warmup_steps=self._skipped, num_workers=self.num_workers,
@@ -283,6 +313,8 @@ class StarvationMeter:
         note = _transfer.crowded(out, os.cpu_count() or 1)
         if note is not None:  # the machine, not the loader: too few cores left to the training loop
             out["advice"] = f"{note}; {out['advice']}"
+        if self._plan is not None:  # the feed-rate contract
+            out["plan"] = compare(self._plan, out["stages"], list(self._trace.batches()), out, self._price)
         mixture = self._proportions() if self._proportions is not None else None
         if mixture:  # what a mixture loader yielded per source, against what its plan targets
             out["mixture"] = mixture
@@ -329,7 +361,7 @@ class StarvationMeter:
         key = "gpu_idle_pct" if "gpu_idle_pct" in mine else "starved_pct"
         slowest = max(ranks, key=lambda s: s[key])
         return {"ranks": ranks, "slowest_rank": slowest["rank"], "max_starved_pct": slowest[key],
-                "band": band(slowest[key])}
+                "band": band(slowest[key]), **straggler(ranks)}
 
     def log_line(self) -> str:
         """The periodic line: rank, steps, throughput, starved%, p50/p95 wait, band."""
@@ -373,6 +405,10 @@ class StarvationMeter:
                          + (f", waited on the network {s['network_wait_pct']:.0f}% of the time"
                             if "network_wait_pct" in s else "")
                          + (f", spent {s['fetch_cpu_pct']:.0f}% of their CPU fetching" if "fetch_cpu_pct" in s else ""))
+        if "stages" in s:
+            lines.append(shares_line(s["stages"]) + (f" (trace: {s['trace']})" if "trace" in s else ""))
+        if "plan" in s:
+            lines.append(s["plan"]["line"])
         if "mixture" in s:
             lines.append(mixture_line(s["mixture"]))
         if "transfer" in s:
@@ -385,6 +421,14 @@ class StarvationMeter:
         s = self.summary()
         atomic_write(path, json.dumps(s, indent=2, sort_keys=True) + "\n")
         return s
+
+    def close_trace(self) -> str | None:
+        """Write the trace file one last time and turn the spans off; its path (None: not tracing)."""
+        if self._trace is None:
+            return None
+        path = self._trace.write()
+        stop_trace()
+        return path
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict:

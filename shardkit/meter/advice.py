@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from shardkit.errors import ConfigError
+from shardkit.meter.stages import stage_lever
 
 # Bands of the TensorFlow profiler's input-pipeline analysis (fraction of step time waiting).
 FINE_BELOW = 5.0
@@ -100,11 +101,27 @@ def advice(figures: dict, *, num_workers: int | None = None, cpus: int | None = 
                 "starved % measures the loader alone here; compare samples/s, or time a real step "
                 "(shardkit bench --step-ms N or --gpu)")
     share, steady = figures.get("epoch_start_wait_pct", 0.0), figures.get("steady_starved_pct", pct)
+    data = data or DataProfile()
+    held = held_by(figures)
+    epochs = figures.get("epochs") or 0
+    per_epoch = (steps + figures.get("warmup_steps", 0)) / epochs if epochs else float("inf")
     if share >= EPOCH_START_NOTE and steady < FINE_BELOW:
         return (f"{share:.0f}% of the waiting is for the first batch of an epoch (workers refilling their "
                 f"queues); between epoch starts the loader keeps up ({steady:.1f}% starved): this fades "
                 "as epochs get longer (more data per epoch)")
-    lever = _lever(figures, num_workers, cpus or os.cpu_count() or 1, data or DataProfile())
+    if share >= EPOCH_START_NOTE and epochs > 1 and per_epoch < MIN_STEPS:
+        # A tiny dataset: each epoch is a few batches, and restarting the workers for every one of
+        # them is much of the waiting. Its levers would not be those of a real run's steady loading.
+        line = (f"the dataset is too small to judge: an epoch is about {per_epoch:.0f} batches, and {share:.0f}% of the waiting is at the starts of its {epochs} epochs (the workers "
+                "take up each new epoch and refill their queues); measure on at least "
+                f"{MIN_STEPS} batches an epoch (more samples or a smaller batch)")
+        if held is not None and held[0] != "epoch start":
+            line += f". Between starts the wait is held by {held[0]} ({held[1]:.0f}%): {stage_lever(held[0], data.images)}"
+        return line
+    if held is not None and held[0] != "epoch start" and held[1] >= HELD_SHARE:  # traced: the stage is seen
+        lever = f"the wait is held by {held[0]} ({held[1]:.0f}% of it, from the trace): {stage_lever(held[0], data.images)}"
+    else:
+        lever = _lever(figures, num_workers, cpus or os.cpu_count() or 1, data)
     if share >= EPOCH_START_NOTE:
         lever += f"; {share:.0f}% of the waiting is at epoch starts, which fades as epochs get longer"
     return lever
@@ -118,6 +135,15 @@ def _bursts(figures: dict) -> bool:
     if step is not None and p50 > 0.1 * step:
         return False
     return figures.get("steady_wait_p95_ms", figures["wait_p95_ms"]) > 4 * max(p50, 1e-6)
+
+
+HELD_SHARE = 40.0  # % of the wait one traced stage must hold for the advice to name it as the lever
+
+
+def held_by(figures: dict) -> tuple[str, float] | None:
+    """(stage, % of the wait) that held the training loop most, from a traced run; None untraced."""
+    wait = (figures.get("stages") or {}).get("wait") or {}
+    return next(iter(wait.items()), None)
 
 
 NETWORK_SHARE = 0.5  # of the readers' time spent waiting for remote shards: the network is the lever
@@ -162,10 +188,19 @@ def _lever(figures: dict, num_workers: int | None, cpus: int, data: DataProfile)
     if data.images == "raw":
         size = f" ({data.image_shape[0]}x{data.image_shape[1]})" if data.image_shape else ""
         return (f"workers are saturated although the images are stored decoded{size}: only copying is "
-                "left, so store smaller images (--image-size), read only the fields the step uses "
-                "(StreamingDataset(fields=...)), or add cores")
+                f"left, so {raw_levers(data)}")
     return ("workers are saturated: cut per-sample work in the dataset and its transforms (e.g. "
             "images decoded every epoch: shardkit build --encode raw), or add cores")
+
+
+SMALL_IMAGE_SIDE = 96  # px: images this small are not made cheaper by storing them smaller
+
+
+def raw_levers(data: DataProfile) -> str:
+    """What is left for decoded images: smaller ones (unless already small), fewer fields, cores."""
+    small = data.image_shape is not None and max(data.image_shape) <= SMALL_IMAGE_SIDE
+    return ("" if small else "store smaller images (--image-size), ") + (
+        "read only the fields the step uses (StreamingDataset(fields=...)), or add cores")
 
 
 def cost_line(starved_pct: float) -> str:
@@ -218,9 +253,7 @@ def levers(figures: dict, num_workers: int, cpus: int, data: DataProfile) -> lis
         out.append((BUILD_GAIN[data.images], BUILD_LEVER[data.images]))
     elif data.images == "raw":  # stored decoded: nothing left to cache, only copying to cut
         size = f" ({data.image_shape[0]}x{data.image_shape[1]})" if data.image_shape else ""
-        out.append((None, f"the images are stored decoded{size}, so only copying is left: store smaller images "
-                          "(--image-size), read only the fields the step uses (StreamingDataset(fields=...)), "
-                          "or add cores"))
+        out.append((None, f"the images are stored decoded{size}, so only copying is left: {raw_levers(data)}"))
     else:
         out.append((None, "cut per-sample work in the dataset and its transforms (e.g. images decoded "
                           "every epoch: shardkit build --encode raw), or add cores"))

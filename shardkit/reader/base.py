@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset
 from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.identity import worker_identity, worker_info
-from shardkit.reader import decode
+from shardkit.reader import decode, spans
 from shardkit.reader.partition import Plan
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import STORED
@@ -189,9 +189,14 @@ class EpochDataset(IterableDataset, StateContract, Progress, ReaderCounts):
         plain = self.transform is None and self.batch_transform is None
         batch = self.reader.read(ids, epoch, alloc, cross, shared=plain)
         if self.transform is not None:
-            samples = [self.transform(decode.unbatch(batch, i)) for i in range(length(batch))]
-            batch = decode.collate(samples)
-        return self.batch_transform(batch) if self.batch_transform else batch
+            with spans.within("transforms"):
+                samples = [self.transform(decode.unbatch(batch, i)) for i in range(length(batch))]
+            with spans.within("collate"):
+                batch = decode.collate(samples)
+        if self.batch_transform:
+            with spans.within("transforms"):
+                return self.batch_transform(batch)
+        return batch
 
     def received(self, item):
         """Main process: the batches of one worker item. A group of consecutive batches (packed token

@@ -13,7 +13,7 @@ from shardkit.contract import fixed_nbytes
 from shardkit.errors import ChecksumMismatch, ShardError
 from shardkit.store.local import join
 from shardkit.identity import worker_identity
-from shardkit.reader import decode, variants
+from shardkit.reader import decode, spans, variants
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.partition import locate
 from shardkit.reader.remote import Remote
@@ -122,6 +122,7 @@ class BatchReader:
                shared: bool) -> dict:
         n = len(rows)
         needed = dict.fromkeys(shard_idx.tolist())
+        spans.note("shards", list(needed))
         for s in needed:
             if self.bad[s]:
                 raise _tagged(ShardError(f"shard {self.shards[s].path} was skipped earlier"), s)
@@ -160,14 +161,16 @@ class BatchReader:
             for s, reader, pos, r in groups:
                 if reader.has(name):
                     present[pos] = _guard(s, lambda: reader.fill(name, r, flat, pos))
-            return decode.arrays(flat, present, spec, alloc, self.float_dtype)
+            with spans.within("decode"):
+                return decode.arrays(flat, present, spec, alloc, self.float_dtype)
         values: list = [None] * n
         for s, reader, pos, r in groups:
             if reader.has(name):
                 for p, v in zip(pos.tolist(), _guard(s, lambda: reader.values(name, r))):
                     values[p] = v
         try:
-            return decode.column(spec, values, alloc)
+            with spans.within("decode"):
+                return decode.column(spec, values, alloc)
         except decode.DecodeFailed as e:
             s = next(s for s, _, pos, _ in groups if e.index in pos)
             raise _tagged(ShardError(f"shard {self.shards.url(s)}: cannot decode field "
@@ -180,7 +183,10 @@ class BatchReader:
         ask = {s: r for s, r in needs.items() if s not in self.readers or self.readers[s][1].partial is not None}
         if self._row_groups is None:  # created lazily, in the process that reads: caches are per process
             self._row_groups = ByteLRU(ROW_GROUP_CACHE_BYTES)
-        got = self.remote.pinned(ask) if ask else {}
+        # A remote shard's files: the time blocked here is the batch's network wait (what fetching
+        # ahead did not hide); a local one's: pinning the files (a cache lookup).
+        with spans.within("network wait" if self.remote.remote and ask else "fetch"):
+            got = self.remote.pinned(ask) if ask else {}
         try:
             for s, pinned in list(got.items()):
                 entry = self.readers.get(s)

@@ -1,0 +1,248 @@
+"""`shardkit plan`'s probe: what a sample costs on this machine, field by field, and what the store gives.
+
+Per field, a few batches are read in this process with the pipeline's stage spans on
+(reader/spans.py): read (with fetch) and decode seconds per sample. Then one worker reads the
+whole sample set through make_loader, which prices what the stages leave out (the hand-off, the
+DataLoader's queue) and the main process's share; its rate is the unit of the model. A remote
+dataset is read twice: the first pass fills a local cache (and times the store), the probes read
+the cache, so the CPU costs exclude the network, which the model adds from the store's round
+trip and per-connection rate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+PROBE_S = 20.0  # the probe's budget; each part stops early when it runs out
+FIELD_SAMPLES = 256  # samples read per field at most
+WORKER_BATCHES = 32  # batches the one-worker probe times at most
+PREFETCH = 2  # the one-worker probe's prefetch_factor: batches built ahead, left out of its timing
+
+
+@dataclass
+class Probe:
+    """What was measured (seconds per sample, bytes, the store's figures)."""
+
+    src: str
+    kind: str  # "dataset" (built shards) or "folder" (a raw folder of images)
+    samples: int
+    cores: int
+    fields: dict = field(default_factory=dict)  # field -> {read_s, decode_s, bytes, encoding, shape}
+    worker_s: float = 0.0  # per sample, one worker through make_loader (all fields read)
+    main_s: float = 0.0  # per sample, the training process's CPU in that read
+    bytes_per_sample: float = 0.0
+    shard_bytes: float = 0.0
+    remote: bool = False
+    rtt_s: float = 0.0
+    conn_bytes_per_s: float | None = None  # one connection's rate (remote), None local
+    connections: int = 8
+    copy_bytes_per_s: float = 0.0  # memcpy rate here: prices stored-decoded images
+    probe_s: float = 0.0
+    gpu_decode: bool = False
+    free_cores: float = 0.0  # cores the loader can have now: the cores less what other processes keep busy
+
+    def __post_init__(self):
+        if not self.free_cores:
+            self.free_cores = free_cores(self.cores)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def free_cores(cores: int) -> float:
+    """The cores not taken by other processes now: cores less the 1-minute load average beyond this
+    process (at least 1). A shared machine gives a second worker little when the others keep it busy."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): assume the cores are free
+        return float(cores)
+    return float(max(1.0, min(cores, cores - (load - 1.0))))
+
+
+class _Sink:
+    """Collects the spans of batches built in this process (reader.spans' sink)."""
+
+    def __init__(self):
+        self.stages: dict = {}
+        self.samples = 0
+
+    def batch(self, shipped: dict) -> None:
+        self.samples += shipped["args"].get("samples") or 0
+        for name, start, end in shipped["stages"]:
+            self.stages[name] = self.stages.get(name, 0) + (end - start) / 1e9
+
+    def span(self, name, start, end) -> None:
+        pass
+
+
+def probe_dataset(src: str, fields: list[str] | None, batch: int, cache_dir: str, budget_s: float = PROBE_S) -> Probe:
+    """Measure a built dataset (local or remote)."""
+    import numpy as np
+
+    from shardkit.fs import is_remote
+    from shardkit.identity import usable_cores
+    from shardkit.reader.dataset import StreamingDataset
+
+    t0 = time.perf_counter()
+    ds = StreamingDataset(src, fields=fields, seed=0, cache_dir=cache_dir)
+    specs = {f: ds.manifest.fields[f] for f in ds.fields} if ds.fields else dict(ds.manifest.fields)
+    table = ds.shards
+    p = Probe(src=src, kind="dataset", samples=len(ds), cores=usable_cores(), remote=is_remote(src),
+              connections=ds.config.connections, copy_bytes_per_s=_copy_rate())
+    nbytes = np.asarray(table.nbytes, dtype=np.float64)
+    p.shard_bytes = float(nbytes.mean()) if len(nbytes) else 0.0
+    p.bytes_per_sample = float(nbytes.sum()) / max(1, len(ds))
+    n = min(len(ds), FIELD_SAMPLES)
+    if p.remote:  # fill the cache with the shards the probes read, and time the store
+        p.rtt_s, p.conn_bytes_per_s = store_rate(src, table)
+        _read(StreamingDataset(src, fields=list(specs), seed=0, cache_dir=cache_dir), batch, n)
+    for name, spec in specs.items():
+        left = budget_s * 0.5 / len(specs)  # half the budget for the fields, the rest for the worker
+        sink = _stage_costs(StreamingDataset(src, fields=[name], seed=0, cache_dir=cache_dir), batch, n, left)
+        per = max(1, sink.samples)
+        p.fields[name] = {"read_s": (sink.stages.get("read", 0) + sink.stages.get("fetch", 0)) / per,
+                          "decode_s": sink.stages.get("decode", 0) / per, "kind": spec.get("kind"),
+                          "encoding": spec.get("encoding"), "shape": spec.get("shape")}
+    p.worker_s, p.main_s = _one_worker(StreamingDataset(src, fields=list(specs), seed=0, cache_dir=cache_dir), batch,
+                                       max(0.5, budget_s - (time.perf_counter() - t0)))
+    p.gpu_decode = _gpu_decode_available()
+    p.probe_s = time.perf_counter() - t0
+    return p
+
+
+def _read(ds, batch: int, n: int) -> None:
+    from shardkit.loader import make_loader
+
+    seen = 0
+    for b in make_loader(ds, batch_size=batch, num_workers=0):
+        seen += len(b["__key__"])
+        if seen >= n:
+            break
+
+
+def _stage_costs(ds, batch: int, n: int, budget_s: float) -> _Sink:
+    from shardkit.loader import make_loader
+    from shardkit.reader import spans
+
+    sink = _Sink()
+    was_on = spans.ON
+    spans.enable(sink)
+    try:
+        end = time.perf_counter() + budget_s
+        loader = make_loader(ds, batch_size=batch, num_workers=0)
+        for _ in loader:
+            if sink.samples >= n or time.perf_counter() > end:
+                break
+    finally:
+        spans.disable()
+        if was_on:  # a meter traces this process: leave its spans on (without a sink for ours)
+            spans.ON = True
+    return sink
+
+
+def _one_worker(ds, batch: int, budget_s: float) -> tuple[float, float]:
+    """(seconds per sample with one worker, the main process's CPU seconds per sample), the
+    worker's start and the batches it prefetched meanwhile left out."""
+    from shardkit.loader import make_loader
+
+    loader = make_loader(ds, batch_size=batch, num_workers=1, prefetch_factor=PREFETCH)
+    try:
+        it = iter(loader)
+        next(it, None)  # the worker's start
+        # The next PREFETCH batches were built meanwhile: timed from after them, the rate is the
+        # worker's steady one, not its queue's (a dataset too small for that is timed whole).
+        marks = [(time.perf_counter(), time.process_time(), 0)]
+        seen = 0
+        end = marks[0][0] + budget_s
+        for got, b in enumerate(it, 1):
+            seen += len(b["__key__"])
+            if got == PREFETCH:
+                marks.append((time.perf_counter(), time.process_time(), seen))
+            if got >= PREFETCH + WORKER_BATCHES or time.perf_counter() > end:
+                break
+        t0, c0, skipped = marks[-1] if seen > marks[-1][2] else marks[0]
+        wall, cpu, seen = time.perf_counter() - t0, time.process_time() - c0, seen - skipped
+    finally:
+        loader.close()
+    return (wall / seen, cpu / seen) if seen else (0.0, 0.0)
+
+
+def store_rate(src: str, table) -> tuple[float, float]:
+    """(round trip s, one connection's bytes/s) of the store: a 1-byte range read, then a whole shard."""
+    import urllib.request
+
+    from shardkit.fs import join
+
+    url = join(src, table[0].path)
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=0-0"}), timeout=30) as r:
+        r.read()
+    rtt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        got = len(r.read())
+    took = time.perf_counter() - t0
+    return rtt, got / max(1e-6, took - rtt)
+
+
+def _copy_rate() -> float:
+    import numpy as np
+
+    a, b = np.ones(8 << 20, np.uint8), np.empty(8 << 20, np.uint8)
+    t0 = time.perf_counter()
+    for _ in range(8):
+        np.copyto(b, a)
+    return 8 * a.nbytes / (time.perf_counter() - t0)
+
+
+def _gpu_decode_available() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return False
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+
+
+def probe_folder(src: str, image_size: int | None, budget_s: float = PROBE_S) -> Probe:
+    """Measure a raw folder: open + decode (+ resize to image_size) per image, in this process."""
+    from PIL import Image
+
+    from shardkit.identity import usable_cores
+
+    t0 = time.perf_counter()
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.lower().endswith(IMAGE_SUFFIXES))
+    p = Probe(src=src, kind="folder", samples=len(paths), cores=usable_cores(), copy_bytes_per_s=_copy_rate())
+    if not paths:
+        return p
+    read = dec = 0.0
+    done, size = 0, 0
+    end = t0 + budget_s * 0.5
+    for path in paths[:FIELD_SAMPLES]:
+        a = time.perf_counter()
+        with open(path, "rb") as f:
+            data = f.read()
+        b = time.perf_counter()
+        im = Image.open(__import__("io").BytesIO(data)).convert("RGB")
+        if image_size:
+            im = im.resize((image_size, image_size))
+        im.tobytes()
+        c = time.perf_counter()
+        read, dec, done, size = read + b - a, dec + c - b, done + 1, size + len(data)
+        if c > end:
+            break
+    p.fields["image"] = {"read_s": read / done, "decode_s": dec / done, "kind": "image", "encoding": "files",
+                         "shape": [image_size, image_size, 3] if image_size else None}
+    p.bytes_per_sample = size / done
+    p.worker_s = (read + dec) / done * 1.05  # a map-style Dataset's per-sample collate and queue, ~5%
+    p.probe_s = time.perf_counter() - t0
+    return p

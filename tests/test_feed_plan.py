@@ -1,0 +1,151 @@
+"""`shardkit plan`: a probe and a prediction on a raw folder, built datasets (tar and Parquet, raw
+and JPEG) and an http:// dataset; bad arguments are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit.cli import main
+
+
+def plan(*args):
+    return CliRunner().invoke(main, ["plan", *args], catch_exceptions=False)
+
+
+def _check(result, out, feeds=None):
+    assert result.exit_code == 0, result.output
+    with open(out / "plan.json", encoding="utf-8") as f:
+        doc = json.load(f)
+    assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["probe"]["probe_s"] < 30 and doc["probe"]["worker_s"] > 0
+    curve = doc["curves"]["as stored"]
+    assert [w for w, _ in curve] == list(range(0, doc["probe"]["cores"] + 1)) and all(r > 0 for _, r in curve)
+    assert "predicted samples/s by workers" in result.output and len(result.output.splitlines()) <= 25
+    if feeds is not None:
+        assert doc["feeds"] is feeds
+    return doc
+
+
+@pytest.mark.parametrize("fmt, fields", [("tar", ("raw", "cls")), ("parquet", ("raw", "cls")),
+                                          ("tar", ("jpg", "cls")), ("parquet", ("jpg", "cls"))])
+def test_plan_on_built_datasets(tmp_path, fmt, fields):
+    from factory import make_dataset
+
+    root, _ = make_dataset(tmp_path / "ds", 96, shards=2, fmt=fmt, fields=fields, size=(32, 32))
+    doc = _check(plan(root, "--rate", "1", "--batch", "8", "--out", str(tmp_path / "p")), tmp_path / "p", feeds=True)
+    image = fields[0]
+    assert doc["probe"]["fields"][image]["encoding"] == ("raw" if image == "raw" else "jpeg")
+    # An unreachable target: not fed, and the changes say what each would give and cost
+    doc = _check(plan(root, "--rate", "1e9", "--batch", "8", "--out", str(tmp_path / "q")), tmp_path / "q", feeds=False)
+    names = [c["change"] for c in doc["changes"]]
+    if image == "jpg":
+        assert any("raw uint8" in n for n in names) and "raw uint8" in doc["curves"]
+        assert all(c["rate"] > 0 and c["cost"] for c in doc["changes"])
+
+
+def test_a_planted_slow_decode_makes_raw_the_change_that_feeds(tmp_path, monkeypatch):
+    import time
+
+    from factory import make_dataset
+
+    from shardkit.reader import decode
+
+    plain = decode.column
+
+    def slow(spec, values, *args, **kwargs):  # 2 ms more per image decoded: the decode is what holds
+        if spec.get("kind") == "image":
+            time.sleep(0.002 * len(values))
+        return plain(spec, values, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "column", slow)
+    root, _ = make_dataset(tmp_path / "ds", 96, shards=2, fields=("jpg", "cls"), size=(32, 32))
+    result = plan(root, "--rate", "900", "--batch", "8", "--workers", "1", "--out", str(tmp_path / "p"))
+    doc = _check(result, tmp_path / "p", feeds=False)
+    assert doc["probe"]["fields"]["jpg"]["decode_s"] > 0.0015
+    assert doc["changes"][0]["feeds"] and "raw uint8" in doc["changes"][0]["change"]
+
+
+def test_plan_on_a_raw_folder(tmp_path):
+    from shardkit.datagen import raw_folder
+
+    raw_folder(str(tmp_path / "raw"), images_per_class=4, documents=1, bad=False, seed=0)
+    doc = _check(plan(str(tmp_path / "raw"), "--step-ms", "1", "--batch", "1000", "--image-size", "32",
+                      "--out", str(tmp_path / "p")), tmp_path / "p", feeds=False)
+    assert doc["probe"]["kind"] == "folder" and any("build raw uint8 shards" in c["change"] for c in doc["changes"])
+
+
+def test_plan_on_an_http_dataset(tmp_path):
+    from factory import make_dataset
+    from throttled import Store
+
+    root, _ = make_dataset(tmp_path / "ds", 64, shards=2, fields=("jpg", "cls"), size=(32, 32))
+    store = Store(root, latency=0.3, rate=2e6)  # a far store: the network bounds the rate
+    try:
+        doc = _check(plan(store.url, "--rate", "1e9", "--batch", "8", "--out", str(tmp_path / "p")), tmp_path / "p")
+    finally:
+        store.close()
+    p = doc["probe"]
+    assert p["remote"] and 0.25 < p["rtt_s"] < 2.0 and 0.5e6 < p["conn_bytes_per_s"] < 4e6
+    assert any("local cache" in c["change"] for c in doc["changes"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{ds}"], "no target"),
+    (["{ds}", "--rate", "100", "--fields", "nope"], "unknown field 'nope'"),
+    (["{tmp}/missing", "--rate", "100"], "no such dataset"),
+    (["{ds}", "--rate", "-1"], "--rate"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, message):
+    from factory import make_dataset
+
+    root, _ = make_dataset(tmp_path / "ds", 8, shards=1, fields=("raw", "cls"))
+    result = CliRunner().invoke(main, ["plan", *[a.format(ds=root, tmp=tmp_path) for a in args]])
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_the_meter_holds_the_run_to_its_plan(tmp_path, monkeypatch):
+    import time
+
+    from factory import make_dataset
+
+    from shardkit.loader import make_loader
+    from shardkit.meter import StarvationMeter
+    from shardkit.plan import PlanConfig, make_plan
+    from shardkit.reader import decode, spans
+    from shardkit.reader.dataset import StreamingDataset
+
+    root, _ = make_dataset(tmp_path / "ds", 96, shards=2, fields=("jpg", "cls"), size=(32, 32))
+    make_plan(PlanConfig(root, rate=100, batch=8, workers=0, out=str(tmp_path / "p")))
+    plain = decode.column
+
+    def slow(spec, values, *args, **kwargs):  # the run decodes 3 ms a sample slower than the probe saw
+        if spec.get("kind") == "image":
+            time.sleep(0.003 * len(values))
+        return plain(spec, values, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "column", slow)
+    try:
+        meter = StarvationMeter(warmup=1, log_every=0, plan=str(tmp_path / "p" / "plan.json"), gpu_hour_price=2.5)
+        for _ in meter.wrap(make_loader(StreamingDataset(root, fields=["jpg", "cls"]), batch_size=8, num_workers=0)):
+            time.sleep(0.001)
+        s = meter.summary()
+    finally:
+        spans.disable()
+    assert s["plan"]["stages"]["decode"]["ratio"] > 2 and "trace" not in s  # no file without trace=
+    assert "decode is" in s["plan"]["line"] and "slower than planned" in s["plan"]["line"]
+    assert "$" in s["plan"]["line"] and s["plan"]["line"] in meter.report()
+
+
+def test_a_missing_or_foreign_plan_says_how_to_make_one(tmp_path):
+    from shardkit.errors import ConfigError
+    from shardkit.meter import StarvationMeter
+
+    with pytest.raises(ConfigError, match="shardkit plan"):
+        StarvationMeter(plan=str(tmp_path / "nope.json"))
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a plan"):
+        StarvationMeter(plan=str(tmp_path / "x.json"))
