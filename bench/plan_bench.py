@@ -26,7 +26,7 @@ sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
 def prepare(work: str, n: int, size: int = 224, shard: int = 500) -> dict:
     import numpy as np
 
-    from shardkit.datagen import _jpeg, photo_like
+    from shardkit.demo.datagen import _jpeg, photo_like
     from shardkit.manifest import Manifest, write_manifest
     from shardkit.sample import Sample
     from shardkit.writers import get_writer

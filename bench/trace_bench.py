@@ -23,7 +23,7 @@ import numpy as np
 
 
 def prepare(root: str, n: int, size: int = 224, shard: int = 256) -> str:
-    from shardkit.datagen import _jpeg, photo_like
+    from shardkit.demo.datagen import _jpeg, photo_like
     from shardkit.manifest import Manifest, write_manifest
     from shardkit.sample import Sample
     from shardkit.writers import get_writer

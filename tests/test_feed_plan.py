@@ -69,7 +69,7 @@ def test_a_planted_slow_decode_makes_raw_the_change_that_feeds(tmp_path, monkeyp
 
 
 def test_plan_on_a_raw_folder(tmp_path):
-    from shardkit.datagen import raw_folder
+    from shardkit.demo.datagen import raw_folder
 
     raw_folder(str(tmp_path / "raw"), images_per_class=4, documents=1, bad=False, seed=0)
     doc = _check(plan(str(tmp_path / "raw"), "--step-ms", "1", "--batch", "1000", "--image-size", "32",
@@ -88,7 +88,9 @@ def test_plan_on_an_http_dataset(tmp_path):
     finally:
         store.close()
     p = doc["probe"]
-    assert p["remote"] and 0.25 < p["rtt_s"] < 2.0 and 0.5e6 < p["conn_bytes_per_s"] < 4e6
+    # the store sleeps 0.3 s before a body and sends 2 MB/s at most: the probe cannot see less wait or
+    # more rate (the bounds the other way are wide: a loaded machine measures a slower store)
+    assert p["remote"] and 0.25 < p["rtt_s"] < 10.0 and 0.02e6 < p["conn_bytes_per_s"] < 4e6
     assert any("local cache" in c["change"] for c in doc["changes"])
 
 

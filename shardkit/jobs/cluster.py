@@ -108,8 +108,6 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
         finally:
             client.close()
         return
-    import dask
-
     n = workers or max(1, os.cpu_count() or 1)
     # One thread per worker process: PIL and the tokenizer hold the GIL for part of their work.
     # ":0": a free port for the dashboard, so two builds on one machine never collide on 8787.
@@ -121,6 +119,16 @@ def dask_client(scheduler: str | None, workers: int | None, threads: bool = Fals
         with _threaded_cluster(n, quiet) as client:
             yield client
         return
+    with _process_cluster(n, quiet) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _process_cluster(n: int, quiet: int):
+    """An embedded LocalCluster of n worker processes, one thread each."""
+    import dask
+    from distributed import Client, LocalCluster
+
     check_main_guard("a shardkit job on worker processes (build, dedup, annotate)", main_thread=True)
     # Workers are forked from a fork server that has imported Dask and the build's modules once
     # (a spawned worker re-imports them all: ~0.4 s of CPU each before its first task, most of a

@@ -308,6 +308,14 @@ class StarvationMeter:
             band=band(pct), advice=advice(out, num_workers=self.num_workers, data=self.data),
             cost=cost_line(pct), windows=list(self.windows),
         )
+        self._judge(out)
+        mixture = self._proportions() if self._proportions is not None else None
+        if mixture:  # what a mixture loader yielded per source, against what its plan targets
+            out["mixture"] = mixture
+        return out
+
+    def _judge(self, out: dict) -> None:
+        """The advice's additions from the transfer split and the machine, and the run against its plan."""
         if "transfer" in out:
             out["advice"] = _transfer.with_transfer(out["advice"], out["transfer"])
         note = _transfer.crowded(out, os.cpu_count() or 1)
@@ -315,10 +323,6 @@ class StarvationMeter:
             out["advice"] = f"{note}; {out['advice']}"
         if self._plan is not None:  # the feed-rate contract
             out["plan"] = compare(self._plan, out["stages"], list(self._trace.batches()), out, self._price)
-        mixture = self._proportions() if self._proportions is not None else None
-        if mixture:  # what a mixture loader yielded per source, against what its plan targets
-            out["mixture"] = mixture
-        return out
 
     def _worker_figures(self, run_s: float, fetch_cpu_s: float = 0.0) -> dict:
         """Cores the workers kept busy (psutil), the share of their time spent waiting on the

@@ -16,7 +16,7 @@ import threading
 from collections import deque
 
 from shardkit.errors import ConfigError
-from shardkit.fs import atomic_write
+from shardkit.store.local import atomic_write
 from shardkit.meter.stages import wait_holders
 from shardkit.reader import spans as _spans
 

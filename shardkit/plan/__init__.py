@@ -48,19 +48,19 @@ class PlanConfig:
 
 
 def _is_dataset(src: str) -> bool:
-    from shardkit.fs import is_remote
+    from shardkit.store.local import is_url
 
-    return is_remote(src) or os.path.isfile(os.path.join(src, "manifest.json"))
+    return is_url(src) or os.path.isfile(os.path.join(src, "manifest.json"))
 
 
 def make_plan(cfg: PlanConfig) -> dict:
     """Probe, predict, choose; writes OUT/plan.json and OUT/plan.png and returns the plan."""
-    from shardkit.fs import is_remote
+    from shardkit.store.local import is_url
     from shardkit.loader import default_workers
     from shardkit.plan import model, probe
 
     src = cfg.dataset
-    if not is_remote(src) and not os.path.isdir(src):
+    if not is_url(src) and not os.path.isdir(src):
         raise ConfigError(f"{src}: no such dataset or folder (give a dataset built by `shardkit build`, "
                           "a raw folder of images, or an http(s):// or s3:// dataset)")
     if _is_dataset(src):
@@ -82,7 +82,7 @@ def make_plan(cfg: PlanConfig) -> dict:
             "curves": {k: [[w, r] for w, r in v] for k, v in model.curves(p).items()},
             "changes": [] if now >= target else model.changes(p, target, workers)}
     os.makedirs(cfg.out, exist_ok=True)
-    from shardkit.fs import atomic_write
+    from shardkit.store.local import atomic_write
     from shardkit.plan.draw import draw_plan
 
     atomic_write(os.path.join(cfg.out, "plan.json"), json.dumps(plan, indent=2, sort_keys=True) + "\n")

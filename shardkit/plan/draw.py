@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardkit.fs import atomic_writer
+from shardkit.store.local import atomic_writer
 from shardkit.loaderbench.plot import COLORS, GRID, INK, Axis, _text
 
 SIZE = (760, 460)

@@ -81,7 +81,7 @@ def probe_dataset(src: str, fields: list[str] | None, batch: int, cache_dir: str
     """Measure a built dataset (local or remote)."""
     import numpy as np
 
-    from shardkit.fs import is_remote
+    from shardkit.store.local import is_url
     from shardkit.identity import usable_cores
     from shardkit.reader.dataset import StreamingDataset
 
@@ -89,7 +89,7 @@ def probe_dataset(src: str, fields: list[str] | None, batch: int, cache_dir: str
     ds = StreamingDataset(src, fields=fields, seed=0, cache_dir=cache_dir)
     specs = {f: ds.manifest.fields[f] for f in ds.fields} if ds.fields else dict(ds.manifest.fields)
     table = ds.shards
-    p = Probe(src=src, kind="dataset", samples=len(ds), cores=usable_cores(), remote=is_remote(src),
+    p = Probe(src=src, kind="dataset", samples=len(ds), cores=usable_cores(), remote=is_url(src),
               connections=ds.config.connections, copy_bytes_per_s=_copy_rate())
     nbytes = np.asarray(table.nbytes, dtype=np.float64)
     p.shard_bytes = float(nbytes.mean()) if len(nbytes) else 0.0
@@ -173,7 +173,7 @@ def store_rate(src: str, table) -> tuple[float, float]:
     """(round trip s, one connection's bytes/s) of the store: a 1-byte range read, then a whole shard."""
     import urllib.request
 
-    from shardkit.fs import join
+    from shardkit.store.local import join
 
     url = join(src, table[0].path)
     t0 = time.perf_counter()
