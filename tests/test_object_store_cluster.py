@@ -55,7 +55,7 @@ def cluster(tmp_path_factory):
                                                "--local-directory", own["cwd"]], start_new_session=True,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **own))
             _wait_for_workers(address)
-            yield {"address": address, "s3": s3, "base": base, "clients": 0}
+            yield {"address": address, "s3": s3, "base": base, "clients": 0, "workers": procs[1:]}
         finally:
             for p in procs:
                 _stop(p)
@@ -77,6 +77,12 @@ def _wait_for_workers(address: str) -> None:
             if time.time() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _hold_workers(cluster, signum) -> None:
+    """SIGSTOP or SIGCONT to every worker's process group (the `dask worker` and its nanny's child)."""
+    for p in cluster["workers"]:
+        os.killpg(p.pid, signum)
 
 
 def _stop(p) -> None:
@@ -179,16 +185,25 @@ def test_sigterm_is_one_line_and_exit_143_and_a_second_build_is_refused_naming_t
     src, out = s3.upload(str(raw), "t/raw"), s3.url("t/out")
     args = ["build", src, out, "--scheduler", cluster["address"], *OPTS]
     proc = _client(cluster, *args, wait=False)
-    while proc.poll() is None and "lease" not in s3.keys("t/out/.shardkit"):
-        time.sleep(0.05)
-    second = _client(cluster, *args)
-    assert second.returncode == 3, second.stderr
-    assert f"is being written by `shardkit build` (pid {proc.pid} on host {socket.gethostname()}" in second.stderr
-    assert second.stderr.count("\n") == 1
-    while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in s3.keys("t/out")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    try:
+        while proc.poll() is None and "lease" not in s3.keys("t/out/.shardkit"):
+            time.sleep(0.05)
+        # The workers are held still while the second client starts (seconds on a loaded machine, in
+        # which the first build could otherwise end) and while the first is stopped: mid-build, always.
+        _hold_workers(cluster, signal.SIGSTOP)
+        second = _client(cluster, *args)
+        assert second.returncode == 3, second.stderr
+        assert f"is being written by `shardkit build` (pid {proc.pid} on host {socket.gethostname()}" in second.stderr
+        assert second.stderr.count("\n") == 1
+        _hold_workers(cluster, signal.SIGCONT)
+        while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in s3.keys("t/out")):
+            time.sleep(0.05)
+        _hold_workers(cluster, signal.SIGSTOP)
+        assert proc.poll() is None  # mid-build: some shards done, not all
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _hold_workers(cluster, signal.SIGCONT)
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == ["stopped by SIGTERM: rerun the same command to continue"]
     assert "lease" not in s3.keys("t/out/.shardkit")  # released on the way out
