@@ -126,3 +126,19 @@ def loader_for(root, monkeypatch, *, rank=0, world=1, workers=0, bs=4, drop_last
     ds = StreamingDataset(root, fields=["raw", "cls"], **options)
     return ds, make_loader(ds, batch_size=bs, num_workers=workers, prefetch_factor=2, drop_last=drop_last,
                            multiprocessing_context=context)
+
+
+class FixedCpu:
+    """A meter's WorkerCpu stand-in: `measured` workers kept `cores` cores busy."""
+
+    def __init__(self, cores, measured=2):
+        self.cores, self.measured = cores, measured
+
+    def watch(self, pids):
+        pass
+
+    def sample(self):
+        pass
+
+    def figures(self):
+        return {"worker_cpu_cores": self.cores, "workers_measured": self.measured}

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from shardkit.cli import main
 from shardkit.errors import ShardError
 from shardkit.errors import redact
+from moto_store import s3  # noqa: F401 — the s3 fixture
 
 SECRETS = ("hunter2", "SIGSECRET", "CREDSECRET", "TOKSECRET", "AKIASECRETKEY", "S3SECRET")
 

@@ -9,6 +9,7 @@ import pytest
 from shardkit.errors import ConfigError
 from shardkit.meter import (DataProfile, StarvationMeter, advice, band, batch_size_of, cost_line, percentile,
                             profile_of)
+from factory import FixedCpu
 
 
 class FakeClock:
@@ -484,7 +485,7 @@ class _RemoteLoader:
 
 def test_network_wait_comes_from_the_datasets_io_stats():
     clock = FakeClock()
-    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(0.3))
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=FixedCpu(0.3))
     for _ in meter.wrap(_RemoteLoader(clock, {"network_wait_s": 3.0, "bytes": 10})):
         clock.t += 0.02
     s = meter.summary()  # 3 s of 2 workers x 2.5 s run
@@ -504,20 +505,6 @@ def test_a_local_dataset_says_nothing_about_the_network():
 
     assert network_wait_s(Local()) is None and network_wait_s(object()) is None
     assert network_wait_s(Remote()) == 0.0  # fetched without waiting: worth saying
-
-
-class _FixedCpu:
-    def __init__(self, cores):
-        self.cores = cores
-
-    def watch(self, pids):
-        pass
-
-    def sample(self):
-        pass
-
-    def figures(self):
-        return {"worker_cpu_cores": self.cores, "workers_measured": 2}
 
 
 def test_folders_and_lists_of_file_paths_read_as_files():
@@ -576,7 +563,7 @@ def test_workers_busy_fetching_are_told_the_fetch_holds_them():
 
 def test_fetch_cpu_comes_from_the_datasets_io_stats():
     clock = FakeClock()
-    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=_FixedCpu(1.0))
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=FixedCpu(1.0))
     for _ in meter.wrap(_RemoteLoader(clock, {"network_wait_s": 0.5, "bytes_fetched": 10, "fetch_cpu_s": 1.5})):
         clock.t += 0.02
     s = meter.summary()  # 1.5 s of 1 core busy over a 2.5 s run

@@ -5,6 +5,7 @@ import torch
 
 from shardkit.meter import StarvationMeter
 from shardkit.meter.transfer import largest, transfer_advice
+from factory import FixedCpu
 
 
 class Clock:
@@ -99,26 +100,10 @@ def test_the_default_copy_moves_every_tensor_of_a_batch():
     assert moved["x"].tolist() == [1.0, 1.0] and moved["__key__"] == ["a", "b"]
 
 
-class BusyWorkers:
-    """A WorkerCpu stand-in: the workers kept `cores` cores busy."""
-
-    def __init__(self, cores):
-        self.cores = cores
-
-    def watch(self, pids):
-        pass
-
-    def sample(self):
-        pass
-
-    def figures(self):
-        return {"worker_cpu_cores": self.cores, "workers_measured": 4}
-
-
 def _crowded_run(monkeypatch, cores):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     clock = Clock()
-    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=BusyWorkers(cores),
+    meter = StarvationMeter(warmup=0, log_every=0, clock=clock, worker_cpu=FixedCpu(cores, measured=4),
                             copy=slow_copy(clock, 0.001))
     meter.num_workers = 4
     run(meter, clock, 30, wait_s=0.010, step_s=0.060)  # 14% starved, the step the largest part
