@@ -48,8 +48,9 @@ class Remote:
     plan order, reads rows by range while their shards download, and says after each batch which
     shards are read no more (`finished`); outside an epoch (ds[i], ds.get) it reads rows by range."""
 
-    def __init__(self, shards, config, tokens=None, tag=None):
+    def __init__(self, shards, config, tokens=None, tag=None, specs=None):
         self.shards, self.config, self.tokens, self._tag = shards, config, tokens, tag or _untagged
+        self.specs = specs or {}  # the dataset's fields: which columns of a Parquet shard a row needs
         self.offsets = shard_offsets(shards.samples)
         self.remote = any(is_url(r) for r in shards.roots)
         self.bounded = self.remote and config.cache_limit is not None  # close shards after their last use
@@ -75,7 +76,7 @@ class Remote:
         self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
         self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(RANGE_THREADS * self.config.connections,
                                                                    thread_name_prefix="shardkit-range"), self.net),
-                                       self.config.remote_policy(), self._tag)
+                                       self.config.remote_policy(), self._tag, self.specs)
 
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
@@ -180,12 +181,17 @@ class Remote:
         """{shard: PinnedShard of rows read by range} for the shards of `needs` whose rows are read
         so: rows of a tar shard not cached yet, for a lookup (always) or while it downloads (when the
         shards waited for are large, within the epoch's budget). Indexes first, then rows: two round
-        trips."""
+        trips (a Parquet shard: its tail, then its rows, keys and checksums: reader.ranged_parquet)."""
         rows = self._rows
 
         def rangeable(s: int) -> bool:
             shard, cache = self.shards[s], self.cache(s)
-            return (cache.ranges is not False and shard.format == "tar" and bool(shard.index) and self.tokens is None
+            # A Parquet shard's rows are read by range for a lookup only (streaming reads it whole), and
+            # only when the manifest records its sums: without them only the whole file's sha256 tells
+            # that the file is the build's.
+            kind = shard.format == "tar" and bool(shard.index) or (shard.format == "parquet" and bool(shard.sums)
+                                                                   and self._budget is None)
+            return (cache.ranges is not False and kind and self.tokens is None
                     and self.config.checksums and s not in rows.unchecked and not cache.has(shard.path))
 
         todo = {s: r for s, r in needs.items() if rangeable(s)}
@@ -214,7 +220,7 @@ class Remote:
         return self.net.totals()
 
     def __getstate__(self):  # what a spawned worker gets: no threads, pools or pins
-        return {k: v for k, v in self.__dict__.items() if k in ("shards", "config", "tokens", "_tag", "offsets",
+        return {k: v for k, v in self.__dict__.items() if k in ("shards", "config", "tokens", "_tag", "offsets", "specs",
                                                                 "remote", "bounded", "per_sample", "net")} | {"_pid": None}
 
 
