@@ -9,6 +9,7 @@ DataLoader worker it is made again on first use.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,8 @@ from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.values import values_checked
+
+log = logging.getLogger(__name__)
 
 # A batch reads the rows of shards not cached yet by range when those shards hold more than this:
 # 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an
@@ -69,6 +72,7 @@ class Remote:
         self._walk = self._fetcher = None
         self._held: set[int] = set()  # shards handed out whole and not closed: not fetched again
         self._budget = None  # bytes this epoch may still read by range (None: no limit, outside an epoch)
+        self._first = False
         self._since = time.time()
         # Threads are started on first use. Rows read by range get connections of their own,
         # RANGE_THREADS as many: a row's GET is mostly the store's latency, and it must not queue
@@ -100,6 +104,7 @@ class Remote:
         for first in self.shards.first[:-1].tolist():  # made here: the fetch threads only look them up
             self.cache(first).since = self._since
         self._budget = min(RANGED_SHARE * samples * self.per_sample, RANGED_MAX)
+        self._first = True  # the epoch's first batch here: its rows by range (see _by_range)
         if not self.config.fetch_ahead and not self.bounded:
             return
         self._walk = EpochWalk(batches(), self.offsets)
@@ -136,9 +141,34 @@ class Remote:
                         raise self._tag(e, s)
                     self._held.add(s)
             finally:
+                self._first = False
                 self.net.waited(time.perf_counter() - start)
                 self.net.loop()
         return out
+
+    def warm(self, shards) -> None:
+        """Main process, while the loader's workers start: the index sidecars of `shards` (remote tar
+        shards not cached) fetched into the shared cache at once, on the range connections; a worker
+        that reads one meanwhile waits for it (its lock), so each is fetched once. Its first batch
+        then takes one round trip: its rows (read by range: see `_first`)."""
+        self._forked()
+        todo = [s for s in shards if self._warmable(s)]
+        for s, error in zip(todo, self._rows.pool.map(self._warm_one, todo)):
+            if error is not None:  # the worker reading shard s meets it (recorded beside the file) and reports it
+                log.debug("fetching the index of shard %s ahead failed: %s", self.shards.url(s), error)
+
+    def _warmable(self, s: int) -> bool:
+        shard, cache = self.shards[s], self.cache(s)
+        return (cache.remote and shard.format == "tar" and bool(shard.index) and self.tokens is None
+                and self.config.checksums and not cache.has(shard.path) and not cache.has(shard.index["path"]))
+
+    def _warm_one(self, s: int):
+        index = self.shards[s].index
+        try:
+            self.cache(s).pin(index["path"], index["sha256"], index.get("bytes"), direct=True)[1].release()
+        except ShardError as e:
+            return e
+        return None
 
     def finished(self, j: int) -> list[int]:
         """Shards read for the last time by batch j of the epoch (or before), to close: under a
@@ -199,7 +229,11 @@ class Remote:
         if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
             cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
             waiting = sum(nbytes(self.shards[s]) for s in needs if not self.cache(s).has(self.shards[s].path))
-            if waiting < RANGED_FROM or cost > self._budget:
+            # The epoch's first batch waits on nothing else: its rows by range (one round trip after
+            # the indexes, which the main process fetched while the workers started: warm), unless
+            # its shards come whole in one round of GETs anyway.
+            first = self._first and waiting > self.config.connections * download.PART
+            if waiting < RANGED_FROM and not first or cost > self._budget:
                 todo = {s: todo[s] for s in ready}
         if not todo:
             return {}
