@@ -254,8 +254,8 @@ class Remote:
         return self.net.totals()
 
     def __getstate__(self):  # what a spawned worker gets: no threads, pools or pins
-        return {k: v for k, v in self.__dict__.items() if k in ("shards", "config", "tokens", "_tag", "offsets", "specs",
-                                                                "remote", "bounded", "per_sample", "net")} | {"_pid": None}
+        kept = ("shards", "config", "tokens", "_tag", "offsets", "specs", "remote", "bounded", "per_sample", "net")
+        return {k: v for k, v in self.__dict__.items() if k in kept} | {"_pid": None}
 
 
 def _untagged(error: ShardError, s: int) -> ShardError:
