@@ -27,10 +27,11 @@ from shardkit.reader.values import values_checked
 
 log = logging.getLogger(__name__)
 
-# A batch reads the rows of shards not cached yet by range when those shards hold more than this:
-# 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an
-# index and a GET per run of rows, mostly round trips). Below it (JPEG shards of a few MB), whole
-# shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
+# A batch reads the rows of shards not cached yet by range when those shards hold more than this, or
+# more than one round of whole-shard GETs on the connections (connections x download.PART): 64 MiB
+# take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an index and a
+# GET per run of rows, mostly round trips). Below both (JPEG shards of a few MB), whole shards came
+# sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards (17 MB).
 RANGED_FROM = 64 << 20
 # Rows read by range are downloaded twice (their whole shard follows), so an epoch reads at most this
 # share of a worker's bytes by range, and at most RANGED_MAX bytes (they are held in memory until
@@ -72,7 +73,6 @@ class Remote:
         self._walk = self._fetcher = None
         self._held: set[int] = set()  # shards handed out whole and not closed: not fetched again
         self._budget = None  # bytes this epoch may still read by range (None: no limit, outside an epoch)
-        self._first = False
         self._since = time.time()
         # Threads are started on first use. Rows read by range get connections of their own,
         # RANGE_THREADS as many: a row's GET is mostly the store's latency, and it must not queue
@@ -104,7 +104,6 @@ class Remote:
         for first in self.shards.first[:-1].tolist():  # made here: the fetch threads only look them up
             self.cache(first).since = self._since
         self._budget = min(RANGED_SHARE * samples * self.per_sample, RANGED_MAX)
-        self._first = True  # the epoch's first batch here: its rows by range (see _by_range)
         if not self.config.fetch_ahead and not self.bounded:
             return
         self._walk = EpochWalk(batches(), self.offsets)
@@ -149,7 +148,6 @@ class Remote:
                         raise self._tag(e, s)
                     self._held.add(s)
             finally:
-                self._first = False
                 self.net.waited(time.perf_counter() - start)
                 self.net.loop()
         return out
@@ -158,7 +156,7 @@ class Remote:
         """Main process, while the loader's workers start: the index sidecars of `shards` (remote tar
         shards not cached) fetched into the shared cache at once, on the range connections; a worker
         that reads one meanwhile waits for it (its lock), so each is fetched once. Its first batch
-        then takes one round trip: its rows (read by range: see `_first`)."""
+        then takes one round trip: its rows (read by range: see `_by_range`)."""
         self._forked()
         todo = [s for s in shards if self._warmable(s)]
         for s, error in zip(todo, self._rows.pool.map(self._warm_one, todo)):
@@ -241,11 +239,12 @@ class Remote:
         if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
             cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
             waiting = self._waiting(needs)
-            # The epoch's first batch waits on nothing else: its rows by range (one round trip after
-            # the indexes, which the main process fetched while the workers started: warm), unless
-            # its shards come whole in one round of GETs anyway.
-            first = waiting > self.config.connections * download.PART
-            if waiting < RANGED_FROM and not first or cost > self._budget:
+            # Whole shards, when they come in one round of GETs on the connections (at most
+            # connections x PART) and below RANGED_FROM; else the rows by range (within the budget):
+            # 4 JPEG shards of 16 MB came whole in 0.76 s from iter(loader) to a first batch, its
+            # rows by range in 0.3-0.36 s, and later batches need not wait for them either.
+            soon = waiting < RANGED_FROM and waiting <= self.config.connections * download.PART
+            if soon or cost > self._budget:
                 todo = {s: todo[s] for s in ready}
         if not todo:
             return {}
