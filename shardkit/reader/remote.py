@@ -223,18 +223,7 @@ class Remote:
         shards waited for are large, within the epoch's budget). Indexes first, then rows: two round
         trips (a Parquet shard: its tail, then its rows, keys and checksums: reader.ranged_parquet)."""
         rows = self._rows
-
-        def rangeable(s: int) -> bool:
-            shard, cache = self.shards[s], self.cache(s)
-            # A Parquet shard's rows are read by range for a lookup only (streaming reads it whole), and
-            # only when the manifest records its sums: without them only the whole file's sha256 tells
-            # that the file is the build's.
-            kind = shard.format == "tar" and bool(shard.index) or (shard.format == "parquet" and bool(shard.sums)
-                                                                   and self._budget is None)
-            return (cache.ranges is not False and kind and self.tokens is None
-                    and self.config.checksums and s not in rows.unchecked and not cache.has(shard.path))
-
-        todo = {s: r for s, r in needs.items() if rangeable(s)}
+        todo = {s: r for s, r in needs.items() if self._rangeable(s)}
         ready = {s for s in todo if rows.ready(s, todo[s])}
         if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
             cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
@@ -258,6 +247,17 @@ class Remote:
             self._budget -= fetched
         self.net.ranged(fetched)
         return got
+
+    def _rangeable(self, s: int) -> bool:
+        """Whether rows of shard s may be read by range (see _by_range)."""
+        shard, cache = self.shards[s], self.cache(s)
+        # A Parquet shard's rows are read by range for a lookup only (streaming reads it whole), and
+        # only when the manifest records its sums: without them only the whole file's sha256 tells
+        # that the file is the build's.
+        kind = shard.format == "tar" and bool(shard.index) or (shard.format == "parquet" and bool(shard.sums)
+                                                               and self._budget is None)
+        return (cache.ranges is not False and kind and self.tokens is None
+                and self.config.checksums and s not in self._rows.unchecked and not cache.has(shard.path))
 
     def stats(self) -> dict:
         """io_stats(): bytes and files fetched, seconds waited on the network and the remote path's
