@@ -172,7 +172,8 @@ class EpochDataset(IterableDataset):
         epoch, consumed, layers = self.position.published()
 
         def firsts() -> None:
-            plan = self.epoch_plan(epoch, layers, batch_size, drop_last)
+            # A copy, as the workers' walks take: a plan's order caches blocks, not for two threads.
+            plan = copy.deepcopy(self.epoch_plan(epoch, layers, batch_size, drop_last))
             ids = list(itertools.islice(plan.batches(consumed, 0, 1), max(1, num_workers)))
             if ids:
                 remote.warm(np.unique(locate(np.concatenate(ids), remote.offsets)[0]).tolist())
