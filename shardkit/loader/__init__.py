@@ -36,6 +36,7 @@ class StreamingLoader(DataLoader):
     def __init__(self, dataset: EpochDataset, *, batch_size: int, drop_last: bool, num_workers: int,
                  prefetch_factor: int, pin_memory: bool, multiprocessing_context=None, gpu_decoder=None):
         self.source = dataset
+        self.warming = None  # the first iteration's warm-up thread (EpochDataset.warm_up), if any
         # prefetch_factor counts batches; a worker item may hold several (packed token rows).
         group = dataset.group_size(batch_size)
         prefetch_factor = prefetch_factor if group == 1 else max(2, -(-prefetch_factor // group))
@@ -79,9 +80,14 @@ class StreamingLoader(DataLoader):
             return self._count(super().__iter__(), sizes, (pos.epoch, pos.layers))
         self._transport.new_iteration()
         # The (persistent) workers start on the first iteration, with the stop signals blocked (loader/signals.py)
-        starting = signals.blocked(self._start_method()) if self._iterator is None else contextlib.nullcontext()
+        fresh = self._iterator is None
+        starting = signals.blocked(self._start_method()) if fresh else contextlib.nullcontext()
         with starting:
             batches = super().__iter__()  # returns once the workers dropped the previous iteration
+        if fresh and hasattr(self.source, "warm_up"):
+            # The workers were just started (forked: no thread of ours was running then) and take a
+            # while to reach their first batch: meanwhile this process fetches what it reads first.
+            self.warming = self.source.warm_up(self.dataset.batch_size, self.dataset.drop_last, self.num_workers)
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
 

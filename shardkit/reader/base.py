@@ -4,6 +4,8 @@ epoch, a worker's batches from the published position, and the hooks make_loader
 from __future__ import annotations
 
 import copy
+import itertools
+import threading
 
 import numpy as np
 import torch
@@ -13,7 +15,7 @@ from shardkit.contract import fixed_nbytes
 from shardkit.errors import ConfigError
 from shardkit.identity import worker_identity, worker_info
 from shardkit.reader import decode, spans
-from shardkit.reader.partition import Plan
+from shardkit.reader.partition import Plan, locate
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import STORED
 
@@ -170,6 +172,27 @@ class EpochDataset(IterableDataset, StateContract, Progress, ReaderCounts):
                     self.reader.close(s)
         finally:
             remote.stop()
+
+    def warm_up(self, batch_size: int, drop_last: bool, num_workers: int):
+        """Main process, once the loader's workers were started: fetch what their first batches read
+        first (the index sidecars of those batches' remote shards) into the shared cache, in a
+        thread, while the workers start up; they find it there. The thread, or None when nothing is
+        remote. Best effort: a fetch that fails is the worker's to report, as it would be."""
+        remote = self.reader.remote
+        if not remote.remote or self.group_size(batch_size) > 1:
+            return None
+        epoch, consumed, layers = self.position.published()
+
+        def firsts() -> None:
+            # A copy, as the workers' walks take: a plan's order caches blocks, not for two threads.
+            plan = copy.deepcopy(self.epoch_plan(epoch, layers, batch_size, drop_last))
+            ids = list(itertools.islice(plan.batches(consumed, 0, 1), max(1, num_workers)))
+            if ids:
+                remote.warm(np.unique(locate(np.concatenate(ids), remote.offsets)[0]).tolist())
+
+        thread = threading.Thread(target=firsts, name="shardkit-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def group_size(self, batch_size: int, transport: bool = True) -> int:
         """Batches a worker builds per item: several for packed token rows sent through the loader's

@@ -84,7 +84,7 @@ class BatchReader:
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
         self.readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files): the open shards
         self._row_groups = None  # made in the process that reads
-        self.remote = Remote(shards, config, tokens, _tagged)  # where a shard's files come from
+        self.remote = Remote(shards, config, tokens, _tagged, specs)  # where a shard's files come from
 
     @property
     def skipped_shards(self) -> list[str]:

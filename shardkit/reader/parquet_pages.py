@@ -37,8 +37,9 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
-def _value(buf, pos: int, kind: int):
-    """One Thrift compact value of type `kind` at pos -> (value, next pos); binaries are skipped."""
+def _value(buf, pos: int, kind: int, lists: bool = False):
+    """One Thrift compact value of type `kind` at pos -> (value, next pos); binaries are skipped, and
+    lists too unless `lists` (then a list of their values)."""
     if kind in (1, 2):  # booleans live in the field header
         return kind == 1, pos
     if kind == 3:
@@ -57,25 +58,28 @@ def _value(buf, pos: int, kind: int):
         size, elem = head >> 4, head & 0x0F
         if size == 15:
             size, pos = _varint(buf, pos)
+        items = []
         for _ in range(size):
-            _, pos = (None, pos + 1) if elem in (1, 2) else _value(buf, pos, elem)
-        return None, pos
+            item, pos = (buf[pos] == 1, pos + 1) if elem in (1, 2) else _value(buf, pos, elem, lists)
+            items.append(item)
+        return (items if lists else None), pos
     if kind == 11:
         size, pos = _varint(buf, pos)
         if size:
             kv = buf[pos]
             pos += 1
             for _ in range(size):
-                _, pos = _value(buf, pos, kv >> 4)
-                _, pos = _value(buf, pos, kv & 0x0F)
+                _, pos = _value(buf, pos, kv >> 4, lists)
+                _, pos = _value(buf, pos, kv & 0x0F, lists)
         return None, pos
     if kind == 12:
-        return struct(buf, pos)
+        return struct(buf, pos, lists)
     raise Unsupported(f"unknown Thrift type {kind}")
 
 
-def struct(buf, pos: int) -> tuple[dict, int]:
-    """A Thrift compact struct at pos -> ({field id: value}, next pos)."""
+def struct(buf, pos: int, lists: bool = False) -> tuple[dict, int]:
+    """A Thrift compact struct at pos -> ({field id: value}, next pos); `lists`: with the values of
+    its lists (else None for each)."""
     fields, last = {}, 0
     while True:
         head = buf[pos]
@@ -88,7 +92,7 @@ def struct(buf, pos: int) -> tuple[dict, int]:
         else:
             v, pos = _varint(buf, pos)
             fid = _zigzag(v)
-        fields[fid], pos = _value(buf, pos, kind)
+        fields[fid], pos = _value(buf, pos, kind, lists)
         last = fid
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ShardError
 from shardkit.store.remote import RemoteError, read_range
+from shardkit.reader import ranged_parquet
 from shardkit.reader.cache import Pin, PinnedShard
 from shardkit.reader.shards import read_index
 
@@ -42,6 +43,13 @@ class Landed:
     def missing(self, rows) -> np.ndarray:
         rows = np.unique(np.asarray(rows, np.int64))
         return rows[~self.landed[rows]]
+
+    def gets(self, rows) -> list[tuple[int, int]]:
+        """The (lo, hi) GETs that bring `rows` (not landed yet)."""
+        return [(lo, hi) for lo, hi, _ in runs(self.spans, rows)]
+
+    def arrived(self, ranges) -> None:
+        """Bytes `ranges` are in buf now (rows are marked landed by the caller)."""
 
 
 def _spans(index_path: str, shard: ShardInfo, url: str) -> np.ndarray:
@@ -97,8 +105,8 @@ class RangedRows:
     """The rows of remote shards read by range in one process, per shard (a Landed each), fetched
     on `pool` with `policy`; an error of shard s passes through `tag(error, s)`."""
 
-    def __init__(self, pool, policy, tag):
-        self.pool, self.policy, self.tag = pool, policy, tag
+    def __init__(self, pool, policy, tag, specs=None):
+        self.pool, self.policy, self.tag, self.specs = pool, policy, tag, specs or {}
         self.landed: dict[int, Landed] = {}
         self.unchecked: set[int] = set()  # shards whose index has no checksums: read whole
 
@@ -115,10 +123,11 @@ class RangedRows:
             if landed is not None:
                 self.landed[item[0]] = landed
         items = [item for item in items if item[0] in self.landed]
-        gets = [(s, url, lo, hi) for s, _, _, url, rows in items for lo, hi, _ in runs(self.landed[s].spans,
-                                                                                       self.landed[s].missing(rows))]
+        gets = [(s, url, lo, hi) for s, _, _, url, rows in items
+                for lo, hi in self.landed[s].gets(self.landed[s].missing(rows))]
         fetched = sum(self.pool.map(self._get, gets)) if len(gets) > 1 else sum(map(self._get, gets))
         for s, _, _, _, rows in items:  # rows with nothing stored count as landed too
+            self.landed[s].arrived([(lo, hi) for t, _, lo, hi in gets if t == s])
             self.landed[s].landed[np.asarray(rows, np.int64)] = True
         return {s: self.landed[s].pinned for s, *_ in items}, fetched
 
@@ -129,6 +138,8 @@ class RangedRows:
 
     def _index(self, item) -> Landed | None:
         s, cache, shard, url, _ = item
+        if shard.format == "parquet":
+            return self._footer(item)
         try:
             index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
         except ShardError as e:
@@ -143,10 +154,27 @@ class RangedRows:
             pin.release()
             raise self.tag(e, s)
 
-    def _get(self, get) -> int:
+    def _footer(self, item):
+        """A Parquet shard's LandedParquet: its footer (and offset indexes) read by range."""
+        s, _, shard, url, _ = item
+        pinned = PinnedShard(None, None, (Pin(), Pin()))
+
+        def read(lo, hi, buf):
+            self._get((s, url, lo, hi), buf)
+
+        try:
+            pinned.partial = ranged_parquet.LandedParquet(shard, url, self.specs, read, pinned)
+        except ranged_parquet.Unchecked:
+            self.unchecked.add(s)
+            return None
+        except ShardError as e:
+            raise self.tag(e, s)
+        return pinned.partial
+
+    def _get(self, get, buf=None) -> int:
         s, url, lo, hi = get
         try:
-            read_range(url, lo, hi, self.policy, memoryview(self.landed[s].buf)[lo:hi])
+            read_range(url, lo, hi, self.policy, memoryview(self.landed[s].buf if buf is None else buf)[lo:hi])
         except RemoteError as e:
             raise self.tag(ShardError(f"cannot fetch shard {url}: {e.detail}"), s) from e
         return hi - lo

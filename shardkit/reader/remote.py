@@ -9,6 +9,7 @@ DataLoader worker it is made again on first use.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,13 @@ from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
 from shardkit.reader.values import values_checked
 
-# A batch reads the rows of shards not cached yet by range when those shards hold more than this:
-# 64 MiB take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an
-# index and a GET per run of rows, mostly round trips). Below it (JPEG shards of a few MB), whole
-# shards came sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards.
+log = logging.getLogger(__name__)
+
+# A batch reads the rows of shards not cached yet by range when those shards hold more than this, or
+# more than one round of whole-shard GETs on the connections (connections x download.PART): 64 MiB
+# take ~0.3 s over 8 connections of 25 MB/s, about what a batch of range reads costs (an index and a
+# GET per run of rows, mostly round trips). Below both (JPEG shards of a few MB), whole shards came
+# sooner: 0.87 s vs 1.48 s to a first batch of 19 JPEG shards (17 MB).
 RANGED_FROM = 64 << 20
 # Rows read by range are downloaded twice (their whole shard follows), so an epoch reads at most this
 # share of a worker's bytes by range, and at most RANGED_MAX bytes (they are held in memory until
@@ -48,8 +52,9 @@ class Remote:
     plan order, reads rows by range while their shards download, and says after each batch which
     shards are read no more (`finished`); outside an epoch (ds[i], ds.get) it reads rows by range."""
 
-    def __init__(self, shards, config, tokens=None, tag=None):
+    def __init__(self, shards, config, tokens=None, tag=None, specs=None):
         self.shards, self.config, self.tokens, self._tag = shards, config, tokens, tag or _untagged
+        self.specs = specs or {}  # the dataset's fields: which columns of a Parquet shard a row needs
         self.offsets = shard_offsets(shards.samples)
         self.remote = any(is_url(r) for r in shards.roots)
         self.bounded = self.remote and config.cache_limit is not None  # close shards after their last use
@@ -75,7 +80,7 @@ class Remote:
         self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
         self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(RANGE_THREADS * self.config.connections,
                                                                    thread_name_prefix="shardkit-range"), self.net),
-                                       self.config.remote_policy(), self._tag)
+                                       self.config.remote_policy(), self._tag, self.specs)
 
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""
@@ -121,10 +126,18 @@ class Remote:
         if remote:
             start = time.perf_counter()
             try:
-                # Rows read by range go first: a first batch's GETs must not queue behind whole shards.
+                # All of this batch's shards at once, not one by one. Rows read by range go first when
+                # the shards are many (a first batch's GETs must not compete with hundreds of parts);
+                # when they come whole within RANGED_FROM, both at once: the rows take their own
+                # connections, and the shards land while they do (JPEG, 4 x 16 MB: the epoch's first
+                # 24 batches in 1.0 s, not 1.8).
+                missing = [s for s in remote if not self.cache(s).has(self.shards[s].path)]
+                early = self._fetcher is not None and self._waiting(missing) < RANGED_FROM
+                if early:
+                    self._fetcher.want(missing)
                 out.update(on_cpu(self.net, lambda: self._by_range({s: needs[s] for s in remote})))
-                if self._fetcher is not None:  # then all of this batch's shards at once, not one by one
-                    self._fetcher.want([s for s in remote if not self.cache(s).has(self.shards[s].path)])
+                if self._fetcher is not None and not early:
+                    self._fetcher.want(missing)
                 for s in remote:
                     if s in out:
                         continue
@@ -138,6 +151,30 @@ class Remote:
                 self.net.waited(time.perf_counter() - start)
                 self.net.loop()
         return out
+
+    def warm(self, shards) -> None:
+        """Main process, while the loader's workers start: the index sidecars of `shards` (remote tar
+        shards not cached) fetched into the shared cache at once, on the range connections; a worker
+        that reads one meanwhile waits for it (its lock), so each is fetched once. Its first batch
+        then takes one round trip: its rows (read by range: see `_by_range`)."""
+        self._forked()
+        todo = [s for s in shards if self._warmable(s)]
+        for s, error in zip(todo, self._rows.pool.map(self._warm_one, todo)):
+            if error is not None:  # the worker reading shard s meets it (recorded beside the file) and reports it
+                log.debug("fetching the index of shard %s ahead failed: %s", self.shards.url(s), error)
+
+    def _warmable(self, s: int) -> bool:
+        shard, cache = self.shards[s], self.cache(s)
+        return (cache.remote and shard.format == "tar" and bool(shard.index) and self.tokens is None
+                and self.config.checksums and not cache.has(shard.path) and not cache.has(shard.index["path"]))
+
+    def _warm_one(self, s: int):
+        index = self.shards[s].index
+        try:
+            self.cache(s).pin(index["path"], index["sha256"], index.get("bytes"), direct=True)[1].release()
+        except ShardError as e:
+            return e
+        return None
 
     def finished(self, j: int) -> list[int]:
         """Shards read for the last time by batch j of the epoch (or before), to close: under a
@@ -165,6 +202,10 @@ class Remote:
                 part.close()
         self._walk = self._fetcher = None
 
+    def _waiting(self, shards) -> int:
+        """Bytes of `shards` not in the cache yet."""
+        return sum(nbytes(self.shards[s]) for s in shards if not self.cache(s).has(self.shards[s].path))
+
     def _parts(self, s: int) -> int:
         """The GETs fetching shard s whole queues on the connections (its index is fetched apart)."""
         return max(1, -(-self.shards[s].bytes // download.PART))
@@ -180,20 +221,19 @@ class Remote:
         """{shard: PinnedShard of rows read by range} for the shards of `needs` whose rows are read
         so: rows of a tar shard not cached yet, for a lookup (always) or while it downloads (when the
         shards waited for are large, within the epoch's budget). Indexes first, then rows: two round
-        trips."""
+        trips (a Parquet shard: its tail, then its rows, keys and checksums: reader.ranged_parquet)."""
         rows = self._rows
-
-        def rangeable(s: int) -> bool:
-            shard, cache = self.shards[s], self.cache(s)
-            return (cache.ranges is not False and shard.format == "tar" and bool(shard.index) and self.tokens is None
-                    and self.config.checksums and s not in rows.unchecked and not cache.has(shard.path))
-
-        todo = {s: r for s, r in needs.items() if rangeable(s)}
+        todo = {s: r for s, r in needs.items() if self._rangeable(s)}
         ready = {s for s in todo if rows.ready(s, todo[s])}
         if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
             cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
-            waiting = sum(nbytes(self.shards[s]) for s in needs if not self.cache(s).has(self.shards[s].path))
-            if waiting < RANGED_FROM or cost > self._budget:
+            waiting = self._waiting(needs)
+            # Whole shards, when they come in one round of GETs on the connections (at most
+            # connections x PART) and below RANGED_FROM; else the rows by range (within the budget):
+            # 4 JPEG shards of 16 MB came whole in 0.76 s from iter(loader) to a first batch, its
+            # rows by range in 0.3-0.36 s, and later batches need not wait for them either.
+            soon = waiting < RANGED_FROM and waiting <= self.config.connections * download.PART
+            if soon or cost > self._budget:
                 todo = {s: todo[s] for s in ready}
         if not todo:
             return {}
@@ -208,14 +248,25 @@ class Remote:
         self.net.ranged(fetched)
         return got
 
+    def _rangeable(self, s: int) -> bool:
+        """Whether rows of shard s may be read by range (see _by_range)."""
+        shard, cache = self.shards[s], self.cache(s)
+        # A Parquet shard's rows are read by range for a lookup only (streaming reads it whole), and
+        # only when the manifest records its sums: without them only the whole file's sha256 tells
+        # that the file is the build's.
+        kind = shard.format == "tar" and bool(shard.index) or (shard.format == "parquet" and bool(shard.sums)
+                                                               and self._budget is None)
+        return (cache.ranges is not False and kind and self.tokens is None
+                and self.config.checksums and s not in self._rows.unchecked and not cache.has(shard.path))
+
     def stats(self) -> dict:
         """io_stats(): bytes and files fetched, seconds waited on the network and the remote path's
         CPU seconds, over every worker of this dataset so far."""
         return self.net.totals()
 
     def __getstate__(self):  # what a spawned worker gets: no threads, pools or pins
-        return {k: v for k, v in self.__dict__.items() if k in ("shards", "config", "tokens", "_tag", "offsets",
-                                                                "remote", "bounded", "per_sample", "net")} | {"_pid": None}
+        kept = ("shards", "config", "tokens", "_tag", "offsets", "specs", "remote", "bounded", "per_sample", "net")
+        return {k: v for k, v in self.__dict__.items() if k in kept} | {"_pid": None}
 
 
 def _untagged(error: ShardError, s: int) -> ShardError:

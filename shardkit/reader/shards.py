@@ -151,21 +151,28 @@ class ParquetShard:
     """One Parquet shard. Uncompressed PLAIN media and fixed-size columns (what shardkit writes)
     are sliced out of the memory-mapped file by value offsets, as tar members are; int columns are
     read whole once (8 bytes a row); any other column is read a row group at a time (only the
-    needed column) into an LRU."""
+    needed column) into an LRU. `partial`: in place of `path`, the bytes of some rows read by range
+    (reader.ranged_parquet.LandedParquet), the only rows asked for."""
 
-    def __init__(self, path: str, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU, checks: bool = True):
+    def __init__(self, path: str | None, shard: ShardInfo, specs: dict, url: str, cache: ByteLRU,
+                 checks: bool = True, partial=None):
         import pyarrow.parquet as pq
 
         self.url, self.specs, self.cache, self.path, self.checks = url, specs, cache, path, checks
+        self.partial = partial
         try:
-            _check_size(path, shard, url)
-            self.pf = pq.ParquetFile(path, memory_map=True, pre_buffer=False)  # no I/O thread: see TarShard
+            if partial is None:
+                _check_size(path, shard, url)
+            self.pf = pq.ParquetFile(_source(self), memory_map=True, pre_buffer=False)  # no I/O thread: see TarShard
             meta = self.pf.metadata
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self.columns = set(self.pf.schema_arrow.names)
             _check_schema(self.pf.schema_arrow, specs, url)
-            with open(path, "rb") as f:
-                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if partial is None:
+                with open(path, "rb") as f:
+                    self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            else:
+                self.mm = partial.buf
         except (ShardError, FileNotFoundError):  # a missing file: the caller may fetch it again
             raise
         except Exception as e:
@@ -183,8 +190,10 @@ class ParquetShard:
     def direct(self, field: str):
         """(offsets, sizes) of each row's value in the file (-1 where null), or None when the column
         is not stored uncompressed and PLAIN; computed once per field from the page headers."""
+        spec = self.specs[field]
+        if self.partial is not None:  # the pages landed so far (more land with later lookups)
+            return None if spec["kind"] in ("int", "text", "json") else self.partial.direct(field, fixed_nbytes(spec))
         if field not in self._direct:
-            spec = self.specs[field]
             self._direct[field] = None if spec["kind"] in ("int", "text", "json") else parquet_pages.field_offsets(
                 self.pf.metadata, self.mm, field, fixed_nbytes(spec))
         return self._direct[field]
@@ -217,7 +226,7 @@ class ParquetShard:
                 raise ShardError(f"shard {self.url}: cannot read row group {i} column {field!r} "
                                  f"({type(e).__name__}: {e}); rebuild the dataset") from e
             return arr, arr.nbytes
-        return self.cache.get((self.path, i, field), load)
+        return self.cache.get((self.path or self.url, i, field), load)
 
     def _sums(self, g: int, field: str, local) -> np.ndarray | None:
         """Recorded checksums of `field` at rows `local` of row group g (None: none recorded, or checks off)."""
@@ -232,6 +241,8 @@ class ParquetShard:
     def values(self, field: str, rows) -> list:
         """Stored values of `field` at `rows` (binary as bytes, json parsed); None where null."""
         rows = np.asarray(rows, np.int64)
+        if self.partial is not None:
+            self.partial.check(rows)
         if self.direct(field) is not None:
             return self._sliced(field, rows)
         if self.specs[field]["kind"] == "int":
@@ -273,6 +284,8 @@ class ParquetShard:
     def fill(self, field: str, rows, out: np.ndarray, positions) -> np.ndarray:
         """Gather fixed-size binary values into out[positions]: by offset from the mapped file, else
         from Arrow buffers of the row groups."""
+        if self.partial is not None:
+            self.partial.check(rows)
         direct = self.direct(field)
         if direct is not None:
             rows, sums = np.asarray(rows, np.int64), self._all_sums(field)
@@ -308,12 +321,20 @@ class ParquetShard:
 
         try:
             if self.checks:  # the keys column has no checksums of its own: its pages' CRCs cover it
-                pf = pq.ParquetFile(self.path, memory_map=True, pre_buffer=False, page_checksum_verification=True)
+                pf = pq.ParquetFile(_source(self), memory_map=True, pre_buffer=False,
+                                    page_checksum_verification=True)
                 return pf.read(columns=["__key__"], use_threads=False).column(0).to_pylist()
             return self.pf.read(columns=["__key__"], use_threads=False).column(0).to_pylist()
         except Exception as e:
             raise ShardError(f"shard {self.url}: cannot read keys ({type(e).__name__}: {e}); "
                              "rebuild the dataset") from e
+
+
+def _source(shard: ParquetShard):
+    """What pyarrow opens: the file, or the buffer of the rows read by range."""
+    import pyarrow as pa
+
+    return shard.path if shard.partial is None else pa.BufferReader(pa.py_buffer(shard.partial.buf))
 
 
 def _check_sums(shard: ParquetShard, recorded: str) -> None:
@@ -371,11 +392,12 @@ def _as_binary(arr):
 def open_shard(path: str | None, shard: ShardInfo, specs: dict, url: str, *, index_path: str | None = None,
                cache: ByteLRU | None = None, checks: bool = True, partial=None):
     """A reader for one local shard file (tar or Parquet); `checks`: verify each value read against
-    its recorded checksum (check_digests). `partial`: some rows of a tar shard read by range (TarShard)."""
+    its recorded checksum (check_digests). `partial`: some rows of the shard read by range (TarShard,
+    ParquetShard)."""
     if shard.format == "tar":
         return TarShard(path, shard, specs, index_path, url, checks, partial)
     if shard.format == "parquet":
-        return ParquetShard(path, shard, specs, url, cache or ByteLRU(ROW_GROUP_CACHE_BYTES), checks)
+        return ParquetShard(path, shard, specs, url, cache or ByteLRU(ROW_GROUP_CACHE_BYTES), checks, partial)
     raise ShardError(f"shard {url} has format {shard.format!r}; this reader knows 'tar' and 'parquet'")
 
 

@@ -10,6 +10,10 @@ from shardkit.contract import (CHECKSUM_SUFFIX, SOURCE_COLUMN, SOURCE_ROW_COLUMN
                                fixed_nbytes, key_bounds, shard_relpath, source_columns, sums_digest)
 
 ROW_GROUP_BYTES = 4 * 2**20  # a few MB: large enough for columnar reads, small enough to stream
+# Bytes per data page: a remote sample read by range fetches its page (its place from the page index),
+# so a page is a few samples, not a row group. pyarrow cuts a page only between write batches of rows,
+# so the batch is sized to match (at least one row).
+PAGE_BYTES = 256 << 10
 
 
 def arrow_type(spec: dict):
@@ -117,7 +121,8 @@ def write_parquet_table(table, root: str, shard_id: int, fields: dict, durable: 
     path = os.path.join(root, rel)
     with atomic_writer(path, durable=durable) as out:
         pq.write_table(table, out, row_group_size=rows_per_group, compression=compression,
-                       use_dictionary=dictionary, write_page_checksum=True)
+                       use_dictionary=dictionary, write_page_checksum=True, write_page_index=True,
+                       data_page_size=PAGE_BYTES, write_batch_size=max(1, PAGE_BYTES // row_bytes))
     return ShardInfo(shard_id, "parquet", rel, table.num_rows, os.path.getsize(path), sha256_file(path),
                      keys=key_bounds(table.column("__key__")), sums=table_sums(table))
 

@@ -1,0 +1,61 @@
+"""The first remote batch as soon as it can come: the main process fetches the index sidecars of the
+workers' first batches while they start, and a worker's first batch reads its rows by range (one
+round trip after the indexes), over the throttled store on 127.0.0.1 (tests/throttled.py)."""
+
+import time
+
+import numpy as np
+import pytest
+from factory import make_dataset
+from throttled import Store
+
+from shardkit.loader import make_loader
+from shardkit.manifest import load_manifest
+from shardkit.reader.dataset import StreamingDataset
+from shardkit.reader.partition import locate
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """96 samples of 224x224 raw images (150 KB each) in 2 tar shards of ~7 MB: more than one round
+    of 4 MiB GETs on one connection, which the first batch does not wait for."""
+    return make_dataset(tmp_path_factory.mktemp("first"), 96, shards=2, fields=("raw", "cls"), size=(224, 224))
+
+
+def round_trips(spans) -> int:
+    """The longest chain of GETs each sent after the one before it was answered."""
+    depth = {}
+    for received, answered, path, _ in sorted(spans):
+        depth[(received, answered, path)] = 1 + max((d for (r, a, _), d in depth.items() if a <= received), default=0)
+    return max(depth.values(), default=0)
+
+
+def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_rows(data, tmp_path):
+    root, _ = data
+    manifest = load_manifest(root)
+    store = Store(root, latency=0.25, rate=None)  # GETs sent together arrive well within a latency
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        loader = make_loader(ds, batch_size=4, num_workers=2)
+        store.spans.clear()  # the manifest's GET
+        plan = ds.epoch_plan(0, (), 4)
+        firsts = np.concatenate(list(plan.batches(0, 0, 1))[:2])  # each worker's first batch
+        shards = sorted(set(locate(firsts, ds.reader.offsets)[0].tolist()))
+        indexes = {f"/shards/{manifest.shards[s].index['path'].split('/')[-1]}" for s in shards}
+        it = iter(loader)
+        assert loader.warming is not None
+        loader.warming.join()  # the main process's fetches: done without any batch asked for
+        cached = {p.name for p in (tmp_path / "cache").rglob("*.idx.parquet")}
+        assert {p.split("/")[-1] for p in indexes} <= cached
+        first = next(it)
+        arrived = time.monotonic()
+        assert len(first["__key__"]) == 4
+        before = [span for span in store.spans if span[1] <= arrived]
+        # Two round trips: the indexes, then the first batch's rows by range (not whole shards).
+        assert round_trips(before) == 2, sorted(before)
+        assert all(n < manifest.shards[0].bytes / 4 for _, _, p, n in before if p.endswith(".tar"))
+        rest = sum(len(b["__key__"]) for b in it)
+        assert rest == 92
+        assert all(store.gets[p] == 1 for p in indexes)  # each index fetched once, by one process
+    finally:
+        store.close()
