@@ -159,8 +159,8 @@ def test_500_and_503_are_retried_within_retries_then_one_line_naming_the_url(s3,
     from shardkit.store.remote import RemotePolicy
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)  # the same tries and the same message on both
-    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=2, backoff=0.01),
-                                                "fix": "shardkit build --timeout/--retries"})
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=2, backoff=0.01,
+                                                                         fix="shardkit build --timeout/--retries")})
     url = s3.url("flaky.bin")
     store.write(url, b"z" * 50)
     answers["/shardkit-test/flaky.bin"] = [503, 500]
@@ -181,8 +181,8 @@ def test_a_stalled_get_fails_within_the_bound_naming_the_url(s3, answers, monkey
     from shardkit.store.remote import RemotePolicy
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
-    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(timeout=1, retries=1, backoff=0.01),
-                                                "fix": "shardkit build --timeout/--retries"})
+    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(timeout=1, retries=1, backoff=0.01,
+                                                                         fix="shardkit build --timeout/--retries")})
     url = s3.url("stalled.bin")
     store.write(url, b"s" * 50)
     answers["/shardkit-test/stalled.bin"] = ["stall", "stall"]
