@@ -26,10 +26,9 @@ from shardkit.store.urls import BadURL, check_location
 from shardkit.store.local import is_url, join
 
 __all__ = ["BadURL", "check_location", "is_url", "join", "location", "JOB_POLICY", "use_policy", "policy", "retry",
-           "read",
-           "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree", "staged",
-           "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources", "fetch_sources",
-           "stat_source"]
+           "read", "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree",
+           "staged", "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources",
+           "fetch_sources", "stat_source"]
 
 UPLOAD_PART = 16 << 20  # bytes per multipart part: an upload holds UPLOAD_CONCURRENCY parts at most
 UPLOAD_CONCURRENCY = 4
