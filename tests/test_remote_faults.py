@@ -191,6 +191,20 @@ def test_an_answer_is_named_by_its_status_even_one_the_standard_library_does_not
     assert said in str(e.value)
 
 
+def test_the_error_names_the_fix_its_policy_carries():
+    """A job's policy names its flags, the reader's its keywords: the text travels with the policy."""
+    from shardkit.store.remote import JOB_FIX
+
+    def attempt():
+        raise TimeoutError("no answer")
+
+    for policy, fix in [(RemotePolicy(retries=0), "StreamingDataset(timeout=..., retries=...) allow"),
+                        (RemotePolicy(retries=0, fix=JOB_FIX), "shardkit build --timeout/--retries allow")]:
+        with pytest.raises(RemoteError) as e:
+            with_retries("http://127.0.0.1:9/x", policy, attempt)
+        assert fix in str(e.value)
+
+
 def test_a_temp_file_the_disk_refuses_to_size_is_removed(data, store, tmp_path, monkeypatch):
     """The temp file is made at its full size at once (sparse): a disk that refuses that size (a full
     one, a quota, a file size limit) failed the fetch with the temp file left behind (its descriptor open)."""

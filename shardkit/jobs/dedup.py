@@ -31,17 +31,18 @@ def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curat
     ShardInfo or None when nothing is left, the curation's counters). A shard that loses nothing and
     keeps its id is copied byte for byte."""
     shard, new_id, drop = task
-    if policy is not None:  # the job's waits, in a worker process
+    if policy is not None:  # the job's waits, in a worker process, for the calls that do not take it yet
         store.use_policy(policy)
     if not len(drop) and new_id == shard.id and not curation:
         for rel, _ in durable.files_of([shard]):  # streamed: from a store, to a store, or both
-            with store.open_source(store.join(root, rel)) as f, store.writer(store.join(out, rel)) as g:
+            with store.open_source(store.join(root, rel), policy) as f, \
+                    store.writer(store.join(out, rel), policy=policy) as g:
                 shutil.copyfileobj(f, g, 4 << 20)
         return shard, {}
     stats, removed = {}, []
     info = _filtered(shard, new_id, drop, (root, manifest), store.staged(out), (curation, stats, removed))
     for rel, _ in durable.files_of([info] if info else []):
-        store.publish(out, rel)
+        store.publish(out, rel, policy=policy)
     if curation and shard.format == _first_format(manifest):  # one list per shard, whatever its formats
         from shardkit.jobs.build.tasks import write_filtered
 
@@ -137,9 +138,10 @@ def _shard_tasks(manifest, drop_ids: np.ndarray) -> list[tuple]:
 
 
 def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None, progress: bool = True,
-                  curation=None):
+                  curation=None, policy=None):
     """OUT as a dataset: the same shard formats, fields and classes, without the removed and the
-    unreadable samples (and, with a curation, what its filters removed). errors.jsonl = SRC's + this run's."""
+    unreadable samples (and, with a curation, what its filters removed). errors.jsonl = SRC's + this run's.
+    `policy` (the job's RemotePolicy) goes to every task with the shared arguments."""
     from shardkit.jobs.build.tasks import add_stats
     from shardkit.manifest import Manifest
     from shardkit.stages.filters import STAT
@@ -147,12 +149,12 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
     tasks = _shard_tasks(manifest, np.concatenate([result.removed_ids, result.rejected_ids]))
     with progress_bar(len(tasks), desc="dedup write", unit="shard", enabled=progress) as bar:
         done = run_tasks(_filter_shard, tasks, client=client, bar=bar, name="dedup-write",
-                         shared=(src, manifest, out, store.policy(), curation or None))
+                         shared=(src, manifest, out, policy, curation or None))
     infos, stats = [info for info, _ in done if info is not None], {}
     for _, counts in done:
         add_stats(stats, counts)
     try:
-        old_errors = store.read(store.join(src, "errors.jsonl")).decode("utf-8")
+        old_errors = store.read(store.join(src, "errors.jsonl"), policy).decode("utf-8")
     except FileNotFoundError:
         old_errors = ""
     durable.write_errors(out, result.rejections, old_errors)
@@ -214,7 +216,8 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
         result = find_duplicates(shards, cfg, client, store.join(cfg.out, ".shardkit", "dedup"),
                                  reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
                                  per_partition=per_partition)
-        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation)
+        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation,
+                            remote_policy(cfg))
     result.summary["execution"].update(execution.record())
     result.summary["output"] = {"samples": out.samples, "shards": len(out.shards_of()),
                                 "images": "stored bytes kept"}
@@ -236,13 +239,14 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
     if curation:
         cfg = replace(cfg, curation={**(cfg.curation or {}), **curation})
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
-    store.use_policy(remote_policy(cfg))
+    policy = remote_policy(cfg)
+    store.use_policy(policy)  # the calls that do not take the policy yet
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"SRC {cfg.src!r} is neither a dataset (manifest.json) nor a folder")
-    store.check_source(cfg.src)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
-    with out_lock(cfg.out, "shardkit dedup"):  # one writer per OUT (a raw SRC's build takes it again)
-        if store.exists(store.join(cfg.src, MANIFEST_NAME)):
+    store.check_source(cfg.src, policy)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
+    with out_lock(cfg.out, "shardkit dedup", policy=policy):  # one writer per OUT (a raw SRC's build takes it again)
+        if store.exists(store.join(cfg.src, MANIFEST_NAME), policy):
             return dedup_dataset(cfg)
         return build(cfg.build_config(), dedup=cfg).dedup

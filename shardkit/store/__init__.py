@@ -2,7 +2,8 @@
 
 The offline jobs touch files through the few verbs here. Locally they are the os calls (atomic
 writes: temp, then rename). On a store every call is bounded by a RemotePolicy (timeouts, retries
-with backoff, an error that names the URL), and a file is never visible half-written: one PUT (or
+with backoff, an error that names the URL and the options to raise), passed as each verb's `policy`
+(None: the process's, store.calls.use_policy), and a file is never visible half-written: one PUT (or
 one completed multipart upload) makes an object, so what a marker or a manifest names is whole.
 
 Files a job writes on a store are first written to a local staging folder (`staged`), by the very
@@ -18,16 +19,16 @@ import hashlib
 import os
 import tempfile
 
-from shardkit.store.remote import RemoteError, strip_protocol
+from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import _call, bound, filesystem, policy, retry, use_policy
+from shardkit.store.calls import JOB_POLICY, _call, bound, filesystem, policy, retry, use_policy
 from shardkit.store.urls import BadURL, check_location
 from shardkit.store.local import is_url, join
 
-__all__ = ["BadURL", "check_location", "is_url", "join", "location", "use_policy", "policy", "retry", "read",
-           "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree", "staged",
-           "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources", "fetch_sources",
-           "stat_source"]
+__all__ = ["BadURL", "check_location", "is_url", "join", "location", "JOB_POLICY", "use_policy", "policy", "retry",
+           "read", "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree",
+           "staged", "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources",
+           "fetch_sources", "stat_source"]
 
 UPLOAD_PART = 16 << 20  # bytes per multipart part: an upload holds UPLOAD_CONCURRENCY parts at most
 UPLOAD_CONCURRENCY = 4
@@ -39,7 +40,7 @@ def location(value: str, what: str, *, write: bool = False) -> str:
     return checked if is_url(checked) else os.path.abspath(checked)
 
 
-def check_source(src: str) -> None:
+def check_source(src: str, policy: RemotePolicy | None = None) -> None:
     """SRC is there before anything is written to OUT: a local folder, or a store whose bucket answers
     (one small listing; a bucket that does not exist, or credentials it refuses, fail here)."""
     if not is_url(src):
@@ -48,7 +49,7 @@ def check_source(src: str) -> None:
         return
     from shardkit.store.listing import has_any
 
-    has_any(src)
+    has_any(src, policy)
 
 
 def same_location(a: str, b: str) -> bool:
@@ -64,20 +65,20 @@ def _missing(error: BaseException) -> bool:
 
 # ------------------------------------------------------------------------------------------ small files
 
-def read(url: str) -> bytes:
+def read(url: str, policy: RemotePolicy | None = None) -> bytes:
     """All of a file; FileNotFoundError when there is none."""
     if not is_url(url):
         with open(local_path(url), "rb") as f:
             return f.read()
     try:
-        return _call(url, lambda fs, path: fs.cat_file(path))
+        return _call(url, lambda fs, path: fs.cat_file(path), policy=policy)
     except RemoteError as e:
         if e.not_found:
             raise FileNotFoundError(url) from e
         raise
 
 
-def read_many(urls: list[str]) -> dict[str, bytes | None]:
+def read_many(urls: list[str], policy: RemotePolicy | None = None) -> dict[str, bytes | None]:
     """Many small files at once (markers): on a store, requests run concurrently; None for a missing one."""
     if not urls:
         return {}
@@ -85,13 +86,13 @@ def read_many(urls: list[str]) -> dict[str, bytes | None]:
         out = {}
         for url in urls:
             try:
-                out[url] = read(url)
+                out[url] = read(url, policy)
             except OSError:
                 out[url] = None
         return out
-    fs, _ = filesystem(urls[0])
+    fs, _ = filesystem(urls[0], policy)
     paths = {strip_protocol(fs, u): u for u in urls}
-    got = retry(urls[0], lambda: fs.cat(list(paths), on_error="return"))
+    got = retry(urls[0], lambda: fs.cat(list(paths), on_error="return"), policy=policy)
     out = {}
     for path, url in paths.items():
         value = got.get(path)
@@ -101,17 +102,17 @@ def read_many(urls: list[str]) -> dict[str, bytes | None]:
     return out
 
 
-def write(url: str, data: bytes | str) -> None:
+def write(url: str, data: bytes | str, policy: RemotePolicy | None = None) -> None:
     """All of `data` into `url`, atomically (a reader sees the old file, the new one, or none)."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not is_url(url):
         atomic_write(local_path(url), data)
         return
-    _call(url, lambda fs, path: fs.pipe_file(path, data, **bound(fs, len(data))), write=True)
+    _call(url, lambda fs, path: fs.pipe_file(path, data, **bound(fs, len(data), policy)), write=True, policy=policy)
 
 
-def size(url: str) -> int | None:
+def size(url: str, policy: RemotePolicy | None = None) -> int | None:
     """The file's size in bytes, None when there is no such file."""
     if not is_url(url):
         try:
@@ -120,7 +121,7 @@ def size(url: str) -> int | None:
             return None
         return st.st_size if os.path.isfile(local_path(url)) else None
     try:
-        info = _call(url, lambda fs, path: fs.info(path, **bound(fs)))
+        info = _call(url, lambda fs, path: fs.info(path, **bound(fs, 0, policy)), policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if _missing(e):
             return None
@@ -128,11 +129,11 @@ def size(url: str) -> int | None:
     return int(info["size"]) if info.get("type") == "file" else None
 
 
-def exists(url: str) -> bool:
-    return size(url) is not None
+def exists(url: str, policy: RemotePolicy | None = None) -> bool:
+    return size(url, policy) is not None
 
 
-def listdir(url: str) -> dict[str, int]:
+def listdir(url: str, policy: RemotePolicy | None = None) -> dict[str, int]:
     """{name: size} of the files directly in a folder ({} when it does not exist)."""
     if not is_url(url):
         folder = local_path(url)
@@ -141,23 +142,23 @@ def listdir(url: str) -> dict[str, int]:
         return {e.name: e.stat().st_size for e in os.scandir(folder) if e.is_file()}
     from shardkit.store.listing import list_folder
 
-    return {e.name: e.size for e in list_folder(url) if not e.is_dir}
+    return {e.name: e.size for e in list_folder(url, policy) if not e.is_dir}
 
 
-def remove(url: str) -> None:
+def remove(url: str, policy: RemotePolicy | None = None) -> None:
     """Delete a file; one that is not there is fine."""
     if not is_url(url):
         with contextlib.suppress(FileNotFoundError):
             os.remove(local_path(url))
         return
     try:
-        _call(url, lambda fs, path: fs.rm_file(path, **bound(fs)), write=True)
+        _call(url, lambda fs, path: fs.rm_file(path, **bound(fs, 0, policy)), write=True, policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
 
 
-def remove_tree(url: str) -> None:
+def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
     """Delete a folder and everything below it; one that is not there is fine."""
     if not is_url(url):
         import shutil
@@ -165,7 +166,7 @@ def remove_tree(url: str) -> None:
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
     try:
-        _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True)
+        _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True, policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
@@ -174,7 +175,7 @@ def remove_tree(url: str) -> None:
 # ----------------------------------------------------------------------------- staged writes, cached reads
 
 @contextlib.contextmanager
-def writer(url: str, *, durable: bool = True):
+def writer(url: str, *, durable: bool = True, policy: RemotePolicy | None = None):
     """A binary file to write `url` through, atomically: temp then rename on a local disk (fsync unless
     `durable=False`); on a store, a local temp file uploaded on success (nothing appears otherwise)."""
     if not is_url(url):
@@ -187,7 +188,7 @@ def writer(url: str, *, durable: bool = True):
     try:
         with open(tmp, "wb") as f:
             yield f
-        _call(url, lambda fs, path: _upload(fs, tmp, path), write=True)
+        _call(url, lambda fs, path: _upload(fs, tmp, path, policy), write=True, policy=policy)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -215,7 +216,7 @@ def staged(out: str) -> str:
     return os.path.join(_private_dir("stage"), f"{os.getpid()}-{digest}")
 
 
-def publish(out: str, rel: str, *, durable: bool = True) -> None:
+def publish(out: str, rel: str, *, durable: bool = True, policy: RemotePolicy | None = None) -> None:
     """Make OUT/rel, written under `staged(out)`, durable where it belongs: fsync on a local disk
     (unless the caller syncs), or an upload by this process (multipart past 2 parts, never more than
     UPLOAD_CONCURRENCY parts in memory) and the staged copy removed."""
@@ -224,16 +225,16 @@ def publish(out: str, rel: str, *, durable: bool = True) -> None:
             fsync_path(os.path.join(local_path(out), rel))
         return
     source, url = os.path.join(staged(out), rel), join(out, rel)
-    _call(url, lambda fs, path: _upload(fs, source, path), write=True)
+    _call(url, lambda fs, path: _upload(fs, source, path, policy), write=True, policy=policy)
     os.remove(source)
 
 
-def _upload(fs, source: str, path: str) -> None:
+def _upload(fs, source: str, path: str, policy: RemotePolicy | None) -> None:
     if hasattr(fs, "max_concurrency"):  # s3fs: bounded part size and concurrency
         fs.put_file(source, path, chunksize=UPLOAD_PART, max_concurrency=UPLOAD_CONCURRENCY,
-                    **bound(fs, os.path.getsize(source)))
+                    **bound(fs, os.path.getsize(source), policy))
     else:
-        fs.put_file(source, path, **bound(fs, os.path.getsize(source)))
+        fs.put_file(source, path, **bound(fs, os.path.getsize(source), policy))
 
 
 def _cached(url: str, version: str) -> str:
@@ -241,7 +242,7 @@ def _cached(url: str, version: str) -> str:
     return os.path.join(_private_dir("cache"), name)
 
 
-def local_copy(url: str, version: str = "") -> str:
+def local_copy(url: str, version: str = "", policy: RemotePolicy | None = None) -> str:
     """A local path holding `url`'s bytes: the path itself when local; else a copy downloaded once per
     machine and user into the temp dir. Only for files whose name changes with their content (row
     indexes, sample tables), or with the `version` their content has (a shard's sha256): a cached
@@ -253,7 +254,7 @@ def local_copy(url: str, version: str = "") -> str:
         return path
     tmp = tmp_name(path)
     try:
-        _call(url, lambda fs, remote: fs.get_file(remote, tmp))
+        _call(url, lambda fs, remote: fs.get_file(remote, tmp), policy=policy)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -270,7 +271,7 @@ def drop_copy(url: str, version: str = "") -> None:
 
 # --------------------------------------------------------------------------------------------- sources
 
-def open_source(url: str):
+def open_source(url: str, policy: RemotePolicy | None = None):
     """A source file's bytes, local or remote: a seekable binary file. On a store, opening waits at
     most the policy's timeout per try, and a read that fails in a way that may pass (a timeout, a
     reset, HTTP 5xx/429) reopens the file where it stopped, the policy's retries times; the
@@ -279,26 +280,26 @@ def open_source(url: str):
         return open(local_path(url), "rb")
     from shardkit.store.source import ResumingFile
 
-    return ResumingFile(url)
+    return ResumingFile(url, policy)
 
 
-def read_sources(urls: list[str]) -> list:
+def read_sources(urls: list[str], policy: RemotePolicy | None = None) -> list:
     """Many whole source files at once, in order: each one's bytes, or the exception reading it raised.
     On a store the requests run concurrently (a task reading its images one GET at a time waits one
     round trip per image); a file that failed is then read alone, with the policy's retries."""
-    return fetch_sources(urls).result()
+    return fetch_sources(urls, policy).result()
 
 
-def fetch_sources(urls: list[str]):
+def fetch_sources(urls: list[str], policy: RemotePolicy | None = None):
     """read_sources started in the background: its `.result()` is read_sources' list. On a store the
     requests go out now, on the filesystem's event loop, while the caller goes on (it works on the
     previous batch meanwhile); locally the files are read when the result is asked for."""
     from shardkit.store.source import Fetch
 
-    return Fetch(urls)
+    return Fetch(urls, policy)
 
 
-def stat_source(url: str) -> tuple[int, int] | None:
+def stat_source(url: str, policy: RemotePolicy | None = None) -> tuple[int, int] | None:
     """(size, version) of a source file, None when there is none: the version is the mtime in ns
     locally, a number made from the ETag (or mtime) on a store."""
     if not is_url(url):
@@ -308,7 +309,7 @@ def stat_source(url: str) -> tuple[int, int] | None:
             return None
         return st.st_size, st.st_mtime_ns
     try:
-        info = _call(url, lambda fs, path: fs.info(path, **bound(fs)))
+        info = _call(url, lambda fs, path: fs.info(path, **bound(fs, 0, policy)), policy=policy)
     except RemoteError as e:
         if e.not_found:
             return None
@@ -319,11 +320,12 @@ def stat_source(url: str) -> tuple[int, int] | None:
     return int(info.get("size") or 0), version_number(version)
 
 
-def read_source(url: str, start: int | None = None, end: int | None = None) -> bytes:
+def read_source(url: str, start: int | None = None, end: int | None = None,
+                policy: RemotePolicy | None = None) -> bytes:
     """Bytes [start, end) of a source file (all of it by default), with open_source's waits."""
     if not is_url(url):
         with open(local_path(url), "rb") as f:
             if start:
                 f.seek(start)
             return f.read() if end is None else f.read(end - (start or 0))
-    return _call(url, lambda fs, path: fs.cat_file(path, start=start, end=end))
+    return _call(url, lambda fs, path: fs.cat_file(path, start=start, end=end), policy=policy)

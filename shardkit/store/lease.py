@@ -24,7 +24,7 @@ import time
 import uuid
 
 from shardkit.errors import FolderLocked
-from shardkit.store.remote import RemoteError
+from shardkit.store.remote import RemoteError, RemotePolicy
 from shardkit.store.locks import folder_lock, held
 from shardkit.errors import redact
 from shardkit.identity import pid_alive
@@ -37,7 +37,7 @@ REFRESH = 15.0  # seconds between refreshes by the holder
 
 
 @contextlib.contextmanager
-def out_lock(out: str, command: str, within: str | None = None):
+def out_lock(out: str, command: str, within: str | None = None, policy: RemotePolicy | None = None):
     """One writer per OUT for the block: the flock of a local folder, the lease of a store. Within one
     process too, a second writer is refused, except the one whose run is part of the holder's, named
     by `within` (`dedup RAW OUT` runs a build into the OUT it holds): store.locks.held, one rule for both."""
@@ -45,7 +45,7 @@ def out_lock(out: str, command: str, within: str | None = None):
         with folder_lock(out, command, within=within):
             yield
         return
-    lease = Lease(out, command)
+    lease = Lease(out, command, policy)
     with held(join(out, LEASE), out, command, within, lease.take, lease.release):
         yield
 
@@ -70,8 +70,8 @@ def _conflict(error: BaseException) -> bool:
 class Lease:
     """The lease of one OUT on a store (see the module's docstring)."""
 
-    def __init__(self, out: str, command: str):
-        self.out, self.url = out, join(out, LEASE)
+    def __init__(self, out: str, command: str, policy: RemotePolicy | None = None):
+        self.out, self.url, self.policy = out, join(out, LEASE), policy
         self.record = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
                        "since": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": uuid.uuid4().hex,
                        "refreshed": time.time(), "ttl": TTL}
@@ -84,28 +84,29 @@ class Lease:
     def _put(self, **condition) -> str | None:
         """Write the record under `condition` (mode='create' or IfMatch=etag); its new ETag, or None
         when the condition failed."""
-        fs, path = filesystem(self.url)
+        fs, path = filesystem(self.url, self.policy)
         data = json.dumps(self.record, sort_keys=True).encode()
 
         def attempt():
             try:
-                return fs.pipe_file(path, data, **condition, **bound(fs, len(data)))
+                return fs.pipe_file(path, data, **condition, **bound(fs, len(data), self.policy))
             except Exception as e:
                 if _conflict(e):
                     return False  # not an error to retry: the answer is "someone else holds it"
                 raise
 
-        out = retry(self.url, attempt, write=True)
+        out = retry(self.url, attempt, write=True, policy=self.policy)
         if out is False:
             return None
         return (out or {}).get("ETag", "") if isinstance(out, dict) else ""
 
     def _read(self) -> tuple[dict | None, str]:
         """(the lease's record, its ETag); (None, '') when there is none, {} when it is unreadable."""
-        fs, path = filesystem(self.url)
+        fs, path = filesystem(self.url, self.policy)
         try:
-            info = retry(self.url, lambda: fs.info(path, **bound(fs), **({"refresh": True} if _s3(fs) else {})))
-            data = read(self.url)
+            refresh = {"refresh": True} if _s3(fs) else {}
+            info = retry(self.url, lambda: fs.info(path, **bound(fs, 0, self.policy), **refresh), policy=self.policy)
+            data = read(self.url, self.policy)
         except (FileNotFoundError, RemoteError) as e:
             if isinstance(e, FileNotFoundError) or e.not_found:
                 return None, ""
@@ -189,7 +190,7 @@ class Lease:
         with contextlib.suppress(Exception):  # a lease left behind is taken over once stale
             held, _ = self._read()
             if held is not None and held.get("token") == self.record["token"]:
-                remove(self.url)
+                remove(self.url, self.policy)
 
 
 def _s3(fs) -> bool:

@@ -11,7 +11,7 @@ import hashlib
 import heapq
 from typing import Iterator, NamedTuple
 
-from shardkit.store.remote import RemoteError
+from shardkit.store.remote import RemoteError, RemotePolicy
 from shardkit.store.calls import bound, filesystem, retry
 
 PAGE = 1000  # objects per listing request (S3's maximum)
@@ -31,14 +31,14 @@ def version_number(version: str) -> int:
     return int.from_bytes(hashlib.blake2b(version.encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def list_folder(url: str) -> Iterator[Entry]:
+def list_folder(url: str, policy: RemotePolicy | None = None) -> Iterator[Entry]:
     """The files and subfolders directly in `url`, in name order (a subfolder sorts as `name/`, as S3
     orders keys), page by page on S3; nothing when the folder does not exist."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, policy)
     if _pages_s3(fs):
-        yield from _s3_folder(fs, url, path)
+        yield from _s3_folder(fs, url, path, policy)
         return
-    yield from _fsspec_folder(fs, url, path)
+    yield from _fsspec_folder(fs, url, path, policy)
 
 
 S3_CALL = "_call_s3"  # s3fs's private request call: see _pages_s3
@@ -50,14 +50,15 @@ def _pages_s3(fs) -> bool:
     return type(fs).__name__ == "S3FileSystem" and callable(getattr(fs, S3_CALL, None))
 
 
-def _s3_folder(fs, url: str, path: str) -> Iterator[Entry]:
+def _s3_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
     from fsspec.asyn import sync
 
     bucket, _, key = path.partition("/")
     prefix = key.strip("/") + "/" if key.strip("/") else ""
     args = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
     while True:
-        page = retry(url, lambda: sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", **args, **bound(fs)))
+        call = getattr(fs, S3_CALL)
+        page = retry(url, lambda: sync(fs.loop, call, "list_objects_v2", **args, **bound(fs, 0, policy)), policy=policy)
         dirs = [Entry(p["Prefix"][len(prefix):-1], True, 0, "") for p in page.get("CommonPrefixes", [])]
         files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
                  for c in page.get("Contents", []) if len(c["Key"]) > len(prefix)]
@@ -67,10 +68,10 @@ def _s3_folder(fs, url: str, path: str) -> Iterator[Entry]:
         args["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def _fsspec_folder(fs, url: str, path: str) -> Iterator[Entry]:
+def _fsspec_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
     """Any other fsspec store: one `ls` per folder (its cache dropped at once)."""
     try:
-        infos = retry(url, lambda: fs.ls(path, detail=True))
+        infos = retry(url, lambda: fs.ls(path, detail=True), policy=policy)
     except RemoteError as e:
         if e.not_found:
             return
@@ -90,15 +91,15 @@ def _fsspec_folder(fs, url: str, path: str) -> Iterator[Entry]:
     yield from entries
 
 
-def has_any(url: str) -> bool:
+def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
     """Whether anything lies at or below `url` (a file, or a folder holding one): one small request."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, policy)
     if _pages_s3(fs):
         from fsspec.asyn import sync
 
         bucket, _, key = path.partition("/")
         page = retry(url, lambda: sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", Bucket=bucket, Prefix=key,
-                                       MaxKeys=1, **bound(fs)))
+                                       MaxKeys=1, **bound(fs, 0, policy)), policy=policy)
         return bool(page.get("KeyCount") or page.get("Contents"))
-    return bool(retry(url, lambda: fs.exists(path)))
+    return bool(retry(url, lambda: fs.exists(path), policy=policy))
 

@@ -26,6 +26,8 @@ PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirector
 # client (aiohttp) is needed only for a large file from a server that ignores Range, and
 # reader.download says so then. A build's SRC there is listed through fsspec's client: checked.
 OWN_CLIENT = frozenset({"http", "https"})
+READER_FIX = "StreamingDataset(timeout=..., retries=...)"
+JOB_FIX = "shardkit build --timeout/--retries"
 _FS: dict = {}  # (pid, protocol, timeout) -> fsspec filesystem
 _FS_LOCK = threading.Lock()
 
@@ -41,6 +43,7 @@ class RemotePolicy:
     timeout: float = 15.0  # seconds to connect, and at most between two reads that return data
     retries: int = 2  # more tries after a failure that may pass: timeout, reset, HTTP 5xx/429
     backoff: float = 1.0  # seconds before the first retry, doubled for each one after it
+    fix: str = READER_FIX  # the options that allow a slower store, named in errors (a job's: JOB_FIX)
 
     def __post_init__(self):
         if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or self.timeout <= 0:
@@ -273,7 +276,7 @@ def with_retries(url: str, policy: RemotePolicy, attempt):
             reason = _reason(e, policy, url) + remote_hint(url, e)
             if retry:
                 detail = (f"{reason} (tried {tries} time(s) over {time.monotonic() - start:.1f} s, timeout "
-                          f"{policy.timeout:g} s: StreamingDataset(timeout=..., retries=...) allow a slower store; "
+                          f"{policy.timeout:g} s: {policy.fix} allow a slower store; "
                           "else check that the store is up and reachable from here)")
             else:
                 detail = f"{reason} (not retried: a retry cannot pass)"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from shardkit.store.remote import RemoteError, strip_protocol
-from shardkit.store.calls import _call, filesystem, policy, retry
+from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
+from shardkit.store.calls import _call, _policy, filesystem, retry
 from shardkit.store.local import is_url
 
 
@@ -15,11 +15,11 @@ class ResumingFile(io.RawIOBase):
     again (the policy's retries, backoff between tries), so a long stream (a tar of many members, a
     Parquet file read by row group) survives a reset connection without starting over."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, policy: RemotePolicy | None = None):
         super().__init__()
-        self.url, self.pos = url, 0
-        self._fs, self._path = filesystem(url)
-        self._f = retry(url, self._open)
+        self.url, self.pos, self.policy = url, 0, policy
+        self._fs, self._path = filesystem(url, policy)
+        self._f = retry(url, self._open, policy=policy)
 
     def _open(self):
         return self._fs.open(self._path, "rb")
@@ -57,7 +57,7 @@ class ResumingFile(io.RawIOBase):
             raise
 
     def read(self, n: int = -1) -> bytes:
-        data = retry(self.url, lambda: self._read_once(n))
+        data = retry(self.url, lambda: self._read_once(n), policy=self.policy)
         self.pos += len(data)
         return data
 
@@ -79,14 +79,14 @@ class ResumingFile(io.RawIOBase):
 class Fetch:
     """Whole source files fetched concurrently in the background (store.fetch_sources)."""
 
-    def __init__(self, urls: list[str]):
-        self.urls, self.future, self.paths = urls, None, list(urls)
+    def __init__(self, urls: list[str], policy: RemotePolicy | None = None):
+        self.urls, self.future, self.paths, self.policy = urls, None, list(urls), policy
         from shardkit.store import objstore
 
         if urls and objstore.serves(urls[0]):  # s3:// on obstore: its async GETs, a window at a time
-            self.future = objstore.fetch_many(urls, policy().timeout)
+            self.future = objstore.fetch_many(urls, _policy(policy).timeout)
             return
-        fs = filesystem(urls[0])[0] if urls and is_url(urls[0]) else None
+        fs = filesystem(urls[0], policy)[0] if urls and is_url(urls[0]) else None
         if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
             import asyncio
 
@@ -98,7 +98,7 @@ class Fetch:
         not bring (a failure, or no answer within the policy's bound) is read alone, with retries."""
         got = {}
         if self.future is not None:
-            p = policy()
+            p = _policy(self.policy)
             try:
                 got = self.future.result(timeout=2 * p.timeout + 4 * len(self.urls) * p.timeout / 64)
             except Exception:  # noqa: BLE001 — every file is then read alone, its errors named
@@ -110,18 +110,18 @@ class Fetch:
             value = got.get(self.paths[i]) if got else None
             if not isinstance(value, bytes):
                 try:
-                    value = _read(url)
+                    value = _read(url, self.policy)
                 except (OSError, RemoteError) as e:
                     value = e
             out.append(value)
         return out
 
 
-def _read(url: str) -> bytes:
+def _read(url: str, policy: RemotePolicy | None) -> bytes:
     """A whole source file, local or remote (store.read_source)."""
     if not is_url(url):
         from shardkit.store.local import local_path
 
         with open(local_path(url), "rb") as f:
             return f.read()
-    return _call(url, lambda fs, path: fs.cat_file(path))
+    return _call(url, lambda fs, path: fs.cat_file(path), policy=policy)

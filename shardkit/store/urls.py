@@ -48,15 +48,16 @@ _PROTOCOL_WORDS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "adl", "hf"
 
 
 def remote_policy(cfg):
-    """The waits of a job's calls to a store, cfg's --timeout and --retries (a shardkit.store.remote.RemotePolicy)."""
+    """The waits of a job's calls to a store, cfg's --timeout and --retries (a shardkit.store.remote.RemotePolicy
+    whose errors name those flags)."""
     from shardkit.errors import ConfigError
-    from shardkit.store.remote import RemotePolicy
+    from shardkit.store.remote import JOB_FIX, RemotePolicy
 
     if isinstance(cfg.timeout, bool) or not isinstance(cfg.timeout, (int, float)) or cfg.timeout <= 0:
         raise ConfigError(f"timeout={cfg.timeout!r}: expected seconds > 0 (--timeout)")
     if isinstance(cfg.retries, bool) or not isinstance(cfg.retries, int) or cfg.retries < 0:
         raise ConfigError(f"retries={cfg.retries!r}: expected an integer >= 0 (--retries)")
-    return RemotePolicy(timeout=cfg.timeout, retries=cfg.retries)
+    return RemotePolicy(timeout=cfg.timeout, retries=cfg.retries, fix=JOB_FIX)
 
 
 def check_location(value, what: str, *, write: bool = False) -> str:

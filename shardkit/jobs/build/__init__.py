@@ -258,7 +258,8 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     folders or URLs (s3://, gs://, ...: see shardkit.store).
     """
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
-    store.use_policy(remote_policy(cfg))
+    policy = remote_policy(cfg)
+    store.use_policy(policy)  # the calls that do not take the policy yet
     if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
         raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.map.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
@@ -267,9 +268,10 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
                           "OUT; choose another folder (it may lie inside SRC: the scan leaves it out)")
     curation = Curation.from_options(cfg.filter, cfg.filter_option, cfg.lang, cfg.lang_threshold, cfg.mask_pii,
                                      max_bytes=cfg.filter_max_bytes)
-    store.check_source(cfg.src)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
+    store.check_source(cfg.src, policy)  # before OUT's lock: a SRC that is not there leaves nothing in OUT
     # `shardkit dedup RAW OUT` holds OUT's lock and runs this build inside it
-    with out_lock(cfg.out, "shardkit build", within="shardkit dedup" if dedup is not None else None):
+    within = "shardkit dedup" if dedup is not None else None
+    with out_lock(cfg.out, "shardkit build", within=within, policy=policy):
         return _build(cfg, dedup, curation)
 
 
