@@ -119,7 +119,7 @@ _CACHE_LIMIT = 1 << 18  # chunks remembered per process (words repeat: most look
 
 
 def _icon(ch: str) -> bool:
-    return unicodedata.category(ch) == "So"
+    return ch > "\x7f" and unicodedata.category(ch) == "So"  # no ASCII character is a symbol ('So')
 
 
 def _prefix(s: str) -> int:
@@ -182,7 +182,14 @@ def _special(s: str, use: bool = True) -> tuple[str, ...] | None:
     return None
 
 
+# Every infix starts with one of these characters (or a non-ASCII one: an icon, '…', a dash): a chunk
+# without any is one piece, found by one scan instead of _INFIX's alternatives at every position.
+_MAYBE_INFIX = re.compile(r"[.+\-*^,~:<>=/]|[^\x00-\x7f]")
+
+
 def _infixes(s: str) -> list[str]:
+    if not _MAYBE_INFIX.search(s, 1):  # an infix at 0 is skipped below
+        return [s]
     out, start = [], 0
     for m in _INFIX.finditer(s):
         a, b = m.span()
@@ -233,7 +240,7 @@ def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
         special = _special(s, use)
         if special is not None:
             middle = special
-        elif len(s) <= URL_MAX and _URL.match(s):
+        elif "." in s and len(s) <= URL_MAX and _URL.match(s):  # a URL's host has a dot
             middle = (s,)
         else:
             middle = _infixes(s)
@@ -275,24 +282,53 @@ def _merge(tokens: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# A word of ASCII letters with at most one closing mark: what the affix rules make of it is known
+# without running them (the mark splits off; a period only after a lowercase letter; the word may be
+# a contraction), and such chunks are most of those not seen before.
+_SIMPLE = re.compile(r"([A-Za-z]+)([,;:)!?.]?)")
+
+
+def _simple(chunk: str) -> tuple[str, ...] | None:
+    m = _SIMPLE.fullmatch(chunk)
+    if m is None or chunk in _WHOLE or chunk in _SPLIT:
+        return None
+    core, mark = m.groups()
+    if not mark:
+        return (core,)
+    if mark == "." and not core[-1].islower():
+        return None
+    return _SPLIT.get(core, (core,)) + (mark,)
+
+
 def chunk_tokens(chunk: str) -> tuple[str, ...]:
     """The tokens of one whitespace-free chunk (remembered: chunks repeat across documents)."""
     got = _CACHE.get(chunk)
     if got is None:
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
-        got = _split_chunk(chunk)
+        got = _simple(chunk) or _split_chunk(chunk)
         if len(got) > 1 and not _MERGE_FIRST.isdisjoint(got):
             got = _merge(got)
         _CACHE[chunk] = got
     return got
 
 
+# The last text split and its tokens: the filters of one build split the same text in turn (both
+# Gopher filters; FineWeb after a C4 that kept every line), so the second split is a lookup.
+_LAST: list = ["", []]
+
+
 def words(text: str) -> list[str]:
-    """Every token of the text, punctuation included, as spaCy's English tokenizer gives them."""
+    """Every token of the text, punctuation included, as spaCy's English tokenizer gives them (a list
+    the caller reads, never changes: the next call with an equal text returns it again)."""
+    if text == _LAST[0]:
+        return _LAST[1]
     out: list[str] = []
+    extend, get = out.extend, _CACHE.get  # chunk_tokens inlined: this loop runs once per chunk of every text
     for chunk in text.split():
-        out.extend(chunk_tokens(chunk))
+        got = get(chunk)
+        extend(chunk_tokens(chunk) if got is None else got)
+    _LAST[0], _LAST[1] = text, out
     return out
 
 
