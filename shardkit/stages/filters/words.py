@@ -114,7 +114,6 @@ SENTENCE_END = frozenset(
 # Longer chunks are never taken for URLs: the URL expression backtracks in time that grows faster
 # than the chunk (1.5 s at 16,000 characters of "ab:c"), and no real URL is this long.
 URL_MAX = 1000
-_CACHE: dict[str, tuple[str, ...]] = {}
 _CACHE_LIMIT = 1 << 18  # chunks remembered per process (words repeat: most lookups hit)
 
 
@@ -300,17 +299,25 @@ def _simple(chunk: str) -> tuple[str, ...] | None:
     return _SPLIT.get(core, (core,)) + (mark,)
 
 
-def chunk_tokens(chunk: str) -> tuple[str, ...]:
-    """The tokens of one whitespace-free chunk (remembered: chunks repeat across documents)."""
-    got = _CACHE.get(chunk)
-    if got is None:
-        if len(_CACHE) >= _CACHE_LIMIT:
-            _CACHE.clear()
+class _Chunks(dict):
+    """chunk -> its tokens, split on the first lookup (a miss calls __missing__; a hit stays in C)."""
+
+    def __missing__(self, chunk: str) -> tuple[str, ...]:
+        if len(self) >= _CACHE_LIMIT:
+            self.clear()
         got = _simple(chunk) or _split_chunk(chunk)
         if len(got) > 1 and not _MERGE_FIRST.isdisjoint(got):
             got = _merge(got)
-        _CACHE[chunk] = got
-    return got
+        self[chunk] = got
+        return got
+
+
+_CACHE = _Chunks()
+
+
+def chunk_tokens(chunk: str) -> tuple[str, ...]:
+    """The tokens of one whitespace-free chunk (remembered: chunks repeat across documents)."""
+    return _CACHE[chunk]
 
 
 # The last text split and its tokens: the filters of one build split the same text in turn (both
@@ -324,10 +331,9 @@ def words(text: str) -> list[str]:
     if text == _LAST[0]:
         return _LAST[1]
     out: list[str] = []
-    extend, get = out.extend, _CACHE.get  # chunk_tokens inlined: this loop runs once per chunk of every text
-    for chunk in text.split():
-        got = get(chunk)
-        extend(chunk_tokens(chunk) if got is None else got)
+    extend = out.extend
+    for got in map(_CACHE.__getitem__, text.split()):  # a hit never leaves C; a miss splits the chunk
+        extend(got)
     _LAST[0], _LAST[1] = text, out
     return out
 
