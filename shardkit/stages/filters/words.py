@@ -281,10 +281,13 @@ def _merge(tokens: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-# A word of ASCII letters with at most one closing mark: what the affix rules make of it is known
-# without running them (the mark splits off; a period only after a lowercase letter; the word may be
-# a contraction), and such chunks are most of those not seen before.
-_SIMPLE = re.compile(r"([A-Za-z]+)([,;:)!?.]?)")
+# Words of ASCII letters (and inner underscores) joined by single hyphens, with at most one closing
+# mark, and runs of digits and colons: what the affix rules make of them is known without running
+# them (the mark splits off, a period only after a lowercase letter; a hyphen between letters is an
+# infix; a word alone may be a contraction), and such chunks are most of those not seen before.
+_SIMPLE = re.compile(r"([A-Za-z](?:[A-Za-z_]*[A-Za-z])?(?:-[A-Za-z](?:[A-Za-z_]*[A-Za-z])?)*)([,;:)!?.]?)"
+                     r"|[0-9](?:[0-9:]*[0-9])?")
+_HYPHEN = re.compile("(-)")
 
 
 def _simple(chunk: str) -> tuple[str, ...] | None:
@@ -292,11 +295,12 @@ def _simple(chunk: str) -> tuple[str, ...] | None:
     if m is None or chunk in _WHOLE or chunk in _SPLIT:
         return None
     core, mark = m.groups()
-    if not mark:
-        return (core,)
+    if core is None:  # digits and colons: no affix, no infix ('12:30:45')
+        return (chunk,)
     if mark == "." and not core[-1].islower():
         return None
-    return _SPLIT.get(core, (core,)) + (mark,)
+    pieces = tuple(_HYPHEN.split(core)) if "-" in core else _SPLIT.get(core, (core,)) if mark else (core,)
+    return pieces + (mark,) if mark else pieces
 
 
 class _Chunks(dict):
