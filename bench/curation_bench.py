@@ -175,7 +175,9 @@ def _normal(outcome: str) -> str:
 
 
 def _child(python: str, code: str, path: str, lo: int, hi: int, env=None) -> dict:
-    got = subprocess.run([python, "-c", code, path, str(lo), str(hi)], capture_output=True, text=True, env=env)
+    # cwd outside any checkout: `python -c` puts the cwd first on sys.path, ahead of PYTHONPATH
+    got = subprocess.run([python, "-c", code, path, str(lo), str(hi)], capture_output=True, text=True, env=env,
+                         cwd=os.path.dirname(os.path.abspath(path)))
     if got.returncode:
         sys.exit(f"child failed ({python}):\n{got.stderr[-3000:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])

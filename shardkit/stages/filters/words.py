@@ -325,20 +325,22 @@ def chunk_tokens(chunk: str) -> tuple[str, ...]:
 
 
 # The last text split and its tokens: the filters of one build split the same text in turn (both
-# Gopher filters; FineWeb after a C4 that kept every line), so the second split is a lookup.
-_LAST: list = ["", []]
+# Gopher filters), so the second split is a lookup. One (text, tokens) pair, read and replaced whole:
+# threads of one worker share it, and a pair is never half another text's.
+_LAST: list = [("", [])]
 
 
 def words(text: str) -> list[str]:
     """Every token of the text, punctuation included, as spaCy's English tokenizer gives them (a list
     the caller reads, never changes: the next call with an equal text returns it again)."""
-    if text == _LAST[0]:
-        return _LAST[1]
+    last, tokens = _LAST[0]
+    if text == last:
+        return tokens
     out: list[str] = []
     extend = out.extend
     for got in map(_CACHE.__getitem__, text.split()):  # a hit never leaves C; a miss splits the chunk
         extend(got)
-    _LAST[0], _LAST[1] = text, out
+    _LAST[0] = (text, out)
     return out
 
 
