@@ -130,9 +130,10 @@ def _prefix(s: str) -> int:
         return 1
     if c == "+" and not (len(s) > 1 and s[1].isdigit()):
         return 1
-    for cur in ("US$", "C$", "A$"):
-        if s.startswith(cur):
-            return len(cur)
+    if c in "UCA":
+        for cur in ("US$", "C$", "A$"):
+            if s.startswith(cur):
+                return len(cur)
     return 0
 
 
@@ -207,21 +208,24 @@ def _infixes(s: str) -> list[str]:
 def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
     """One whitespace-free chunk -> its tokens (`use`: with the exceptions)."""
     prefixes, suffixes = [], []
+    special = _special(s, use) if s else None  # the exception s is, once per value of s
     last = -1
-    while s and len(s) != last:
-        if _special(s, use) is not None:
-            break
+    while s and special is None and len(s) != last:
         last = len(s)
         p = _prefix(s)
-        if p and _special(s[p:], use) is not None:
-            prefixes.append(s[:p])
-            s = s[p:]
-            break
+        if p:
+            special = _special(s[p:], use)
+            if special is not None:
+                prefixes.append(s[:p])
+                s = s[p:]
+                break
         q = _suffix(s[p:]) if len(s) > p else 0
-        if q and _special(s[:-q], use) is not None:
-            suffixes.append(s[-q:])
-            s = s[:-q]
-            break
+        if q:
+            special = _special(s[:-q], use)
+            if special is not None:
+                suffixes.append(s[-q:])
+                s = s[:-q]
+                break
         if p and q and p + q <= len(s):
             prefixes.append(s[:p])
             suffixes.append(s[-q:])
@@ -232,11 +236,10 @@ def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
         elif q:
             suffixes.append(s[-q:])
             s = s[:-q]
-        if _special(s, use) is not None:
-            break
+        if len(s) != last:
+            special = _special(s, use)
     middle: tuple | list = ()
     if s:
-        special = _special(s, use)
         if special is not None:
             middle = special
         elif "." in s and len(s) <= URL_MAX and _URL.match(s):  # a URL's host has a dot
