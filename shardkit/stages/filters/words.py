@@ -238,15 +238,18 @@ def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
             s = s[:-q]
         if len(s) != last:
             special = _special(s, use)
-    middle: tuple | list = ()
-    if s:
-        if special is not None:
-            middle = special
-        elif "." in s and len(s) <= URL_MAX and _URL.match(s):  # a URL's host has a dot
-            middle = (s,)
-        else:
-            middle = _infixes(s)
-    return tuple(prefixes) + tuple(middle) + tuple(reversed(suffixes))
+    return tuple(prefixes) + tuple(_middle(s, special)) + tuple(reversed(suffixes))
+
+
+def _middle(s: str, special: tuple | None) -> tuple | list:
+    """The tokens of what the affix rules left: an exception, a URL, or its infix pieces."""
+    if not s:
+        return ()
+    if special is not None:
+        return special
+    if "." in s and len(s) <= URL_MAX and _URL.match(s):  # a URL's host has a dot
+        return (s,)
+    return _infixes(s)
 
 
 def _merges() -> dict[tuple[str, ...], int]:
