@@ -23,6 +23,8 @@ languages the model knows that have >= 50 such documents.
 
 Usage:
     python bench/curation_bench.py --docs 60000 --datatrove-python /work/dt-venv/bin/python
+    # before/after: another checkout's filters interleaved with this one's, the filters only
+    python bench/curation_bench.py --docs 12000 --chunks 4 --skip-lang --baseline /path/to/other/checkout
 """
 
 from __future__ import annotations
@@ -173,27 +175,35 @@ def _normal(outcome: str) -> str:
 
 
 def _child(python: str, code: str, path: str, lo: int, hi: int, env=None) -> dict:
-    got = subprocess.run([python, "-c", code, path, str(lo), str(hi)], capture_output=True, text=True, env=env)
+    # cwd outside any checkout: `python -c` puts the cwd first on sys.path, ahead of PYTHONPATH
+    got = subprocess.run([python, "-c", code, path, str(lo), str(hi)], capture_output=True, text=True, env=env,
+                         cwd=os.path.dirname(os.path.abspath(path)))
     if got.returncode:
         sys.exit(f"child failed ({python}):\n{got.stderr[-3000:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-def filters(path: str, n: int, dt_python: str, chunks: int) -> dict:
-    """Both sides over the same documents, chunk by chunk, alternating which runs first."""
+def filters(path: str, n: int, dt_python: str, chunks: int, baseline: str | None = None) -> dict:
+    """Both sides over the same documents, chunk by chunk, alternating which runs first; with a
+    baseline (another shardkit checkout), its filters too, interleaved the same way."""
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ours, theirs, cpu = [], [], {"shardkit": 0.0, "datatrove": 0.0}
+    base_out: list = []
     bounds = [n * i // chunks for i in range(chunks + 1)]
     for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         order = [("datatrove", dt_python, DATATROVE_CHILD, None), ("shardkit", sys.executable, SHARDKIT_CHILD, env)]
+        if baseline:
+            order.insert(1, ("baseline", sys.executable, SHARDKIT_CHILD, dict(os.environ, PYTHONPATH=baseline)))
+            cpu.setdefault("baseline", 0.0)
         got = {}
         for side, python, code, e in (order if i % 2 == 0 else order[::-1]):
             got[side] = _child(python, code, path, lo, hi, e)
             cpu[side] += got[side]["cpu"]
         theirs += [_normal(o) for o in got["datatrove"]["out"]]
         ours += got["shardkit"]["out"]
-        print(f"  chunk {i + 1}/{chunks}: {hi - lo} docs, datatrove {got['datatrove']['cpu']:.1f} s, "
-              f"shardkit {got['shardkit']['cpu']:.1f} s CPU", flush=True)
+        base_out += got.get("baseline", {}).get("out", [])
+        print(f"  chunk {i + 1}/{chunks}: {hi - lo} docs, " + ", ".join(
+            f"{side} {got[side]['cpu']:.1f} s" for side, *_ in order) + " CPU", flush=True)
     same = sum((a == "keep") == (b == "keep") for a, b in zip(ours, theirs))
     same_rule = sum(a == b for a, b in zip(ours, theirs))
     classes = Counter((b, a) for a, b in zip(ours, theirs) if (a == "keep") != (b == "keep"))
@@ -206,6 +216,8 @@ def filters(path: str, n: int, dt_python: str, chunks: int) -> dict:
             "disagreements": {f"datatrove {b} / shardkit {a}": c for (b, a), c in classes.most_common()},
             "example_rows": examples, "cpu_seconds": cpu,
             "docs_per_cpu_second": {k: n / v for k, v in cpu.items()}, "speedup": cpu["datatrove"] / cpu["shardkit"],
+            **({"speedup_baseline": cpu["datatrove"] / cpu["baseline"],
+                "baseline_same_decisions": sum(a == b for a, b in zip(ours, base_out)) / n} if baseline else {}),
             "rules_datatrove": dict(Counter(theirs).most_common()), "rules_shardkit": dict(Counter(ours).most_common())}
 
 
@@ -317,14 +329,17 @@ def main():
     ap.add_argument("--datatrove-python", default="/work/dt-venv/bin/python")
     ap.add_argument("--cache", default="/tmp/shardkit-curation-bench")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
+    ap.add_argument("--baseline", default=None, help="another shardkit checkout: its filters run too, interleaved")
+    ap.add_argument("--skip-lang", action="store_true", help="the filters only (no language-ID part)")
     args = ap.parse_args()
     os.makedirs(args.cache, exist_ok=True)
     path = corpus(args.docs, os.path.join(args.cache, f"docs-{args.docs}.jsonl"))
     n = sum(1 for _ in open(path))
     print(f"{n} documents in {path} (load: {os.getloadavg()[0]:.1f})", flush=True)
-    result = {"lang": language_id(), "lang_candidates": candidates(args.datatrove_python, args.cache)}
+    result = {} if args.skip_lang else {"lang": language_id(),
+                                        "lang_candidates": candidates(args.datatrove_python, args.cache)}
     print(json.dumps(result, indent=1), flush=True)
-    result["filters"] = filters(path, n, args.datatrove_python, args.chunks)
+    result["filters"] = filters(path, n, args.datatrove_python, args.chunks, args.baseline)
     result["load"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     print(text)

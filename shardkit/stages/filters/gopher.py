@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import ClassVar
 
 import numpy as np
@@ -67,15 +68,19 @@ class GopherQuality(RuleFilter):
     def _steps(self, text: str):
         toks = words(text)
         n = len(toks)
-        kept = [len(w) for w in toks if not PUNCTUATION.issuperset(w)]
-        yield "words", len(kept)
-        yield "avg_word_length", ratio(sum(kept), len(kept))
+        # A token of letters only (most of them) is a word and alphabetic: no character of PUNCTUATION
+        # is a letter, so the per-character tests run only on the others.
+        other = list(filterfalse(str.isalpha, toks))
+        mixed = list(filterfalse(PUNCTUATION.issuperset, other))  # the rest are symbols: not words, no letter
+        kept = n - len(other) + len(mixed)
+        yield "words", kept
+        yield "avg_word_length", ratio(sum(map(len, toks)) - sum(map(len, other)) + sum(map(len, mixed)), kept)
         yield "hash_ratio", ratio(text.count("#"), n)
         yield "ellipsis_ratio", ratio(text.count("...") + text.count("…"), n)
         lines = text.splitlines()
         yield "bullet_lines_ratio", ratio(sum(s.lstrip().startswith(("•", "-")) for s in lines), len(lines))
         yield "ellipsis_lines_ratio", ratio(sum(s.rstrip().endswith(("...", "…")) for s in lines), len(lines))
-        yield "alpha_words_ratio", ratio(sum(any(c.isalpha() for c in w) for w in toks), n)
+        yield "alpha_words_ratio", ratio(n - len(other) + sum(any(map(str.isalpha, w)) for w in mixed), n)
         yield "stop_words", len(set(self.stop_words).intersection(toks))
 
     def _rules(self, s: dict):

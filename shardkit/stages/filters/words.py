@@ -114,12 +114,11 @@ SENTENCE_END = frozenset(
 # Longer chunks are never taken for URLs: the URL expression backtracks in time that grows faster
 # than the chunk (1.5 s at 16,000 characters of "ab:c"), and no real URL is this long.
 URL_MAX = 1000
-_CACHE: dict[str, tuple[str, ...]] = {}
 _CACHE_LIMIT = 1 << 18  # chunks remembered per process (words repeat: most lookups hit)
 
 
 def _icon(ch: str) -> bool:
-    return unicodedata.category(ch) == "So"
+    return ch > "\x7f" and unicodedata.category(ch) == "So"  # no ASCII character is a symbol ('So')
 
 
 def _prefix(s: str) -> int:
@@ -131,9 +130,10 @@ def _prefix(s: str) -> int:
         return 1
     if c == "+" and not (len(s) > 1 and s[1].isdigit()):
         return 1
-    for cur in ("US$", "C$", "A$"):
-        if s.startswith(cur):
-            return len(cur)
+    if c in "UCA":
+        for cur in ("US$", "C$", "A$"):
+            if s.startswith(cur):
+                return len(cur)
     return 0
 
 
@@ -182,7 +182,14 @@ def _special(s: str, use: bool = True) -> tuple[str, ...] | None:
     return None
 
 
+# Every infix starts with one of these characters (or a non-ASCII one: an icon, '…', a dash): a chunk
+# without any is one piece, found by one scan instead of _INFIX's alternatives at every position.
+_MAYBE_INFIX = re.compile(r"[.+\-*^,~:<>=/]|[^\x00-\x7f]")
+
+
 def _infixes(s: str) -> list[str]:
+    if not _MAYBE_INFIX.search(s, 1):  # an infix at 0 is skipped below
+        return [s]
     out, start = [], 0
     for m in _INFIX.finditer(s):
         a, b = m.span()
@@ -201,21 +208,24 @@ def _infixes(s: str) -> list[str]:
 def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
     """One whitespace-free chunk -> its tokens (`use`: with the exceptions)."""
     prefixes, suffixes = [], []
+    special = _special(s, use) if s else None  # the exception s is, once per value of s
     last = -1
-    while s and len(s) != last:
-        if _special(s, use) is not None:
-            break
+    while s and special is None and len(s) != last:
         last = len(s)
         p = _prefix(s)
-        if p and _special(s[p:], use) is not None:
-            prefixes.append(s[:p])
-            s = s[p:]
-            break
+        if p:
+            special = _special(s[p:], use)
+            if special is not None:
+                prefixes.append(s[:p])
+                s = s[p:]
+                break
         q = _suffix(s[p:]) if len(s) > p else 0
-        if q and _special(s[:-q], use) is not None:
-            suffixes.append(s[-q:])
-            s = s[:-q]
-            break
+        if q:
+            special = _special(s[:-q], use)
+            if special is not None:
+                suffixes.append(s[-q:])
+                s = s[:-q]
+                break
         if p and q and p + q <= len(s):
             prefixes.append(s[:p])
             suffixes.append(s[-q:])
@@ -226,18 +236,20 @@ def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
         elif q:
             suffixes.append(s[-q:])
             s = s[:-q]
-        if _special(s, use) is not None:
-            break
-    middle: tuple | list = ()
-    if s:
-        special = _special(s, use)
-        if special is not None:
-            middle = special
-        elif len(s) <= URL_MAX and _URL.match(s):
-            middle = (s,)
-        else:
-            middle = _infixes(s)
-    return tuple(prefixes) + tuple(middle) + tuple(reversed(suffixes))
+        if len(s) != last:
+            special = _special(s, use)
+    return tuple(prefixes) + tuple(_middle(s, special)) + tuple(reversed(suffixes))
+
+
+def _middle(s: str, special: tuple | None) -> tuple | list:
+    """The tokens of what the affix rules left: an exception, a URL, or its infix pieces."""
+    if not s:
+        return ()
+    if special is not None:
+        return special
+    if "." in s and len(s) <= URL_MAX and _URL.match(s):  # a URL's host has a dot
+        return (s,)
+    return _infixes(s)
 
 
 def _merges() -> dict[tuple[str, ...], int]:
@@ -275,24 +287,66 @@ def _merge(tokens: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def chunk_tokens(chunk: str) -> tuple[str, ...]:
-    """The tokens of one whitespace-free chunk (remembered: chunks repeat across documents)."""
-    got = _CACHE.get(chunk)
-    if got is None:
-        if len(_CACHE) >= _CACHE_LIMIT:
-            _CACHE.clear()
-        got = _split_chunk(chunk)
+# Words of ASCII letters (and inner underscores) joined by single hyphens, with at most one closing
+# mark, and runs of digits and colons: what the affix rules make of them is known without running
+# them (the mark splits off, a period only after a lowercase letter; a hyphen between letters is an
+# infix; a word alone may be a contraction), and such chunks are most of those not seen before.
+_SIMPLE = re.compile(r"([A-Za-z](?:[A-Za-z_]*[A-Za-z])?(?:-[A-Za-z](?:[A-Za-z_]*[A-Za-z])?)*)([,;:)!?.]?)"
+                     r"|[0-9](?:[0-9:]*[0-9])?")
+_HYPHEN = re.compile("(-)")
+
+
+def _simple(chunk: str) -> tuple[str, ...] | None:
+    m = _SIMPLE.fullmatch(chunk)
+    if m is None or chunk in _WHOLE or chunk in _SPLIT:
+        return None
+    core, mark = m.groups()
+    if core is None:  # digits and colons: no affix, no infix ('12:30:45')
+        return (chunk,)
+    if mark == "." and not core[-1].islower():
+        return None
+    pieces = tuple(_HYPHEN.split(core)) if "-" in core else _SPLIT.get(core, (core,)) if mark else (core,)
+    return pieces + (mark,) if mark else pieces
+
+
+class _Chunks(dict):
+    """chunk -> its tokens, split on the first lookup (a miss calls __missing__; a hit stays in C)."""
+
+    def __missing__(self, chunk: str) -> tuple[str, ...]:
+        if len(self) >= _CACHE_LIMIT:
+            self.clear()
+        got = _simple(chunk) or _split_chunk(chunk)
         if len(got) > 1 and not _MERGE_FIRST.isdisjoint(got):
             got = _merge(got)
-        _CACHE[chunk] = got
-    return got
+        self[chunk] = got
+        return got
+
+
+_CACHE = _Chunks()
+
+
+def chunk_tokens(chunk: str) -> tuple[str, ...]:
+    """The tokens of one whitespace-free chunk (remembered: chunks repeat across documents)."""
+    return _CACHE[chunk]
+
+
+# The last text split and its tokens: the filters of one build split the same text in turn (both
+# Gopher filters), so the second split is a lookup. One (text, tokens) pair, read and replaced whole:
+# threads of one worker share it, and a pair is never half another text's.
+_LAST: list = [("", [])]
 
 
 def words(text: str) -> list[str]:
-    """Every token of the text, punctuation included, as spaCy's English tokenizer gives them."""
+    """Every token of the text, punctuation included, as spaCy's English tokenizer gives them (a list
+    the caller reads, never changes: the next call with an equal text returns it again)."""
+    last, tokens = _LAST[0]
+    if text == last:
+        return tokens
     out: list[str] = []
-    for chunk in text.split():
-        out.extend(chunk_tokens(chunk))
+    extend = out.extend
+    for got in map(_CACHE.__getitem__, text.split()):  # a hit never leaves C; a miss splits the chunk
+        extend(got)
+    _LAST[0] = (text, out)
     return out
 
 
