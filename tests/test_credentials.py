@@ -147,14 +147,3 @@ def test_s3_credentials_in_the_url_are_refused_without_printing_them(s3, tmp_pat
             if not debug:
                 assert result.exit_code == 2 and result.stderr.count("\n") == 1, (command, result.stderr)
     assert not (tmp_path / "out").exists()
-
-
-@pytest.fixture
-def s3(tmp_path, monkeypatch):
-    from moto_store import start_s3, stop_s3
-
-    server = start_s3(tmp_path, monkeypatch)
-    try:
-        yield server
-    finally:
-        stop_s3(server)
