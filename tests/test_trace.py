@@ -141,6 +141,22 @@ def test_a_transform_shows_as_its_own_stage(dataset, tmp_path):
     assert s["stages"]["slowest_stage"] == "transforms" and "collate" in s["stages"]["loader"]
 
 
+def test_the_meters_own_copy_is_a_copy_span(dataset, tmp_path):
+    """wrap(loader, to=device) moves each batch through the meter: the trace shows that as the main
+    process's "copy" span, the same time the transfer split counts."""
+    from shardkit.loader import make_loader
+    from shardkit.reader.dataset import StreamingDataset
+
+    path = tmp_path / "c.trace.json"
+    meter = StarvationMeter(warmup=1, log_every=0, trace=str(path))
+    for _ in meter.wrap(make_loader(StreamingDataset(str(dataset), fields=["jpg", "cls"]), batch_size=4), to="cpu"):
+        pass
+    meter.summary()
+    steps = sum(1 for e in _load(path) if e["ph"] == "X" and e["name"] == "step")
+    copies = [e for e in _load(path) if e["ph"] == "X" and e["name"] == "copy"]
+    assert copies and len(copies) >= steps - 1
+
+
 def test_off_records_nothing_and_hands_batches_back_untouched(dataset, tmp_path):
     from shardkit.loader import make_loader
     from shardkit.reader.dataset import StreamingDataset

@@ -20,6 +20,7 @@ from shardkit.meter.planned import compare, load_plan
 from shardkit.meter.stages import straggler
 from shardkit.meter.trace import DEFAULT_STEPS, shares_line, start_trace, stop_trace
 from shardkit.meter.workers import SAMPLE_EVERY, WorkerCpu, network_wait_s, worker_pids
+from shardkit.reader import spans
 
 __all__ = ["StarvationMeter", "MeterConfig", "CudaGapTimer", "DataProfile", "advice", "band", "cost_line",
            "profile_of", "batch_size_of", "percentile", "mixture_line", "FINE_BELOW", "INPUT_BOUND_FROM"]
@@ -266,8 +267,10 @@ class StarvationMeter:
 
     def to_device(self, batch, device: str):
         """The batch moved to `device` (page-locked first with pin=True), timed as this step's
-        transfer: the meter then splits the step into waiting, page-lock + copy, and the rest."""
-        return self._moves.move(batch, device)
+        transfer: the meter then splits the step into waiting, page-lock + copy, and the rest (and a
+        trace shows it as the main process's "copy" span)."""
+        with spans.main("copy"):
+            return self._moves.move(batch, device)
 
     def _close_window(self) -> None:
         i, samples = self._window_start

@@ -90,7 +90,10 @@ class FastText:
     digest: str = field(default="", init=False)
 
     def __post_init__(self):
-        limits.settle(self)
+        try:
+            limits.settle(self)  # threshold a probability in [0, 1] (or none), max_chars a count
+        except ValueError as e:
+            raise BadOption(f"--filter-option {e}") from None
         if not self.model:
             raise BadOption("--filter fasttext needs its model: --filter-option fasttext.model=PATH "
                               "(a supervised fastText .bin)")
@@ -98,8 +101,6 @@ class FastText:
         if not os.path.isfile(path):
             raise BadOption(f"fasttext.model={self.model}: no such file; give the path of a supervised "
                               "fastText model (.bin)")
-        if self.threshold is not None and not 0.0 <= float(self.threshold) <= 1.0:
-            raise BadOption(f"fasttext.threshold={self.threshold!r}: expected a probability in [0, 1], or none")
         object.__setattr__(self, "model", path)
         labels = self._labels(path)
         if self.label not in labels:
