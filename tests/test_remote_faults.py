@@ -58,7 +58,9 @@ def test_a_part_cut_once_is_retried_alone(data, store, tmp_path, monkeypatch):
     _, remote = epoch(store.url, tmp_path / "cache", connections=2)
     same(local, remote)
     parts = -(-os.path.getsize(os.path.join(root, SHARD[1:])) // 4096)
-    assert store.gets[SHARD] == parts + 1  # one part twice, the others once
+    # one part twice, the others once; on a loaded machine a batch may also read rows of this shard by
+    # range while its parts come (one GET more: seen once in a run under stress --cpu 2), never all again
+    assert parts + 1 <= store.gets[SHARD] <= parts + 2
 
 
 def test_a_row_read_by_range_cut_once_is_retried(data, store, tmp_path):
