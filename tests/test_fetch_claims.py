@@ -122,3 +122,43 @@ def test_the_store_sees_at_most_the_shards_the_connections_queue(data, tmp_path,
     finally:
         store.close()
     same_batches(read_epoch(root, tmp_path / "unused")[1], remote)
+
+
+def test_a_fetch_ahead_waits_for_an_index_this_process_is_fetching_and_then_takes_the_shard(data, tmp_path):
+    """A lock on a file is held against this process's other threads too: while the rows of a first
+    batch read by range fetched a shard's index, fetching that shard ahead (pin_shard(wait=False))
+    found the index locked and left the shard to the reader, which then fetched the batch's shards
+    one after another. The index is one round trip: it is waited for; only the shard itself is left
+    to a process fetching it."""
+    import fcntl
+    import os
+
+    from shardkit.reader.cache import LOCK, ShardCache
+
+    root, _ = data
+    shard = load_manifest(root).shards[0]
+    store = Store(root)
+    try:
+        cache = ShardCache(store.url, str(tmp_path / "cache"))
+        index_lock = os.path.join(cache.dir, shard.index["path"]) + LOCK
+        os.makedirs(os.path.dirname(index_lock), exist_ok=True)
+        fd = os.open(index_lock, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another thread of this process is fetching the index
+        threading.Timer(0.3, os.close, (fd,)).start()
+        pinned = cache.pin_shard(shard, wait=False)
+        assert pinned is not None, "the shard was left to another process: none is fetching it"
+        try:
+            with open(pinned.path, "rb") as f:
+                assert len(f.read()) == shard.bytes
+        finally:
+            pinned.release()
+        # the shard itself held by another fetch: left to it, at once
+        shard_lock = os.path.join(cache.dir, load_manifest(root).shards[1].path) + LOCK
+        fd = os.open(shard_lock, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            assert cache.pin_shard(load_manifest(root).shards[1], wait=False) is None
+        finally:
+            os.close(fd)
+    finally:
+        store.close()
