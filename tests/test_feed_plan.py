@@ -151,3 +151,47 @@ def test_a_missing_or_foreign_plan_says_how_to_make_one(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a plan"):
         StarvationMeter(plan=str(tmp_path / "x.json"))
+
+
+def _probe(**kw):
+    from shardkit.plan.probe import Probe
+
+    base = dict(src="http://x/ds", kind="dataset", samples=6000, cores=2, free_cores=2.0, worker_s=1 / 3000,
+                bytes_per_sample=11_000, shard_bytes=5.5e6, remote=True, rtt_s=0.05, conn_bytes_per_s=25e6,
+                connections=8, block_samples=16384)
+    base.update(kw)
+    return Probe(**base)
+
+
+def test_a_cold_remote_epoch_waits_for_its_first_shuffle_blocks_shards():
+    from shardkit.plan.model import rate
+
+    small = _probe()  # one block: the whole dataset's 66 MB over 8 connections of 25 MB/s before it streams
+    fill = 0.05 + 6000 * 11_000 / (8 * 25e6)
+    assert rate(small, 1) == pytest.approx(6000 / (6000 / 3000 + fill))
+    assert rate(small, 1) < 3000 * 0.9
+    big = _probe(samples=100_000_000)  # many blocks: the fill is lost in the epoch
+    assert rate(big, 1) == pytest.approx(3000, rel=1e-3)
+    assert rate(small, 1, net=False) == pytest.approx(3000)  # a local cache: no fill
+    assert rate(_probe(remote=False), 1) == pytest.approx(3000)
+
+
+def test_free_cores_count_niced_work_as_free_and_busy_work_as_taken(monkeypatch):
+    from shardkit.plan import probe
+
+    monkeypatch.setattr(probe.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(probe.time, "sleep", lambda s: None)
+
+    def times(deltas):
+        it = iter([[0] * 8, deltas])
+        return lambda: next(it)
+    # user nice system idle iowait irq softirq steal, over 100 ticks of 2 CPUs
+    monkeypatch.setattr(probe, "_cpu_times", times([0, 190, 0, 10, 0, 0, 0, 0]))  # a niced suite: both cores
+    assert probe.free_cores(2) == 2.0
+    monkeypatch.setattr(probe, "_cpu_times", times([100, 0, 0, 100, 0, 0, 0, 0]))  # one core busy
+    assert probe.free_cores(2) == pytest.approx(1.0)
+    monkeypatch.setattr(probe, "_cpu_times", times([50, 0, 0, 150, 0, 0, 0, 0]))  # half a core
+    assert probe.free_cores(2) == pytest.approx(1.5)
+    monkeypatch.setattr(probe, "_cpu_times", lambda: None)  # no /proc/stat: the load average
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.5, 0, 0))
+    assert probe.free_cores(2) == pytest.approx(1.5)
