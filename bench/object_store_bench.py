@@ -11,6 +11,8 @@ close included). Local -> local reads and writes this machine's disk; s3 -> s3 l
 server, the workers read each object from it and upload each shard to it. Interleaved per round:
 local, s3, local, s3, ...; ratio = s3 rate / local rate of the same round (target >= 0.8). The store
 runs on the same cores as the build: its own CPU time during each s3 build is reported beside it.
+Beside the rates, the CPU seconds of shardkit's processes (the build's process and every descendant:
+nannies, workers, sampled from /proc every 0.1 s; the store's process is not one of them) per build, and local / s3 of them (target >= 0.8: s3 costs <= 1.25x local's CPU).
 
 Listing: `objects` objects (in 10 folders, keys like `cls3/0123456.jpg`) put into the server's
 memory directly; a fresh process lists them with shardkit's walk (sources/walk.py through
@@ -148,8 +150,28 @@ def _run_build(src: str, out: str, env: dict) -> dict:
              "cfg = BuildConfig(sys.argv[1], sys.argv[2], image_size=224, resize_mode='center-crop', progress=False)\n"
              "t = time.perf_counter(); r = build(cfg)\n"
              "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.samples}))")
-    done = subprocess.run([sys.executable, "-c", child, src, out], capture_output=True, text=True, env=env, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", child, src, out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    cpu: dict = {}  # pid -> its last user+system seconds, sampled from /proc every 0.1 s (the measure)
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            tree = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for p in tree:
+            try:
+                t = p.cpu_times()
+                cpu[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"build failed ({proc.returncode}): {stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1]) | {"cpu_seconds": sum(cpu.values())}
 
 
 def bench_build(images: int, rounds: int, work: str) -> dict:
@@ -174,12 +196,15 @@ def bench_build(images: int, rounds: int, work: str) -> dict:
             local = _build(raw, os.path.join(work, "out"), env, server)
             remote = _build("s3://bench/raw", "s3://bench/out", env, server)
             runs.append({"local": local, "s3": remote, "ratio": (remote["samples"] / remote["seconds"])
-                         / (local["samples"] / local["seconds"])})
+                         / (local["samples"] / local["seconds"]), "cpu_ratio": local["cpu_seconds"] / remote["cpu_seconds"]})
             print(f"round {r}: local {local['samples'] / local['seconds']:.0f} images/s, s3 "
-                  f"{remote['samples'] / remote['seconds']:.0f} images/s, ratio {runs[-1]['ratio']:.2f}; the store's "
+                  f"{remote['samples'] / remote['seconds']:.0f} images/s, ratio {runs[-1]['ratio']:.2f}; shardkit's "
+                  f"CPU (the build's process and every descendant) local {local['cpu_seconds']:.1f} s, s3 "
+                  f"{remote['cpu_seconds']:.1f} s, local/s3 {runs[-1]['cpu_ratio']:.2f} (target >= 0.8); the store's "
                   f"CPU during the s3 build: {1000 * remote['store_cpu_seconds'] / images:.1f} ms per image", flush=True)
         return {"images": images, "upload_seconds": upload, "runs": runs,
-                "median_ratio": statistics.median(r["ratio"] for r in runs)}
+                "median_ratio": statistics.median(r["ratio"] for r in runs),
+                "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs)}
     finally:
         server.kill()
         server.wait()
