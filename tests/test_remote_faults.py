@@ -29,9 +29,8 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def store(data):
-    s = Store(data[0], latency=0.0, rate=None)
-    yield s
-    s.close()
+    with Store.instant(data[0]) as s:
+        yield s
 
 
 epoch = read_epoch
@@ -147,7 +146,7 @@ def test_a_cache_dir_on_a_small_tmpfs_names_the_disk_and_the_fix(tmp_path, worke
     probe = subprocess.run([unshare or "unshare", "-rm", "true"], capture_output=True) if unshare else None
     if probe is None or probe.returncode:
         pytest.skip("no mount namespace here for a tmpfs; test_a_full_cache_disk_names_the_disk_and_the_fix fakes it")
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         script = f"mount -t tmpfs -o size=64k tmpfs {cache} && exec {sys.executable} -c '{SMALL_DISK}' {store.url} {cache} {workers}"
         out = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120,
@@ -242,7 +241,7 @@ def test_a_process_that_ends_mid_fetch_leaves_no_temp_file(data, tmp_path):
     """A DataLoader worker leaves by os._exit when the loader shuts down (after another worker's
     error, a full disk say): its fetch threads stop mid-body, and their temp files stayed."""
     root, _ = data
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     store.trickle("/shards/")
     try:
         subprocess.run([sys.executable, "-c", CUT_SHORT, store.url + SHARD, str(tmp_path / "x.tar")], timeout=120,

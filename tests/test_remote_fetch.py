@@ -251,7 +251,7 @@ def test_rows_are_read_by_range_only_within_a_share_of_the_epoch(tmp_path, monke
 
     monkeypatch.setattr(remote, "RANGED_FROM", 1)
     root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         ds, loader = loader_for(store.url, monkeypatch, rank=0, world=8, bs=5, cache_dir=str(tmp_path / "cache"))
         next(iter(loader))
@@ -265,7 +265,7 @@ def test_rows_are_read_by_range_only_within_a_share_of_the_epoch(tmp_path, monke
 
 def test_small_shards_are_fetched_whole_even_for_a_first_batch(tmp_path):
     root, _ = make_dataset(tmp_path / "data", 200, shards=4, fields=("raw", "cls", "txt"))
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=7, shuffle_buffer=16)
         next(iter(make_loader(ds, batch_size=5, num_workers=0)))

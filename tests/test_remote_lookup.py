@@ -24,9 +24,8 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def store(data):
-    s = Store(data[0], latency=0.0, rate=None)
-    yield s
-    s.close()
+    with Store.instant(data[0]) as s:
+        yield s
 
 
 def dataset_bytes(root) -> int:
@@ -69,7 +68,7 @@ def test_a_flipped_byte_in_a_sample_read_by_range_is_a_checksum_mismatch(tmp_pat
     data[member.offset_data + 100] ^= 0x01  # same size, one bit of one value
     open(path, "wb").write(bytes(data))
     key = member.name.split(".")[0]
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"))
         with pytest.raises(ChecksumMismatch, match=rf"shard {store.url}/{shard.path} \(rows read by range\): field "

@@ -68,7 +68,7 @@ def test_a_flipped_byte_in_a_parquet_value_read_by_range_is_a_checksum_mismatch(
     at = bytes(data).index(local.lookup.stored(40, "raw")[:64])
     data[at + 1000] ^= 0x01  # same size, one bit of one value: its page's CRC is not read by slicing
     open(path, "wb").write(bytes(data))
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"))
         with pytest.raises(ChecksumMismatch, match=r"\(rows read by range\): field 'raw'"):
@@ -97,7 +97,7 @@ def test_a_parquet_shard_whose_keys_changed_is_refused_when_read_by_range(tmp_pa
     # The manifest keeps the build's keys and checksums digest (sums); its size is the new file's, as
     # a same-size replacement would be.
     write_manifest(root, dataclasses.replace(manifest, shards=[dataclasses.replace(shard, bytes=new.bytes)]))
-    store = Store(root, latency=0.0, rate=None)
+    store = Store.instant(root)
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"))
         with pytest.raises(ShardError, match="not those the manifest records"):

@@ -20,10 +20,9 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def store(data):
-    s = Store(data[0], latency=0.0, rate=None)
-    s.trickle("/shards/")  # manifest.json comes at once, every shard file a byte a second
-    yield s
-    s.close()
+    with Store.instant(data[0]) as s:
+        s.trickle("/shards/")  # manifest.json comes at once, every shard file a byte a second
+        yield s
 
 
 def _run(args, **kw):

@@ -104,6 +104,17 @@ class Store:
         self.server.server_close()
         self._thread.join()
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @classmethod
+    def instant(cls, root: str) -> "Store":
+        """A store that answers at once, at full speed (faults are planted by the test)."""
+        return cls(root, latency=0.0, rate=None)
+
     def _handler(self):
         store = self
 

@@ -115,7 +115,7 @@ class CudaGapTimer:
                 raise ConfigError("StarvationMeter(device='cuda') but no CUDA device is visible; use device='cpu'")
             event_factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         self._make = event_factory
-        self._pending: list[tuple] = []  # (start, end, previous end or None), resolved lazily
+        self._pending = _transfer.EventPairs(self._folded)  # (start, end, previous end or None)
         self._last_end = None
         self._start = None
         self.idle_s = 0.0
@@ -129,21 +129,17 @@ class CudaGapTimer:
         end = self._make()
         end.record()
         if counted and self._start is not None:  # record() alone (no wrap) has no start event
-            self._pending.append((self._start, end, self._last_end))
+            self._pending.add(self._start, end, self._last_end)
         self._last_end, self._start = end, None
-        # Resolve finished pairs now and then so the list stays short; query() never blocks.
-        if len(self._pending) >= 64 and self._pending[0][1].query():
-            self.resolve(block=False)
+
+    def _folded(self, start, end, prev) -> None:
+        self.busy_s += start.elapsed_time(end) / 1e3
+        if prev is not None:
+            self.idle_s += max(0.0, prev.elapsed_time(start) / 1e3)
 
     def resolve(self, block: bool = True) -> None:
         """Fold finished event pairs into idle/busy totals (block=True waits for the last one)."""
-        if block and self._pending:
-            self._pending[-1][1].synchronize()
-        while self._pending and (block or self._pending[0][1].query()):
-            start, end, prev = self._pending.pop(0)
-            self.busy_s += start.elapsed_time(end) / 1e3
-            if prev is not None:
-                self.idle_s += max(0.0, prev.elapsed_time(start) / 1e3)
+        self._pending.resolve(block)
 
 
 def mixture_line(shares: dict) -> str:

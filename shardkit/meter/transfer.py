@@ -47,6 +47,30 @@ def page_lock(batch):
     return _moved(batch, lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t)
 
 
+class EventPairs:
+    """CUDA event pairs (start, end[, more]) read lazily: `fold(start, end, *more)` is called for each
+    pair once its end has completed, so recording them never waits for the GPU. Every 64 pairs the
+    finished ones are read (query() never blocks), so the list stays short."""
+
+    def __init__(self, fold):
+        self._fold, self._pending = fold, []
+
+    def add(self, *pair) -> None:
+        self._pending.append(pair)
+        if len(self._pending) >= 64 and self._pending[0][1].query():
+            self.resolve(block=False)
+
+    def clear(self) -> None:
+        self._pending.clear()
+
+    def resolve(self, block: bool = True) -> None:
+        """Fold the finished pairs (block=True: wait for the last one, then fold them all)."""
+        if block and self._pending:
+            self._pending[-1][1].synchronize()
+        while self._pending and (block or self._pending[0][1].query()):
+            self._fold(*self._pending.pop(0))
+
+
 class TransferTimer:
     """Per counted step: seconds page-locking and copying, and whether the batch was pageable.
 
@@ -61,7 +85,7 @@ class TransferTimer:
         self._events = events
         self.pin = pin
         self._step = [0.0, 0.0, 0, 0]  # this step: page-lock s, copy s (host), copies, pageable copies
-        self._pending = []  # (start, end) CUDA events of copies not yet read
+        self._pending = EventPairs(self._copied)  # CUDA events of copies not yet read
         self.lock_s = self.copy_s = self.blocked_s = 0.0
         self.pageable = self.copies = 0
 
@@ -85,7 +109,7 @@ class TransferTimer:
         if self._events is not None:
             end = self._events()
             end.record()
-            self._pending.append((start, end))
+            self._pending.add(start, end)
         return out
 
     def step_done(self, counted: bool) -> None:
@@ -103,16 +127,13 @@ class TransferTimer:
         self.blocked_s += blocked
         if self._events is None:
             self.copy_s += blocked
-        elif len(self._pending) >= 64 and self._pending[0][1].query():
-            self.resolve(block=False)
+
+    def _copied(self, start, end) -> None:
+        self.copy_s += start.elapsed_time(end) / 1e3
 
     def resolve(self, block: bool = True) -> None:
         """Read finished copy events into copy_s (block=True waits for the last)."""
-        if block and self._pending:
-            self._pending[-1][1].synchronize()
-        while self._pending and (block or self._pending[0][1].query()):
-            start, end = self._pending.pop(0)
-            self.copy_s += start.elapsed_time(end) / 1e3
+        self._pending.resolve(block)
 
     def figures(self, wait_s: float, step_s: float) -> dict:
         """The three-way split of the host side (step_s includes the transfer), in seconds and %."""
