@@ -23,6 +23,7 @@ languages the model knows that have >= 50 such documents.
 
 Usage:
     python bench/curation_bench.py --docs 60000 --datatrove-python /work/dt-venv/bin/python
+    # the datatrove venv: python -m venv dt-venv && dt-venv/bin/pip install "datatrove[processing]==0.10.1" spacy
     # before/after: another checkout's filters interleaved with this one's, the filters only
     python bench/curation_bench.py --docs 12000 --chunks 4 --skip-lang --baseline /path/to/other/checkout
 """
@@ -199,6 +200,11 @@ def filters(path: str, n: int, dt_python: str, chunks: int, baseline: str | None
         for side, python, code, e in (order if i % 2 == 0 else order[::-1]):
             got[side] = _child(python, code, path, lo, hi, e)
             cpu[side] += got[side]["cpu"]
+        errors = Counter(o for o in got["datatrove"]["out"] if ":error:" in o)
+        if sum(errors.values()) > 0.01 * (hi - lo):  # a missing extra (spaCy) fails every call: not a decision
+            raise SystemExit(f"datatrove failed on {sum(errors.values())} of {hi - lo} documents ({dict(errors)}): "
+                             f"its venv lacks what the filters need; `{dt_python} -m pip install 'datatrove[processing]' "
+                             "spacy`, then run again")
         theirs += [_normal(o) for o in got["datatrove"]["out"]]
         ours += got["shardkit"]["out"]
         base_out += got.get("baseline", {}).get("out", [])
