@@ -38,6 +38,9 @@ def test_plan_on_built_datasets(tmp_path, fmt, fields):
     doc = _check(plan(root, "--rate", "1", "--batch", "8", "--out", str(tmp_path / "p")), tmp_path / "p", feeds=True)
     image = fields[0]
     assert doc["probe"]["fields"][image]["encoding"] == ("raw" if image == "raw" else "jpeg")
+    if image == "jpg":  # the factory stores quality 90: priced against 75, measured on its own images
+        q = doc["probe"]["fields"][image]["requality"]
+        assert q is None or (q["quality"] == 75 and q["from"] > 75 and 0 < q["decode"] <= 1 and 0 < q["bytes"] < 1)
     # An unreachable target: not fed, and the changes say what each would give and cost
     doc = _check(plan(root, "--rate", "1e9", "--batch", "8", "--out", str(tmp_path / "q")), tmp_path / "q", feeds=False)
     names = [c["change"] for c in doc["changes"]]
@@ -195,3 +198,18 @@ def test_free_cores_count_niced_work_as_free_and_busy_work_as_taken(monkeypatch)
     monkeypatch.setattr(probe, "_cpu_times", lambda: None)  # no /proc/stat: the load average
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.5, 0, 0))
     assert probe.free_cores(2) == pytest.approx(1.5)
+
+
+def test_a_lower_jpeg_quality_is_offered_at_the_decode_time_the_probe_measured():
+    from shardkit.plan.model import changes, rate
+
+    fields = {"jpg": {"kind": "image", "encoding": "jpeg", "read_s": 0.1e-3, "decode_s": 0.9e-3,
+                      "requality": {"quality": 75, "from": 95, "decode": 0.6, "bytes": 0.4}}}
+    probe = _probe(remote=False, worker_s=1e-3, fields=fields)
+    offered = {c["change"]: c for c in changes(probe, 1e6, 1)}
+    [name] = [n for n in offered if "quality 75" in n]
+    assert "--quality 75" in name and "0.40x the image bytes" in offered[name]["cost"]
+    # the decode (0.9 of the worker's time) at 0.6 of its cost: u = 1 - 0.9 * 0.4 = 0.64 ms
+    assert offered[name]["rate"] == pytest.approx(rate(probe, 1, 0.64e-3))
+    fields["jpg"]["requality"]["decode"] = 0.99  # no faster to decode: not offered
+    assert not any("quality" in c["change"] for c in changes(probe, 1e6, 1))

@@ -12,7 +12,8 @@ shuffle block (every batch of a block draws from all of them): fill(w) = rtt + b
 a dataset of many blocks it is the steady rate (12 JPEG shards of 5.5 MB, one block: 0.36 s of a
 2.4 s epoch).
 Placements change u: raw (decoded uint8 stored) removes the decode and adds a copy of the
-decoded bytes; a smaller size scales the decode with the pixels; GPU decode removes it from
+decoded bytes; a smaller size scales the decode with the pixels; a lower JPEG quality scales it
+by the decode time the probe measured on its own images re-encoded at both qualities; GPU decode removes it from
 the workers (the GPU's rate is not modelled: shown only where nvJPEG is present).
 """
 
@@ -108,6 +109,14 @@ def changes(probe, target: float, workers: int) -> list[dict]:
         added = max(0.0, raw_bytes(probe) - probe.bytes_per_sample) * probe.samples
         out.append({"change": "re-encode to raw uint8 (shardkit build --encode raw)", "rate": rate(probe, workers, u_raw),
                     "cost": f"a rebuild; +{added / 1e9:.2f} GB of storage", "order": 2, "unit": u_raw})
+        for name, v in image_fields(probe).items():
+            q = v.get("requality")
+            if q and q["decode"] < 0.95:  # decoding less entropy-coded data: a few % to ~30% of the decode
+                u_q = max(probe.worker_s * 0.05, probe.worker_s - dec * (1 - q["decode"]))
+                out.append({"change": f"re-encode {name} at JPEG quality {q['quality']} (shardkit build --quality "
+                                      f"{q['quality']}; stored ~{q['from']})", "rate": rate(probe, workers, u_q),
+                            "cost": f"a rebuild; {q['bytes']:.2f}x the image bytes; some detail lost", "order": 2.2,
+                            "unit": u_q})
         u_small = max(probe.worker_s * 0.05, probe.worker_s - dec * (1 - SMALLER ** 2))
         out.append({"change": "store images at half the side (--image-size)", "rate": rate(probe, workers, u_small),
                     "cost": "a rebuild; a quarter of the pixels", "order": 3, "unit": u_small})

@@ -21,6 +21,7 @@ WORKER_BATCHES = 32  # batches the one-worker probe times at most
 PREFETCH = 2  # the one-worker probe's prefetch_factor: batches built ahead, left out of its timing
 WORKER_MIN_S = 1.5  # seconds the one-worker probe times at least (within the budget)
 EPOCHS_MAX = 20  # epochs it reads at most for that, on a small dataset
+REQUALITY = 75  # the JPEG quality the plan prices a re-encode at (ImageNet-style sets store 75-95)
 
 
 @dataclass
@@ -131,11 +132,60 @@ def probe_dataset(src: str, fields: list[str] | None, batch: int, cache_dir: str
         p.fields[name] = {"read_s": (sink.stages.get("read", 0) + sink.stages.get("fetch", 0)) / per,
                           "decode_s": sink.stages.get("decode", 0) / per, "kind": spec.get("kind"),
                           "encoding": spec.get("encoding"), "shape": spec.get("shape")}
+        if spec.get("kind") == "image" and spec.get("encoding") == "jpeg":
+            p.fields[name]["requality"] = _requality(StreamingDataset(src, fields=[name], seed=0, cache_dir=cache_dir),
+                                                     name, p.bytes_per_sample)
     p.worker_s, p.main_s = _one_worker(StreamingDataset(src, fields=list(specs), seed=0, cache_dir=cache_dir), batch,
                                        max(0.5, budget_s - (time.perf_counter() - t0)))
     p.gpu_decode = _gpu_decode_available()
     p.probe_s = time.perf_counter() - t0
     return p
+
+
+def _requality(ds, name: str, stored_bytes: float) -> dict | None:
+    """What re-encoding a JPEG field at quality REQUALITY would change: {"from": the stored quality
+    (the one whose re-encodes of the probe's images come closest to the stored bytes per sample),
+    "decode": decode time at REQUALITY / at that quality, "bytes": size ratio}, timed on up to 16 of
+    the dataset's images re-encoded both ways. None where the stored quality is not above it."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shardkit.loader import make_loader
+    from shardkit.reader.decode import decode_image
+
+    batch = next(iter(make_loader(ds, batch_size=16, num_workers=0)), None)
+    if batch is None:
+        return None
+    arrays = np.asarray(batch[name])[:16]
+    if arrays.ndim == 4 and arrays.shape[1] in (1, 3) and arrays.shape[-1] not in (1, 3):
+        arrays = arrays.transpose(0, 2, 3, 1)  # the loader's CHW
+    images = [Image.fromarray(np.ascontiguousarray(a.squeeze(-1) if a.shape[-1] == 1 else a)) for a in arrays]
+
+    def encoded(q: int) -> list[bytes]:
+        out = []
+        for im in images:
+            buf = io.BytesIO()
+            im.save(buf, "JPEG", quality=q)
+            out.append(buf.getvalue())
+        return out
+
+    def decode_s(blobs) -> float:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            for b in blobs:
+                decode_image(b)
+        return time.perf_counter() - t0
+
+    by_q = {q: encoded(q) for q in (98, 95, 90, 85, 80, REQUALITY)}
+    stored = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - stored_bytes))
+    if stored <= REQUALITY:
+        return None
+    decode_s(by_q[stored])  # warm
+    ratio = decode_s(by_q[REQUALITY]) / max(1e-9, decode_s(by_q[stored]))
+    return {"quality": REQUALITY, "from": stored, "decode": min(1.0, ratio),
+            "bytes": sum(map(len, by_q[REQUALITY])) / sum(map(len, by_q[stored]))}
 
 
 def _read(ds, batch: int, n: int) -> None:
