@@ -159,21 +159,20 @@ def test_500_and_503_are_retried_within_retries_then_one_line_naming_the_url(s3,
     from shardkit.store.remote import RemotePolicy
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)  # the same tries and the same message on both
-    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=2, backoff=0.01,
-                                                                         fix="shardkit build --timeout/--retries")})
+    policy = RemotePolicy(retries=2, backoff=0.01, fix="shardkit build --timeout/--retries")
     url = s3.url("flaky.bin")
-    store.write(url, b"z" * 50)
+    store.write(url, b"z" * 50, policy)
     answers["/shardkit-test/flaky.bin"] = [503, 500]
-    assert store.read(url) == b"z" * 50  # two failures, the third try passes
+    assert store.read(url, policy) == b"z" * 50  # two failures, the third try passes
     answers["/shardkit-test/flaky.bin"] = [503, 503, 503]
     with pytest.raises(store.RemoteError) as e:
-        store.read(url)
+        store.read(url, policy)
     message = str(e.value)
     assert message.startswith(f"cannot read {url}: ") and "\n" not in message  # s3fs says "OSError: [Errno 16]"
     assert "Service Unavailable (tried 3 time(s)" in message and "--timeout/--retries allow a slower store" in message
     answers["/shardkit-test/flaky.bin"] = [403]
     with pytest.raises(store.RemoteError, match="not retried"):
-        store.read(url)
+        store.read(url, policy)
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])
@@ -181,13 +180,12 @@ def test_a_policy_passed_to_a_verb_is_the_one_its_calls_follow(s3, answers, monk
     from shardkit.store.remote import RemotePolicy
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
-    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(retries=5, backoff=0.01)})
     url = s3.url("argued.bin")
     store.write(url, b"a" * 50)
     answers["/shardkit-test/argued.bin"] = [503, 503]
     mine = RemotePolicy(retries=1, backoff=0.01, fix="mine --timeout")
     with pytest.raises(store.RemoteError) as e:
-        store.read(url, mine)  # the process's 5 retries would pass; this policy's 1 does not
+        store.read(url, mine)  # JOB_POLICY's 2 retries (no policy passed) would pass; this policy's 1 does not
     assert "tried 2 time(s)" in str(e.value) and "mine --timeout allow a slower store" in str(e.value)
     answers["/shardkit-test/argued.bin"] = [503]
     assert store.read_source(url, policy=mine) == b"a" * 50
@@ -198,13 +196,12 @@ def test_a_stalled_get_fails_within_the_bound_naming_the_url(s3, answers, monkey
     from shardkit.store.remote import RemotePolicy
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
-    monkeypatch.setattr(store.calls, "_STATE", {"policy": RemotePolicy(timeout=1, retries=1, backoff=0.01,
-                                                                         fix="shardkit build --timeout/--retries")})
+    policy = RemotePolicy(timeout=1, retries=1, backoff=0.01, fix="shardkit build --timeout/--retries")
     url = s3.url("stalled.bin")
-    store.write(url, b"s" * 50)
+    store.write(url, b"s" * 50, policy)
     answers["/shardkit-test/stalled.bin"] = ["stall", "stall"]
     with pytest.raises(store.RemoteError) as e:
-        store.read_source(url)
+        store.read_source(url, policy=policy)
     message = str(e.value)
     assert message.startswith(f"cannot read {url}: ") and "tried 2 time(s)" in message and "timeout 1 s" in message
 

@@ -62,7 +62,7 @@ def check_text_pairs(parts: PartitionSet, pairs: np.ndarray, threshold: float, v
 
 def bucket_task(task: int, parts: PartitionSet, params: BucketParams) -> BucketResult:
     """Links among the entries of bucket range `task`, read from every partition."""
-    parts = PartitionSet(parts.refs)  # this task's own open files, released when it returns
+    parts = PartitionSet(parts.refs, parts.policy)  # this task's own open files, released when it returns
     exact, exact_ids = parts.entries("exact", task)
     links = [exact_links(exact["h"], exact["x"], exact_ids)]
     n_entries = len(exact)

@@ -27,10 +27,11 @@ class PartitionRef:
 
 
 class PartitionSet:
-    """Read access to every partition by global id (picklable: files open lazily in each process)."""
+    """Read access to every partition by global id (picklable: files open lazily in each process);
+    `policy`: the job's RemotePolicy, for partition files on a store."""
 
-    def __init__(self, refs: list[PartitionRef]):
-        self.refs = list(refs)
+    def __init__(self, refs: list[PartitionRef], policy=None):
+        self.refs, self.policy = list(refs), policy
         self.bases = np.array([r.base for r in self.refs] + [self.total], np.int64)
         self._open: dict[tuple[int, str], ArrayFile] = {}
 
@@ -39,16 +40,16 @@ class PartitionSet:
         return (self.refs[-1].base + self.refs[-1].rows) if self.refs else 0
 
     def __getstate__(self):
-        return {"refs": self.refs}
+        return {"refs": self.refs, "policy": self.policy}
 
     def __setstate__(self, state):
-        self.__init__(state["refs"])
+        self.__init__(state["refs"], state.get("policy"))
 
     def file(self, i: int, which: str = "sig") -> ArrayFile:
         key = (i, which)
         if key not in self._open:
             ref = self.refs[i]
-            self._open[key] = ArrayFile(ref.path if which == "sig" else ref.bands_path)
+            self._open[key] = ArrayFile(ref.path if which == "sig" else ref.bands_path, self.policy)
         return self._open[key]
 
     def _groups(self, ids: np.ndarray):

@@ -114,16 +114,18 @@ def dedup_record(summary: dict, samples: int) -> dict:
             "removed": summary["removed"], "report": "dedup/summary.json"}
 
 
-def write_report(folder: str, result: DedupResult) -> None:
-    """FOLDER/clusters.parquet and FOLDER/summary.json, each written atomically, once per run."""
+def write_report(folder: str, result: DedupResult, policy=None) -> None:
+    """FOLDER/clusters.parquet and FOLDER/summary.json, each written atomically, once per run (`policy`:
+    the job's RemotePolicy, for a folder on a store)."""
     import pyarrow.parquet as pq
 
     import shardkit.store as store
 
     store.makedirs(folder)
-    with store.writer(store.join(folder, CLUSTERS_NAME)) as f:  # a local folder or a store
+    with store.writer(store.join(folder, CLUSTERS_NAME), policy=policy) as f:  # a local folder or a store
         pq.write_table(result.clusters, f, compression="zstd")
-    store.write(store.join(folder, SUMMARY_NAME), json.dumps(result.summary, indent=1, sort_keys=True) + "\n")
+    store.write(store.join(folder, SUMMARY_NAME), json.dumps(result.summary, indent=1, sort_keys=True) + "\n",
+                policy)
 
 
 def summary_text(result: DedupResult) -> str:

@@ -243,9 +243,9 @@ def compute(samples, params: SignatureParams, specs: dict | None = None) -> tupl
     return arrays, meta
 
 
-def save(path: str, arrays: dict, meta: dict) -> None:
+def save(path: str, arrays: dict, meta: dict, policy=None) -> None:
     """Write the partition file atomically: a rerun sees it whole or not at all."""
-    save_arrays(path, arrays, meta)
+    save_arrays(path, arrays, meta, policy)
 
 
 def range_starts(tasks: int) -> np.ndarray:

@@ -33,8 +33,9 @@ def _columns(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def save_arrays(path: str, arrays: dict[str, np.ndarray], meta: dict | None = None) -> None:
-    """Write `arrays` (and a small JSON-able `meta`) to `path` atomically."""
+def save_arrays(path: str, arrays: dict[str, np.ndarray], meta: dict | None = None, policy=None) -> None:
+    """Write `arrays` (and a small JSON-able `meta`) to `path` atomically (`policy`: the job's
+    RemotePolicy, for a path on a store)."""
     arrays = _columns(arrays)
     header, offset = {"_meta": meta or {}}, 0
     for name, a in arrays.items():
@@ -42,7 +43,7 @@ def save_arrays(path: str, arrays: dict[str, np.ndarray], meta: dict | None = No
         offset += -(-a.nbytes // ALIGN) * ALIGN
     blob = json.dumps(header, sort_keys=True).encode()
     start = -(-(len(MAGIC) + 8 + len(blob)) // ALIGN) * ALIGN
-    with store.writer(path) as f:  # a local disk, or a store (one upload)
+    with store.writer(path, policy=policy) as f:  # a local disk, or a store (one upload)
         f.write(MAGIC + len(blob).to_bytes(8, "little") + blob + b"\0" * (start - len(MAGIC) - 8 - len(blob)))
         for a in arrays.values():
             f.write(a.tobytes())
@@ -54,8 +55,8 @@ class ArrayFile:
     rows, or a binary search. Reads are positioned reads into private memory, never a memory map:
     a mapped file's read-around would make a task resident in megabytes it never asked for."""
 
-    def __init__(self, path: str):
-        path = store.local_copy(path)  # a file on a store is read from a copy on this machine (named by content)
+    def __init__(self, path: str, policy=None):
+        path = store.local_copy(path, policy=policy)  # a file on a store is read from a copy on this machine (named by content)
         with open(path, "rb") as f:
             head = f.read(len(MAGIC) + 8)
             if head[:len(MAGIC)] != MAGIC:

@@ -31,8 +31,6 @@ def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curat
     ShardInfo or None when nothing is left, the curation's counters). A shard that loses nothing and
     keeps its id is copied byte for byte."""
     shard, new_id, drop = task
-    if policy is not None:  # the job's waits, in a worker process, for the calls that do not take it yet
-        store.use_policy(policy)
     if not len(drop) and new_id == shard.id and not curation:
         for rel, _ in durable.files_of([shard]):  # streamed: from a store, to a store, or both
             with store.open_source(store.join(root, rel), policy) as f, \
@@ -46,7 +44,7 @@ def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curat
     if curation and shard.format == _first_format(manifest):  # one list per shard, whatever its formats
         from shardkit.jobs.build.tasks import write_filtered
 
-        write_filtered(out, new_id, removed)
+        write_filtered(out, new_id, removed, policy)
         return info, stats
     return info, {}
 
@@ -157,7 +155,7 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
         old_errors = store.read(store.join(src, "errors.jsonl"), policy).decode("utf-8")
     except FileNotFoundError:
         old_errors = ""
-    durable.write_errors(out, result.rejections, old_errors)
+    durable.write_errors(out, result.rejections, old_errors, policy)
     samples = sum(i.samples for i in infos if i.format == _first_format(manifest))
     build = dict(manifest.build, dedup=dedup_record(result.summary, samples))
     if curation:  # what `build --filter` records, this run's filters and counts
@@ -167,7 +165,7 @@ def write_dataset(src: str, out: str, manifest, result: DedupResult, client=None
     out_manifest = Manifest(samples=samples, fields=manifest.fields, shards=infos, classes=manifest.classes,
                             build=build, errors=_merge_errors(manifest.errors, result.rejections),
                             extra={k: v for k, v in manifest.extra.items() if k != "attributes"})  # SRC's rows
-    return durable.finish(out, out_manifest)
+    return durable.finish(out, out_manifest, policy)
 
 
 def dataset_curation(cfg: DedupConfig, manifest):
@@ -197,15 +195,16 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     filtered into OUT (unchanged shards copied), the report written once at the end."""
     from shardkit.manifest import load_manifest
 
-    manifest = load_manifest(cfg.src)
+    policy = remote_policy(cfg)
+    manifest = load_manifest(cfg.src, policy)
     curation = dataset_curation(cfg, manifest)
     if manifest.fields.get("tokens", {}).get("layout") == "packed":
         raise ConfigError(f"{cfg.src} holds packed token rows (a --seq-len build): its documents are no longer "
                           "samples to compare; dedup the raw text instead: shardkit build RAW OUT --tokenizer ... "
                           "--seq-len ... --dedup")
     store.makedirs(store.join(cfg.out, "shards"))
-    store.remove_tree(store.join(cfg.out, "curation"))  # an earlier run's lists of what its filters removed
-    durable.retire_manifest(cfg.out)  # until this run ends, no manifest may name shards it replaces
+    store.remove_tree(store.join(cfg.out, "curation"), policy)  # an earlier run's lists of what its filters removed
+    durable.retire_manifest(cfg.out, policy)  # until this run ends, no manifest may name shards it replaces
     execution = plan_execution(cfg.scheduler, cfg.workers,
                                sum(s.bytes for s in manifest.shards_of()) / DATASET_BYTES_PER_SECOND)
     shards = manifest.shards_of()
@@ -216,12 +215,11 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
         result = find_duplicates(shards, cfg, client, store.join(cfg.out, ".shardkit", "dedup"),
                                  reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
                                  per_partition=per_partition)
-        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation,
-                            remote_policy(cfg))
+        out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation, policy)
     result.summary["execution"].update(execution.record())
     result.summary["output"] = {"samples": out.samples, "shards": len(out.shards_of()),
                                 "images": "stored bytes kept"}
-    write_report(store.join(cfg.out, "dedup"), result)
+    write_report(store.join(cfg.out, "dedup"), result, policy)
     return result
 
 
@@ -240,7 +238,6 @@ def dedup(cfg: DedupConfig, curation: dict | None = None) -> DedupResult:
         cfg = replace(cfg, curation={**(cfg.curation or {}), **curation})
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
     policy = remote_policy(cfg)
-    store.use_policy(policy)  # the calls that do not take the policy yet
     if store.same_location(cfg.src, cfg.out):
         raise ConfigError(f"OUT {cfg.out!r} is SRC: dedup writes a new dataset; choose another OUT folder")
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):

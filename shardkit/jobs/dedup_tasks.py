@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import shardkit.store as store
-from shardkit.config import DedupConfig
+from shardkit.config import DedupConfig, remote_policy
 from shardkit.contract import SOURCE_COLUMN, SOURCE_ROW_COLUMN
 from shardkit.errors import FailFast, RejectedInput, Rejection
 from shardkit.duplicates import signatures as sigmod
@@ -177,28 +177,28 @@ def _read(items, reader):
 
 
 def signature_task(part: Partition, reader, params: sigmod.SignatureParams, specs: dict | None,
-                   on_error: str, band: tuple) -> dict:
+                   on_error: str, band: tuple, policy=None) -> dict:
     """Stage 1 task: the partition's signature file (kept when an earlier run wrote it) and its
     entries for the bucket stage, `band` = ((bands, rows, image distance, min shingles), bucket
-    tasks); returns the partition's meta."""
-    if not store.exists(part.path):
+    tasks); returns the partition's meta. `policy`: the job's RemotePolicy, for files on a store."""
+    if not store.exists(part.path, policy):
         arrays, meta = sigmod.compute(_read(part.items, reader), params, specs)
         if on_error == "fail" and meta["rejections"]:
             raise FailFast(Rejection(*meta["rejections"][0]))
-        sigmod.save(part.path, arrays, meta)
-    sig = ArrayFile(part.path)
+        sigmod.save(part.path, arrays, meta, policy)
+    sig = ArrayFile(part.path, policy)
     band_path = _band_path(part.path, band)
-    if not store.exists(band_path):
-        save_arrays(band_path, *sigmod.band_entries(sig, *band))
+    if not store.exists(band_path, policy):
+        save_arrays(band_path, *sigmod.band_entries(sig, *band), policy=policy)
     meta = dict(sig.meta, path=part.path, bands_path=band_path)
-    meta["stats"] = dict(meta["stats"], **ArrayFile(band_path).meta)
+    meta["stats"] = dict(meta["stats"], **ArrayFile(band_path, policy).meta)
     return meta
 
 
-def _remove_stale(folder: str, wanted: set[str]) -> None:
-    for name in store.listdir(folder):
+def _remove_stale(folder: str, wanted: set[str], policy=None) -> None:
+    for name in store.listdir(folder, policy):
         if name.startswith("part-") and name not in wanted:
-            store.remove(store.join(folder, name))
+            store.remove(store.join(folder, name), policy)
 
 
 def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=None,
@@ -206,23 +206,24 @@ def signature_stage(parts: list[Partition], reader, cfg: DedupConfig, client=Non
     """Stage 1 on every partition (reusing files from an earlier run), its entries filed for `tasks`
     bucket tasks; stale files are removed."""
     band = ((*cfg.lsh_params(), cfg.image_distance, cfg.min_shingles()), tasks)
+    policy = remote_policy(cfg)
     if parts:
         sig_dir = os.path.dirname(parts[0].path)  # posix path operations: also right for a URL
         store.makedirs(sig_dir)
         store.makedirs(os.path.dirname(_band_path(parts[0].path, band)))
-        _remove_stale(sig_dir, {os.path.basename(p.path) for p in parts})
+        _remove_stale(sig_dir, {os.path.basename(p.path) for p in parts}, policy)
         _remove_stale(os.path.dirname(_band_path(parts[0].path, band)),
-                      {os.path.basename(_band_path(p.path, band)) for p in parts})
-    reused = sum(store.exists(p.path) for p in parts)
+                      {os.path.basename(_band_path(p.path, band)) for p in parts}, policy)
+    reused = sum(store.exists(p.path, policy) for p in parts)
     log.info("dedup signatures: %d partitions, %d reused from an earlier run", len(parts), reused)
     with progress_bar(len(parts), desc="dedup signatures", unit="part", enabled=cfg.progress) as bar:
         metas = run_tasks(signature_task, parts, client=client, bar=bar, name="dedup-sig",
-                          shared=(reader, signature_params(cfg), specs, cfg.on_error, band))
+                          shared=(reader, signature_params(cfg), specs, cfg.on_error, band, policy))
     refs, base = [], 0
     for m in metas:
         refs.append(PartitionRef(m["path"], m["bands_path"], base, m["stats"]["rows"]))
         base += m["stats"]["rows"]
-    return PartitionSet(refs), metas
+    return PartitionSet(refs, policy), metas
 
 
 def bucket_stage(parts: PartitionSet, cfg: DedupConfig, client=None, tasks: int = 1) -> tuple[np.ndarray, dict]:
@@ -327,7 +328,8 @@ def estimate_inventory_seconds(inv, encode: str = "keep") -> float:
         image, text = int(inv.est[is_image].sum()), int(inv.est[~is_image].sum())
     for p in inv.pieces:
         if p.source != ATOMS:
-            count, span = inv.counts[p.source], int(load_index(inv.counts[p.source])["length"][p.start:p.stop].sum())
+            count = inv.counts[p.source]
+            span = int(load_index(count, inv.opts.policy)["length"][p.start:p.stop].sum())
             if "image" in count.tar.get("kinds", ()):  # a tar of images: its samples' spans, as image bytes
                 image += span
             else:

@@ -7,6 +7,8 @@ never visible half-written) before its marker names them, and every marker's fil
 before the manifest names them; the manifest is retired before the first new file is written. So
 whatever stops a job (kill -9, a lost worker, a store that stops answering), nothing a marker or a
 manifest names is missing or partial, and a rerun redoes only the pieces without a valid marker.
+
+On a store every call waits as the job's RemotePolicy, each function's `policy` (None: store.JOB_POLICY).
 """
 
 from __future__ import annotations
@@ -37,55 +39,56 @@ def files_of(infos) -> list[tuple[str, int]]:
 
 # --------------------------------------------------------------------------------------------- units
 
-def save_unit(table, url: str) -> str:
+def save_unit(table, url: str, policy=None) -> str:
     """A work unit's table as an Arrow file for its shard step, which may run elsewhere. Temp name,
     then rename, but no fsync: a unit file lives for seconds and no later run reads it (fsync here
     cost as much as writing the shard). On a store: one upload."""
     import pyarrow as pa
 
-    with store.writer(url, durable=False) as f, pa.ipc.new_file(f, table.schema) as ipc:
+    with store.writer(url, durable=False, policy=policy) as f, pa.ipc.new_file(f, table.schema) as ipc:
         ipc.write_table(table)
     return url
 
 
-def load_unit(url: str):
+def load_unit(url: str, policy=None):
     """A unit's table: memory-mapped from a local disk, read whole from a store (at most a shard's bytes,
     what the shard step holds anyway)."""
     import pyarrow as pa
 
     if not store.is_url(url):
         return pa.ipc.open_file(pa.memory_map(url)).read_all()
-    return pa.ipc.open_file(pa.py_buffer(store.read(url))).read_all()
+    return pa.ipc.open_file(pa.py_buffer(store.read(url, policy))).read_all()
 
 
 # ------------------------------------------------------------------------------------------- markers
 
-def mark_done(out: str, marker: str, fingerprint: str, result: dict, infos, units=(), extra=()) -> None:
+def mark_done(out: str, marker: str, fingerprint: str, result: dict, infos, units=(), extra=(),
+              policy=None) -> None:
     """A finished piece: its shard files (and `extra` files, e.g. an attribute table) durable where they
     belong (fsync'd locally; uploaded from the staging folder to a store), then its marker OUT/`marker`,
     then its unit files dropped, so that a marker always names whole files and a retried step finds
     either the marker or its units."""
     for rel in [rel for rel, _ in files_of(infos)] + list(extra):
-        store.publish(out, rel)
+        store.publish(out, rel, policy=policy)
     store.write(store.join(out, marker), json.dumps({"fingerprint": fingerprint, "result": result},
-                                                     sort_keys=True))
+                                                     sort_keys=True), policy)
     for url in units:
-        store.remove(url)
+        store.remove(url, policy)
 
 
-def shard_sizes(out: str) -> dict[str, int]:
+def shard_sizes(out: str, policy=None) -> dict[str, int]:
     """{relative path: bytes} of the files under OUT/shards, from one listing: what a client checks
     markers against (a store is not asked once per file)."""
-    return {f"shards/{name}": size for name, size in store.listdir(store.join(out, "shards")).items()}
+    return {f"shards/{name}": size for name, size in store.listdir(store.join(out, "shards"), policy).items()}
 
 
 def reusable(out: str, marker: str, fingerprint: str, sizes: dict | None = None,
-             data: bytes | None = None) -> dict | None:
+             data: bytes | None = None, policy=None) -> dict | None:
     """The result recorded by OUT/`marker` if its fingerprint is `fingerprint` and every file it names
     is there with its size (from `sizes`, see shard_sizes, else asked file by file); else None.
     `data`: the marker's bytes, already read (see read_markers)."""
     try:
-        record = json.loads(data if data is not None else store.read(store.join(out, marker)))
+        record = json.loads(data if data is not None else store.read(store.join(out, marker), policy))
         if record["fingerprint"] != fingerprint:
             return None
         result = record["result"]
@@ -93,42 +96,42 @@ def reusable(out: str, marker: str, fingerprint: str, sizes: dict | None = None,
     except (OSError, ValueError, KeyError, TypeError):
         return None
     for rel, nbytes in files_of(infos):
-        size = sizes.get(rel) if sizes is not None else store.size(store.join(out, rel))
+        size = sizes.get(rel) if sizes is not None else store.size(store.join(out, rel), policy)
         if size != nbytes:
             return None
     return result
 
 
-def reused(out: str, folder: str, markers: dict, check) -> dict:
+def reused(out: str, folder: str, markers: dict, check, policy=None) -> dict:
     """The one reuse loop of the build and the map: {id: check(id, sizes, data)} for each piece (its
     marker under `markers`: id -> marker path) that check accepts. The markers are read at once
     (concurrently on a store) and checked against one listing of OUT/shards on a store (`sizes`)."""
-    if not any_marker(out, folder):
+    if not any_marker(out, folder, policy):
         return {}
-    data = read_markers(out, list(markers.values()))
-    sizes = shard_sizes(out) if store.is_url(out) else None
+    data = read_markers(out, list(markers.values()), policy)
+    sizes = shard_sizes(out, policy) if store.is_url(out) else None
     found = {i: data[m] and check(i, sizes, data[m]) for i, m in markers.items()}
     return {i: result for i, result in found.items() if result}
 
 
-def any_marker(out: str, folder: str) -> bool:
+def any_marker(out: str, folder: str, policy=None) -> bool:
     """Whether OUT/`folder` holds any marker (a previous run got that far)."""
     url = store.join(out, folder)
     if not store.is_url(url):
         return os.path.isdir(url) and any(True for _ in os.scandir(url))
     from shardkit.store.listing import has_any
 
-    return has_any(url + "/")
+    return has_any(url + "/", policy)
 
 
-def read_markers(out: str, markers: list[str]) -> dict[str, bytes | None]:
+def read_markers(out: str, markers: list[str], policy=None) -> dict[str, bytes | None]:
     """The bytes of many markers (None for a missing one): on a store, read concurrently."""
     urls = [store.join(out, m) for m in markers]
-    got = store.read_many(urls)
+    got = store.read_many(urls, policy)
     return {m: got[u] for m, u in zip(markers, urls)}
 
 
-def check_markers(out: str, markers: list[str]) -> None:
+def check_markers(out: str, markers: list[str], policy=None) -> None:
     """Every one of these markers is in OUT (one listing per folder): pieces whose steps ended on a
     store wrote theirs before they returned, so a missing one is a fault, said before any manifest."""
     from shardkit.errors import ShardkitError
@@ -138,7 +141,7 @@ def check_markers(out: str, markers: list[str]) -> None:
     for m in markers:
         folder, name = m.rsplit("/", 1)
         if folder not in present:
-            present[folder] = store.listdir(store.join(out, folder))
+            present[folder] = store.listdir(store.join(out, folder), policy)
         if name not in present[folder]:
             missing.append(m)
     if missing:
@@ -146,41 +149,42 @@ def check_markers(out: str, markers: list[str]) -> None:
                             "their tasks ended: rerun the same command to build them")
 
 
-def remove_markers(out: str, folder: str, prefix: str, keep: int) -> None:
+def remove_markers(out: str, folder: str, prefix: str, keep: int, policy=None) -> None:
     """Markers `{prefix}NNNNN.json` in OUT/`folder` numbered `keep` or more (a previous, larger run's)."""
-    for name in store.listdir(store.join(out, folder)):
+    for name in store.listdir(store.join(out, folder), policy):
         if name.startswith(prefix) and name[len(prefix):len(prefix) + 5].isdigit() \
                 and int(name[len(prefix):len(prefix) + 5]) >= keep:
-            store.remove(store.join(out, folder, name))
+            store.remove(store.join(out, folder, name), policy)
 
 
 # ------------------------------------------------------------------------------------------- finish
 
-def retire_manifest(out: str) -> None:
+def retire_manifest(out: str, policy=None) -> None:
     """Delete OUT's manifest before any shard is written: until the new one is written last, nothing
     may name shards that are about to be replaced (a writer that crashes leaves no manifest)."""
     for name in (MANIFEST_NAME, TABLE_NAME):
-        store.remove(store.join(out, name))
+        store.remove(store.join(out, name), policy)
 
 
-def remove_unlisted(out: str, infos) -> None:
+def remove_unlisted(out: str, infos, policy=None) -> None:
     """Delete OUT/shards/data-* files that `infos` do not name (left by an earlier, larger run)."""
     keep = shard_files(infos)
-    for name in store.listdir(store.join(out, "shards")):
+    for name in store.listdir(store.join(out, "shards"), policy):
         if name.startswith("data-") and f"shards/{name}" not in keep:
-            store.remove(store.join(out, "shards", name))
+            store.remove(store.join(out, "shards", name), policy)
 
 
-def write_errors(out: str, rejections, prior: str = "") -> None:
+def write_errors(out: str, rejections, prior: str = "", policy=None) -> None:
     """OUT/errors.jsonl: one line per rejected input (after `prior` lines, e.g. an input dataset's)."""
-    store.write(store.join(out, "errors.jsonl"), prior + "".join(r.to_json() + "\n" for r in rejections))
+    store.write(store.join(out, "errors.jsonl"), prior + "".join(r.to_json() + "\n" for r in rejections),
+                policy)
 
 
-def finish(out: str, manifest: Manifest) -> Manifest:
+def finish(out: str, manifest: Manifest, policy=None) -> Manifest:
     """Stale shard files removed, then the manifest, last: call it only once every shard it names is
     durable (every marker written, or every writer flushed)."""
-    remove_unlisted(out, manifest.shards)
-    write_manifest(out, manifest)
+    remove_unlisted(out, manifest.shards, policy)
+    write_manifest(out, manifest, policy)
     return manifest
 
 

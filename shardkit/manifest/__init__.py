@@ -230,10 +230,10 @@ def shard_files(shards) -> set[str]:
     return {s.path for s in shards} | {s.index["path"] for s in shards if s.index}
 
 
-def write_manifest(root: str, manifest: Manifest) -> None:
+def write_manifest(root: str, manifest: Manifest, policy=None) -> None:
     """Write ROOT/manifest.json atomically (a local folder, or a store: one PUT), after the shard table
     it checksums; call it only after every shard it names is in place."""
     from shardkit.store import write
 
-    write(join(root, TABLE_NAME), manifest.shards.to_parquet())
-    write(manifest_url(root), manifest.to_json())
+    write(join(root, TABLE_NAME), manifest.shards.to_parquet(), policy)
+    write(manifest_url(root), manifest.to_json(), policy)

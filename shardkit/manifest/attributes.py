@@ -117,7 +117,7 @@ class Attributes:
                 "table": {"path": TABLE_NAME, "rows": len(self), "bytes": len(blob), "sha256": sha256_bytes(blob)}}
 
 
-def attach(root: str, manifest, attributes: Attributes | None) -> None:
+def attach(root: str, manifest, attributes: Attributes | None, policy=None) -> None:
     """Write `attributes`' table into ROOT and name it in `manifest` (None removes the entry): call
     before write_manifest, which writes manifest.json last."""
     manifest.extra.pop("attributes", None)
@@ -125,7 +125,7 @@ def attach(root: str, manifest, attributes: Attributes | None) -> None:
         import shardkit.store as store
 
         blob = attributes.blob()
-        store.write(store.join(root, TABLE_NAME), blob)  # a local folder (temp, then rename) or a store
+        store.write(store.join(root, TABLE_NAME), blob, policy)  # a local folder (temp, then rename) or a store
         manifest.extra["attributes"] = attributes.record(blob)
 
 

@@ -77,15 +77,15 @@ def records(inv) -> list[InputRecord]:
                                        inv.est[piece.start:piece.stop].tolist()):
                 line = None
                 if row["row_file"] >= 0:
-                    index = load_index(inv.counts[row["row_file"]])[row["row"]]
+                    index = load_index(inv.counts[row["row_file"]], inv.opts.policy)[row["row"]]
                     line = (int(index["number"]), int(index["offset"]), int(index["length"]))
                 out.append(InputRecord(row["key"], tuple(row["files"]), None if label < 0 else label, est,
                                        (row["stamp"],), line))
             continue
         rf, count = inv.row_files[piece.source], inv.counts[piece.source]
         label = inv.row_labels.get(rf.id, -1)
-        index = load_index(count)[piece.start:piece.stop]
-        for key, number, offset, length in zip(keys_of(rf.stem_key, count, piece.start, piece.stop),
+        index = load_index(count, inv.opts.policy)[piece.start:piece.stop]
+        for key, number, offset, length in zip(keys_of(rf.stem_key, count, piece.start, piece.stop, inv.opts.policy),
                                                index["number"].tolist(), index["offset"].tolist(),
                                                index["length"].tolist()):
             out.append(InputRecord(key, (rf.rel,), None if label < 0 else label, length, (rf.stamp(),),
@@ -109,7 +109,7 @@ def scan(cfg: BuildConfig) -> ScanResult:
         return ScanResult(records(inv), inv)
 
 
-def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) -> Sample:
+def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str, policy=None) -> Sample:
     """One row of a row file, read alone (the build reads rows in runs, see sources.read)."""
     from shardkit.sources.rows import parse_jsonl_line
 
@@ -119,24 +119,26 @@ def _read_row(root: str, rec: InputRecord, text_field: str, image_field: str) ->
         from shardkit.sources.tar_rows import parse_span
         from shardkit.sources.tars import open_source
 
-        with open_source(root, rel) as f:
+        with open_source(root, rel, policy) as f:
             f.seek(offset)
             return parse_span(f.read(length), length, rec.key, None, rel, number, rec.label is None)
     if os.path.splitext(rel)[1].lower() in JSONL_EXTS:
-        data = read_source(join(root, rel), offset, offset + length)
+        data = read_source(join(root, rel), offset, offset + length, policy)
         return parse_jsonl_line(data, rec.key, rec.source, text_field, number)
     from shardkit.sources.parquet_files import RowConverter, row_group_of
     from shardkit.sources.index import ScanOptions
 
-    opts = ScanOptions(root, "", text_field, image_field)
+    opts = ScanOptions(root, "", text_field, image_field, policy=policy)
     info, table, first = row_group_of(join(root, rel), number, opts)
     row = table.slice(number - first, 1).to_pylist()[0]
     return RowConverter(opts, info, None, rel)(row, rec.key, rec.source)
 
 
-def read_records(root: str, records: list[InputRecord], text_field: str = "text", image_field: str = "image"):
+def read_records(root: str, records: list[InputRecord], text_field: str = "text", image_field: str = "image",
+                 policy=None):
     """(record, Sample or RejectedInput) for each record, in order. Consecutive rows of one .jsonl
-    file are read with one open and one read (the build reads pieces in runs: sources.read)."""
+    file are read with one open and one read (the build reads pieces in runs: sources.read). `policy`:
+    the job's RemotePolicy, for a root on a store."""
     from shardkit.sources.rows import parse_jsonl_line
 
     i = 0
@@ -148,7 +150,7 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
                 j += 1
         if j == i + 1:
             try:
-                yield rec, read_record(root, rec, text_field, image_field)
+                yield rec, read_record(root, rec, text_field, image_field, policy=policy)
             except RejectedInput as e:
                 yield rec, e
             i = j
@@ -156,7 +158,7 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
         run = records[i:j]
         lo, hi = run[0].line[1], max(r.line[1] + r.line[2] for r in run)
         try:
-            span = read_source(join(root, rec.files[0]), lo, hi)
+            span = read_source(join(root, rec.files[0]), lo, hi, policy)
         except (OSError, RemoteError) as e:
             span, error = None, RejectedInput(f"unreadable: {_why(e)}")
         for r in run:
@@ -174,12 +176,13 @@ def read_records(root: str, records: list[InputRecord], text_field: str = "text"
 
 
 def read_record(root: str, rec: InputRecord, text_field: str = "text", image_field: str = "image",
-                data: dict | None = None) -> Sample:
+                data: dict | None = None, policy=None) -> Sample:
     """Read one record's files into a Sample: image → original bytes under 'image', txt, json, cls.
-    `data`: the files' bytes (or the errors reading them) fetched already, by relative path."""
+    `data`: the files' bytes (or the errors reading them) fetched already, by relative path; `policy`:
+    the job's RemotePolicy, for a root on a store."""
     try:
         if rec.line is not None:
-            sample = _read_row(root, rec, text_field, image_field)
+            sample = _read_row(root, rec, text_field, image_field, policy)
         else:
             sample = Sample(rec.key, {}, {"source": rec.source, "source_path": rec.files[0], "utf8_replaced": 0})
             for rel in rec.files:
@@ -187,7 +190,7 @@ def read_record(root: str, rec: InputRecord, text_field: str = "text", image_fie
                 got = data.pop(rel, None) if data is not None else None
                 if isinstance(got, BaseException):
                     raise got
-                content = got if got is not None else read_source(join(root, rel))
+                content = got if got is not None else read_source(join(root, rel), policy=policy)
                 if ext in IMAGE_EXTS:
                     sample.fields["image"] = content
                     sample.meta["image_ext"] = ext[1:]  # what `--encode keep` names the field

@@ -26,6 +26,7 @@ class ScanOptions:
     label_field: str | None = None
     image_estimate: int | None = None  # estimated output bytes of one image when images are resized
     image_exts: bool = False  # find the formats of Parquet images (`--encode keep` names fields by them)
+    policy: object = None  # the job's store.remote.RemotePolicy: every store call of a scan or read waits as it
 
 
 @dataclass(frozen=True)
@@ -52,34 +53,36 @@ def row_key(stem_key: str, number: int, width: int) -> str:
     return f"{stem_key}/{number:0{width}d}"
 
 
-def keys_of(stem_key: str, count: RowCount, start: int, stop: int) -> list[str]:
-    """The keys of rows [start, stop) of a row file: from its keys file, else `{stem}/{number}`."""
+def keys_of(stem_key: str, count: RowCount, start: int, stop: int, policy=None) -> list[str]:
+    """The keys of rows [start, stop) of a row file: from its keys file, else `{stem}/{number}`.
+    `policy` (here and below): the job's RemotePolicy, for files on a store (ScanOptions.policy)."""
     if count.keys is not None:
-        return keys_table(count.keys).column("key").slice(start, stop - start).to_pylist()
-    return [row_key(stem_key, n, count.width) for n in load_index(count)["number"][start:stop].tolist()]
+        return keys_table(count.keys, policy).column("key").slice(start, stop - start).to_pylist()
+    return [row_key(stem_key, n, count.width) for n in load_index(count, policy)["number"][start:stop].tolist()]
 
 
-def key_bounds(stem_key: str, count: RowCount) -> tuple[str, str]:
+def key_bounds(stem_key: str, count: RowCount, policy=None) -> tuple[str, str]:
     """The first and last key of a row file (it has rows)."""
-    return keys_of(stem_key, count, 0, 1)[0], keys_of(stem_key, count, count.rows - 1, count.rows)[0]
+    return (keys_of(stem_key, count, 0, 1, policy)[0],
+            keys_of(stem_key, count, count.rows - 1, count.rows, policy)[0])
 
 
 @lru_cache(maxsize=8)
-def keys_table(path: str):
+def keys_table(path: str, policy=None):
     """A keys file (Arrow IPC, columns key and member), memory-mapped once per process."""
     import pyarrow as pa
 
     from shardkit.store import local_copy
 
-    return pa.ipc.open_file(pa.memory_map(local_copy(path))).read_all()
+    return pa.ipc.open_file(pa.memory_map(local_copy(path, policy=policy))).read_all()
 
 
-def load_index(count: RowCount) -> np.ndarray:
+def load_index(count: RowCount, policy=None) -> np.ndarray:
     """The row index, memory-mapped: callers touch only the pages of the rows they use (an index on a
     store is downloaded once per machine: its name changes with its content)."""
     from shardkit.store import local_copy
 
-    return np.load(local_copy(count.index), mmap_mode="r")
+    return np.load(local_copy(count.index, policy=policy), mmap_mode="r")
 
 
 class RowRef:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardkit.config import BuildConfig
+from shardkit.config import BuildConfig, remote_policy
 from shardkit.errors import ConfigError, Rejection
 from shardkit.sources import key_order as O
 from shardkit.sources import walk as W
@@ -29,7 +29,8 @@ def image_estimate(cfg: BuildConfig) -> int | None:
 
 def scan_options(cfg: BuildConfig, state_dir: str | None = None) -> ScanOptions:
     return ScanOptions(cfg.src, state_dir or os.path.join(cfg.out, STATE_SCAN), cfg.text_field,
-                       cfg.image_field, cfg.label_field, image_estimate(cfg), cfg.encode == "keep")
+                       cfg.image_field, cfg.label_field, image_estimate(cfg), cfg.encode == "keep",
+                       remote_policy(cfg))
 
 
 @dataclass
@@ -154,10 +155,10 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
         counts = reject_odd_label_types(listing.row_files, counts, cfg.label_field)
     parquet = [counts[rf.id].parquet for rf in listing.row_files if rf.kind == "parquet" and counts[rf.id].rows]
     _check_parquet(parquet, cfg, opts)
-    blow = O.exploded(listing.files, listing.row_files, counts)
-    extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id])) for rf in listing.row_files
+    blow = O.exploded(listing.files, listing.row_files, counts, opts.policy)
+    extra = [O.explode(rf, counts[rf.id], _row_kinds(rf, counts[rf.id]), opts.policy) for rf in listing.row_files
              if rf.id in blow]
-    table, renamed = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts)
+    table, renamed = O.unique_keys(pa.concat_tables([listing.files, *extra]), counts, opts.policy)
     if renamed:
         listing.notes.append(f"{len(renamed)} samples share a key with another source's: each kept under a key of "
                              f"its own, `KEY_<8 hex digits>` (listed in errors.jsonl as {O.RENAMED!r})")
@@ -168,7 +169,7 @@ def make_inventory(listing: W.Listing, counts: dict[int, RowCount], cfg: BuildCo
     label_index = None
     if cfg.label_field:
         classes, label_index = _column_classes(parquet, cfg)
-    blocks = [(O.key_bounds(rf.stem_key, counts[rf.id])[0], rf.id, counts[rf.id].rows)
+    blocks = [(O.key_bounds(rf.stem_key, counts[rf.id], opts.policy)[0], rf.id, counts[rf.id].rows)
               for rf in listing.row_files if rf.id not in blow and counts[rf.id].rows]
     rejections = listing.rejections + [Rejection(rf.rel, "source", counts[rf.id].error)
                                        for rf in listing.row_files if counts[rf.id].error]

@@ -60,18 +60,19 @@ def _source_of(row: dict) -> str:
     return row["files"][0]
 
 
-def _shown(row: dict, counts) -> str:
+def _shown(row: dict, counts, policy=None) -> str:
     """The sample's source as errors.jsonl names it: a file, `docs.jsonl:LINE` or `shards/a.tar:MEMBER`."""
     count = counts[row["row_file"]] if row["row_file"] >= 0 else None
     if count is not None and count.keys is not None:
-        return f"{row['files'][0]}:{keys_table(count.keys).column('member')[row['row']].as_py()}"
+        return f"{row['files'][0]}:{keys_table(count.keys, policy).column('member')[row['row']].as_py()}"
     return _source_of(row)
 
 
-def unique_keys(table, counts) -> tuple[object, list[Rejection]]:
+def unique_keys(table, counts, policy=None) -> tuple[object, list[Rejection]]:
     """Rename colliding keys (e.g. 'a.jsonl' line 1 vs 'a/000001.txt', or two tars' members)
     `{key}_{sha1(source)[:8]}`, sorted; with one record per renamed sample (for errors.jsonl). The new
-    key depends on the sample's own source only, so the rule gives the same keys in any listing order."""
+    key depends on the sample's own source only, so the rule gives the same keys in any listing order.
+    `policy` (here and below): the job's RemotePolicy, for row indexes on a store."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -90,11 +91,11 @@ def unique_keys(table, counts) -> tuple[object, list[Rejection]]:
     for i in np.flatnonzero(dup).tolist():
         row = {n: table.column(n)[i].as_py() for n in ("files", "row_file", "row")}
         if row["row_file"] >= 0:
-            row["number"] = int(load_index(counts[row["row_file"]])["number"][row["row"]])
+            row["number"] = int(load_index(counts[row["row_file"]], policy)["number"][row["row"]])
         digest = hashlib.sha1(_source_of(row).encode("utf-8")).hexdigest()[:8]
         old, new_keys[i] = new_keys[i], f"{new_keys[i]}_{digest}"
         stamps[i] = W.stamp_digest(f"{stamps[i]}|{new_keys[i]}")
-        renamed.append(Rejection(_shown(row, counts), "source", f"{RENAMED}: another source gives the key {old!r}; "
+        renamed.append(Rejection(_shown(row, counts, policy), "source", f"{RENAMED}: another source gives the key {old!r}; "
                                  f"written as {new_keys[i]!r}"))
     table = table.set_column(0, "key", pa.array(new_keys, pa.string()))
     table = _sorted(table.set_column(table.schema.get_field_index("stamp"), "stamp", pa.array(stamps)))
@@ -103,15 +104,15 @@ def unique_keys(table, counts) -> tuple[object, list[Rejection]]:
     return table, sorted(renamed, key=lambda r: (r.path, r.reason))
 
 
-def _range(rf: W.RowFile, count: RowCount) -> tuple[str, str]:
-    return key_bounds(rf.stem_key, count)
+def _range(rf: W.RowFile, count: RowCount, policy=None) -> tuple[str, str]:
+    return key_bounds(rf.stem_key, count, policy)
 
 
-def exploded(table, row_files, counts) -> set[int]:
+def exploded(table, row_files, counts, policy=None) -> set[int]:
     """Row files whose key range holds another sample's key, or overlaps another row file's range (on
     either side: `dupA.tar` holding `x/1` .. `y/9` and `dupA/x.tar` holding `5` both explode)."""
     keys = _sorted(table).column("key")
-    live = sorted((_range(rf, counts[rf.id]), rf.id) for rf in row_files if counts[rf.id].rows)
+    live = sorted((_range(rf, counts[rf.id], policy), rf.id) for rf in row_files if counts[rf.id].rows)
     out, reach = set(), None  # reach: the largest last key of the ranges sorted before this one
     for i, ((first, last), rid) in enumerate(live):
         if _bisect(keys, first) != _bisect(keys, last, right=True):
@@ -124,13 +125,13 @@ def exploded(table, row_files, counts) -> set[int]:
     return out
 
 
-def explode(rf: W.RowFile, count: RowCount, kinds: int):
+def explode(rf: W.RowFile, count: RowCount, kinds: int, policy=None):
     """The rows of one row file as file-sample table rows (key, its file, its row position)."""
     import pyarrow as pa
 
-    index = load_index(count)
+    index = load_index(count, policy)
     numbers = np.asarray(index["number"])
-    keys = keys_of(rf.stem_key, count, 0, len(numbers))
+    keys = keys_of(rf.stem_key, count, 0, len(numbers), policy)
     est = np.diff(np.concatenate(([0], np.asarray(index["cum"]))))
     stamps = [W.stamp_digest(f"{k}|{rf.stamp()}|{n}") for k, n in zip(keys, numbers.tolist())]
     n = len(keys)

@@ -147,7 +147,7 @@ def parquet_index(path: str, opts) -> tuple[np.ndarray, int, dict]:
     label column. Size estimates are per row group: its uncompressed bytes spread over its rows."""
     from shardkit.sources.index import INDEX_DTYPE
 
-    with _opened(path) as pf:
+    with _opened(path, opts.policy) as pf:
         info = describe(pf, opts)
     md = pf.metadata
     names = pf.schema_arrow.names
@@ -257,11 +257,11 @@ class RowConverter:
             raise RejectedInput(f"image path outside the source folder: {path!r} (the row has no image bytes)")
         link, url = [rel, -1, -1], join(self.opts.root, rel)
         try:
-            stat = stat_source(url)
+            stat = stat_source(url, self.opts.policy)
             if stat is None:
                 raise RejectedInput(f"unreadable image path {path!r}: no such file")
             link[1:] = list(stat)
-            return read_source(url), link
+            return read_source(url, policy=self.opts.policy), link
         except (RejectedInput, RemoteError) as e:
             if isinstance(e, RemoteError) and not e.not_found:
                 raise
@@ -318,8 +318,9 @@ class RowConverter:
 
 
 @contextlib.contextmanager
-def _opened(path: str):
-    """A ParquetFile of a local path (read by pyarrow itself) or of a URL (store.open_source)."""
+def _opened(path: str, policy=None):
+    """A ParquetFile of a local path (read by pyarrow itself) or of a URL (store.open_source, waiting as
+    `policy`, the job's RemotePolicy)."""
     import pyarrow.parquet as pq
 
     from shardkit.store import open_source
@@ -327,13 +328,13 @@ def _opened(path: str):
     if not is_url(path):
         yield pq.ParquetFile(path)
         return
-    with open_source(path) as f:
+    with open_source(path, policy) as f:
         yield pq.ParquetFile(f)
 
 
 @functools.lru_cache(maxsize=4)
 def _row_group(path: str, version: int, group: int, opts):
-    with _opened(path) as pf:
+    with _opened(path, opts.policy) as pf:
         return describe(pf, opts), pf.read_row_group(group)
 
 
@@ -342,12 +343,12 @@ def row_group_of(path: str, row: int, opts):
     cost one row group read per group (the last few are cached)."""
     from shardkit.store import stat_source
 
-    with _opened(path) as pf:
+    with _opened(path, opts.policy) as pf:
         md, first = pf.metadata, 0
     for g in range(md.num_row_groups):
         n = md.row_group(g).num_rows
         if row < first + n:
-            info, table = _row_group(path, (stat_source(path) or (0, 0))[1], g, opts)
+            info, table = _row_group(path, (stat_source(path, opts.policy) or (0, 0))[1], g, opts)
             return info, table, first
         first += n
     raise RejectedInput(f"row {row} is past the end of the file ({md.num_rows} rows): it changed since it was listed")
@@ -358,11 +359,11 @@ def parquet_rows(opts, rf, count, start: int, stop: int, convert: RowConverter, 
     from shardkit.sources.index import RowRef, load_index, row_key
     from shardkit.store import join
 
-    rows = load_index(count)[start:stop]
+    rows = load_index(count, opts.policy)[start:stop]
     if not len(rows):
         return
     groups = sorted(set(rows["offset"].tolist()))
-    with _opened(join(opts.root, rf.rel)) as pf:
+    with _opened(join(opts.root, rf.rel), opts.policy) as pf:
         first_row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
         table = pf.read_row_groups(groups)
     lo = int(rows["number"][0]) - first_row

@@ -55,7 +55,7 @@ class ShardPlan:
 
 def _cumulative(inv, source: int, cache: dict) -> np.ndarray:
     if source not in cache:
-        cache[source] = np.cumsum(inv.est) if source == ATOMS else load_index(inv.counts[source])["cum"]
+        cache[source] = np.cumsum(inv.est) if source == ATOMS else load_index(inv.counts[source], inv.opts.policy)["cum"]
     return cache[source]
 
 

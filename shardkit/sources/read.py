@@ -22,18 +22,19 @@ ATOMS_NAME = "samples-{}.arrow"
 
 
 @lru_cache(maxsize=2)
-def _atoms(path: str):
+def _atoms(path: str, policy=None):
     """The sorted file-sample table, memory-mapped once per worker process (from a local copy when OUT
     is on a store: its name changes with its content)."""
     import pyarrow as pa
 
     from shardkit.store import local_copy
 
-    return pa.ipc.open_file(pa.memory_map(local_copy(path))).read_all()
+    return pa.ipc.open_file(pa.memory_map(local_copy(path, policy=policy))).read_all()
 
 
-def save_atoms(table, labels, state_dir: str, digest: str) -> str | None:
-    """Write the sorted file samples (key, files, row file, row, label) for tasks to read by position."""
+def save_atoms(table, labels, state_dir: str, digest: str, policy=None) -> str | None:
+    """Write the sorted file samples (key, files, row file, row, label) for tasks to read by position
+    (`policy`: the job's RemotePolicy, for a state folder on a store)."""
     import pyarrow as pa
 
     from shardkit.store import exists, join, makedirs, writer
@@ -41,11 +42,11 @@ def save_atoms(table, labels, state_dir: str, digest: str) -> str | None:
     if not len(table):
         return None
     path = join(state_dir, ATOMS_NAME.format(digest))
-    if exists(path):
+    if exists(path, policy):
         return path
     makedirs(state_dir)
     out = table.select(["key", "files", "row_file", "row"]).append_column("label", pa.array(labels))
-    with writer(path) as f, pa.ipc.new_file(f, out.schema) as ipc:
+    with writer(path, policy=policy) as f, pa.ipc.new_file(f, out.schema) as ipc:
         ipc.write_table(out)
     return path
 
@@ -74,16 +75,17 @@ class SourceReader:
         the row indexes, not from the inputs)."""
         for piece in pieces:
             if piece.source == ATOMS:
-                rows = _atoms(self.atoms_path).slice(piece.start, len(piece)).select(["key", "files", "row_file", "row"])
+                rows = _atoms(self.atoms_path, self.opts.policy).slice(piece.start, len(piece)).select(["key", "files", "row_file", "row"])
                 for row in rows.to_pylist():
                     number = None
                     if row["row_file"] >= 0:
-                        number = int(load_index(self.counts[row["row_file"]])["number"][row["row"]])
+                        number = int(load_index(self.counts[row["row_file"]], self.opts.policy)["number"][row["row"]])
                     yield row["key"], row["files"][0], number
                 continue
             rf, count = self.row_files[piece.source], self.counts[piece.source]
-            keys = keys_of(rf.stem_key, count, piece.start, piece.stop)
-            yield from zip(keys, [rf.rel] * len(keys), load_index(count)["number"][piece.start:piece.stop].tolist())
+            keys = keys_of(rf.stem_key, count, piece.start, piece.stop, self.opts.policy)
+            numbers = load_index(count, self.opts.policy)["number"][piece.start:piece.stop].tolist()
+            yield from zip(keys, [rf.rel] * len(keys), numbers)
 
     def _converter(self, rid: int):
         from shardkit.sources.parquet_files import RowConverter
@@ -108,7 +110,8 @@ class SourceReader:
                 raise  # a store that did not answer fails the task (naming the URL), it rejects no row
             why = getattr(e, "detail", None) or getattr(e, "strerror", None) or e
             reason = f"unreadable: {why} (it changed while the build ran?)"
-            refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in load_index(count)["number"][start:stop].tolist()]
+            numbers = load_index(count, self.opts.policy)["number"][start:stop].tolist()
+            refs = [RowRef.failed(f"{rf.rel}:{n}", reason) for n in numbers]
         for i, ref in enumerate(refs):
             label = self.row_labels.get(rid, -1) if labels is None else labels[i]
             yield ref if label < 0 else RowRef(ref.source, _labelled(ref.make, label))
@@ -116,8 +119,8 @@ class SourceReader:
     def _atom_refs(self, start: int, stop: int):
         from shardkit.sources import InputRecord, read_record
 
-        rows = _atoms(self.atoms_path).slice(start, stop - start).to_pylist()
-        i, fetched, ahead = 0, None, _Ahead(self.opts.root, rows)
+        rows = _atoms(self.atoms_path, self.opts.policy).slice(start, stop - start).to_pylist()
+        i, fetched, ahead = 0, None, _Ahead(self.opts.root, rows, self.opts.policy)
         while i < len(rows):
             row = rows[i]
             if row["row_file"] < 0:
@@ -126,7 +129,8 @@ class SourceReader:
                 label = row["label"] if row["label"] >= 0 else None
                 rec = InputRecord(row["key"], tuple(row["files"]), label, 0)
                 yield RowRef(rec.source, lambda rec=rec, got=fetched: read_record(self.opts.root, rec,
-                                                                                   self.opts.text_field, data=got))
+                                                                                   self.opts.text_field, data=got,
+                                                                                   policy=self.opts.policy))
                 i += 1
                 continue
             j = i + 1  # consecutive rows of one exploded row file are read together
@@ -146,15 +150,15 @@ class _Ahead:
     batch in flight while the stages work on this one: a task waits for the store only when it
     works faster than the store answers (one GET at a time, it waited a round trip per image)."""
 
-    def __init__(self, root: str, rows: list[dict]):
-        self.root, self.rows, self.on = root, rows, is_url(root)
+    def __init__(self, root: str, rows: list[dict], policy=None):
+        self.root, self.rows, self.on, self.policy = root, rows, is_url(root), policy
         self.next = self._start(0) if self.on else None
 
     def _start(self, i: int):
         from shardkit.store import fetch_sources, join
 
         rels = [rel for row in self.rows[i:i + PREFETCH] if row["row_file"] < 0 for rel in row["files"]]
-        return i, rels, fetch_sources([join(self.root, rel) for rel in rels])
+        return i, rels, fetch_sources([join(self.root, rel) for rel in rels], self.policy)
 
     def take(self, i: int) -> dict:
         """{relative path: bytes or the error reading it} of the samples from row i on."""

@@ -33,13 +33,13 @@ def _index_name(rf, opts: ScanOptions) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
-def jsonl_index(path: str) -> tuple[np.ndarray, int]:
+def jsonl_index(path: str, policy=None) -> tuple[np.ndarray, int]:
     """(index, lines in the file) of a jsonl file (a path or URL), vectorised over 4 MiB blocks; blank
     lines are no samples."""
     from shardkit.store import open_source
 
     parts, pending, line_no, line_start, pos = [], 0, 1, 0, 0
-    with open_source(path) as f:
+    with open_source(path, policy) as f:
         while block := f.read(BLOCK):
             a = np.frombuffer(block, np.uint8)
             nonws = np.concatenate(([0], np.cumsum(~_WHITESPACE[a], dtype=np.int32)))
@@ -79,13 +79,13 @@ def counted(rf, opts: ScanOptions) -> RowCount | None:
     from shardkit.store import join, read
 
     try:
-        count = RowCount(**json.loads(read(join(opts.state_dir, _index_name(rf, opts)) + ".json")))
+        count = RowCount(**json.loads(read(join(opts.state_dir, _index_name(rf, opts)) + ".json", opts.policy)))
     except (OSError, ValueError, TypeError):
         return None
     # the files it names must still be there (a state folder cleaned by hand): else count again
     from shardkit.store import exists
 
-    return count if all(exists(p) for p in (count.index, count.keys) if p) else None
+    return count if all(exists(p, opts.policy) for p in (count.index, count.keys) if p) else None
 
 
 def count_rows(rf, opts: ScanOptions) -> RowCount:
@@ -104,7 +104,7 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
     path = join(opts.root, rf.rel)
     try:
         if rf.kind == "jsonl":
-            index, top, info = *jsonl_index(path), {}
+            index, top, info = *jsonl_index(path, opts.policy), {}
         else:
             from shardkit.sources.parquet_files import parquet_index
 
@@ -116,12 +116,12 @@ def count_rows(rf, opts: ScanOptions) -> RowCount:
             raise  # a store that did not answer fails the task, naming the URL
         return RowCount(0, 0, 0, 0, 0, "", error=f"unreadable: {getattr(e, 'detail', None) or getattr(e, 'strerror', None) or e}")
 
-    with writer(base + ".npy") as f:
+    with writer(base + ".npy", policy=opts.policy) as f:
         np.save(f, index)
     count = RowCount(len(index), int(index["number"][0]) if len(index) else 0,
                      int(index["number"][-1]) if len(index) else 0, top,
                      int(index["cum"][-1]) if len(index) else 0, base + ".npy", info)
-    write(base + ".json", json.dumps(asdict(count), sort_keys=True))  # last: marks the index complete
+    write(base + ".json", json.dumps(asdict(count), sort_keys=True), opts.policy)  # last: marks the index complete
     return count
 
 
@@ -149,13 +149,13 @@ def parse_jsonl_line(data: bytes, key: str, source: str, text_field: str, number
 
 def jsonl_rows(opts: ScanOptions, rf, count: RowCount, start: int, stop: int, keys=None):
     """RowRefs of rows [start, stop) of a jsonl file, read with one seek; `keys` overrides the row keys."""
-    rows = load_index(count)[start:stop]
+    rows = load_index(count, opts.policy)[start:stop]
     if not len(rows):
         return
     from shardkit.store import join, read_source
 
     lo = int(rows["offset"][0])
-    data = read_source(join(opts.root, rf.rel), lo, int(rows["offset"][-1] + rows["length"][-1]))
+    data = read_source(join(opts.root, rf.rel), lo, int(rows["offset"][-1] + rows["length"][-1]), opts.policy)
     if len(data) < int(rows["offset"][-1] + rows["length"][-1]) - lo:
         raise ValueError(f"{rf.rel} is shorter than when it was counted")
     width = count.width

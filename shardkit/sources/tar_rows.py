@@ -37,13 +37,13 @@ def tar_rows(opts, rf, count: RowCount, start: int, stop: int, keys=None, cls: b
     reads the cls members as labels. The tar is opened here (a vanished or resized file fails now:
     its rows are rejected, see sources.read) and each sample's span is read when its RowRef makes it;
     its fields are sliced where the count found them (the keys file's layout column)."""
-    rows = load_index(count)[start:stop]
+    rows = load_index(count, opts.policy)[start:stop]
     if not len(rows):
         return
-    keys = keys if keys is not None else keys_of(rf.stem_key, count, start, stop)
-    table = keys_table(count.keys).slice(start, stop - start)
+    keys = keys if keys is not None else keys_of(rf.stem_key, count, start, stop, opts.policy)
+    table = keys_table(count.keys, opts.policy).slice(start, stop - start)
     names, layouts = table.column("member").to_pylist(), table.column("layout").to_pylist()
-    f = open_source(opts.root, rf.rel)
+    f = open_source(opts.root, rf.rel, opts.policy)
     if f.seek(0, os.SEEK_END) != rf.size:
         f.close()
         raise ValueError(f"{rf.rel} is no longer the size it was counted at")
@@ -112,12 +112,12 @@ def _add_member(sample: Sample, name: str, ext: str, data: bytes, cls: bool) -> 
         sample.fields["cls"] = label
 
 
-def first_images(root: str, rels: list[str], n: int) -> list[bytes]:
+def first_images(root: str, rels: list[str], n: int, policy=None) -> list[bytes]:
     """The first n image members of these tars, in order (what the worker-pool probe measures on)."""
     out = []
     for rel in rels:
         try:
-            with open_source(root, rel) as f:
+            with open_source(root, rel, policy) as f:
                 size = f.seek(0, os.SEEK_END)
                 for m in T.members(f, size):
                     if isinstance(m, T.Member) and m.regular and split_name(m.name)[1] in IMAGES:

@@ -40,12 +40,12 @@ _NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 META = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (`__index__.json`), never samples
 
 
-def open_source(root: str, rel: str):
+def open_source(root: str, rel: str, policy=None):
     """The one place a source tar is opened (a local path, or a URL: store.open_source: bounded,
-    retried reads that resume where they stopped), seekable."""
+    retried reads that resume where they stopped, waiting as `policy`, the job's RemotePolicy), seekable."""
     import shardkit.store as store
 
-    return store.open_source(store.join(root, rel))
+    return store.open_source(store.join(root, rel), policy)
 
 
 def split_name(name: str) -> tuple[str | None, str | None]:
@@ -254,7 +254,7 @@ def _write_index(groups: list, keys: list[str], opts, base: str) -> np.ndarray:
     index["offset"] = [groups[i].start for i in order]
     index["length"] = [groups[i].end - groups[i].start for i in order]
     index["cum"] = np.cumsum([_estimate(groups[i], opts.image_estimate) for i in order]) if order else []
-    with writer(base + ".npy") as f:
+    with writer(base + ".npy", policy=opts.policy) as f:
         np.save(f, index)
     # Where each field's bytes lie in the sample's span: a unit slices them out without parsing headers.
     layout = pa.list_(pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64())]))
@@ -262,7 +262,7 @@ def _write_index(groups: list, keys: list[str], opts, base: str) -> np.ndarray:
                       "member": pa.array([groups[i].key for i in order], pa.string()),
                       "layout": pa.array([[dict(zip(("ext", "offset", "size"), m)) for m in groups[i].layout]
                                           for i in order], layout)})
-    with writer(base + ".keys.arrow") as f, pa.ipc.new_file(f, table.schema) as ipc:
+    with writer(base + ".keys.arrow", policy=opts.policy) as f, pa.ipc.new_file(f, table.schema) as ipc:
         ipc.write_table(table)
     return index
 
@@ -273,7 +273,7 @@ def count_tar(rf, opts, base: str) -> RowCount:
     from shardkit.store import write
 
     try:
-        with open_source(opts.root, rf.rel) as f:
+        with open_source(opts.root, rf.rel, opts.policy) as f:
             size = f.seek(0, os.SEEK_END)
             count = _Count(rf.rel, f)
             for event in T.members(f, size):
@@ -295,7 +295,7 @@ def count_tar(rf, opts, base: str) -> RowCount:
     rows = len(index)
     result = RowCount(rows, 0, max(rows - 1, 0), max(rows - 1, 0), int(index["cum"][-1]) if rows else 0,
                       base + ".npy", keys=base + ".keys.arrow", tar=_info(groups, count.rejections))
-    write(base + ".json", json.dumps(asdict(result), sort_keys=True))  # last: marks the count complete
+    write(base + ".json", json.dumps(asdict(result), sort_keys=True), opts.policy)  # last: marks the count complete
     return result
 
 

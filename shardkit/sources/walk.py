@@ -240,11 +240,12 @@ def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
              kinds=kinds, stamp=stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
 
 
-def walk(root: str, out: str | None = None) -> Listing:
+def walk(root: str, out: str | None = None, policy=None) -> Listing:
     """List SRC (a local folder or a URL): file samples (unsorted Arrow table), row files, rejections.
     OUT, when inside SRC, and shardkit datasets below SRC are left out (counted rejections). A folder
     is read entry by entry in name order and each stem's files become a sample as soon as the names
-    pass them, so a folder of a million objects on a store costs the client its columns only."""
+    pass them, so a folder of a million objects on a store costs the client its columns only. `policy`:
+    the job's RemotePolicy, for a store."""
     remote = is_url(root)
     real_root = None if remote else os.path.realpath(root)
     listing = Listing(None, [])
@@ -253,7 +254,7 @@ def walk(root: str, out: str | None = None) -> Listing:
         rel_dir = todo.pop()
         subdirs: list[str] = []
         if remote:
-            entries = _remote_entries(root, rel_dir, listing, subdirs, out)
+            entries = _remote_entries(root, rel_dir, listing, subdirs, out, policy)
         else:
             entries = _entries(root, rel_dir, real_root, listing, subdirs, out)
         stems = _Stems(cols, listing)
@@ -308,18 +309,18 @@ class _Stat(NamedTuple):
     st_mtime_ns: int
 
 
-def _remote_entries(root: str, rel_dir: str, listing: Listing, subdirs: list[str], out: str | None):
+def _remote_entries(root: str, rel_dir: str, listing: Listing, subdirs: list[str], out: str | None, policy=None):
     """(relpath, _Stat) of the files of one folder on a store, page by page, in name order; subfolders
     to visit go to `subdirs`, the rest is counted as the local walk counts it."""
     from shardkit.store import join
     from shardkit.store.listing import list_folder, version_number
 
-    for entry in list_folder(join(root, rel_dir) if rel_dir else root):
+    for entry in list_folder(join(root, rel_dir) if rel_dir else root, policy):
         rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
         if entry.is_dir:
             if entry.name.startswith("."):
                 listing.rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
-            elif reason := _not_input_remote(join(root, rel), out):
+            elif reason := _not_input_remote(join(root, rel), out, policy):
                 listing.rejections.append(Rejection(rel + "/", "source", reason))
             else:
                 if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
@@ -331,14 +332,14 @@ def _remote_entries(root: str, rel_dir: str, listing: Listing, subdirs: list[str
             yield rel, _Stat(entry.size, version_number(entry.version))
 
 
-def _not_input_remote(url: str, out: str | None) -> str | None:
+def _not_input_remote(url: str, out: str | None, policy=None) -> str | None:
     """not_input for a folder on a store."""
     from shardkit.store import join
     from shardkit.store.listing import has_any
 
     if out is not None and url.rstrip("/") == out.rstrip("/"):
         return "the build's output folder (OUT): not read"
-    if has_any(join(url, ".shardkit") + "/") or (has_any(join(url, "manifest.json"))
-                                                 and has_any(join(url, "shards") + "/")):
+    if has_any(join(url, ".shardkit") + "/", policy) or (has_any(join(url, "manifest.json"), policy)
+                                                         and has_any(join(url, "shards") + "/", policy)):
         return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
     return None

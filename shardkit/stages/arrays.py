@@ -25,12 +25,12 @@ def read_npy(data: bytes) -> np.ndarray:
         raise RejectedInput(f"unreadable .npy array: {e}") from None
 
 
-def _header(path: str) -> tuple[tuple, np.dtype]:
+def _header(path: str, policy=None) -> tuple[tuple, np.dtype]:
     from numpy.lib import format as npf
 
     from shardkit.store import open_source
 
-    with open_source(path) as f:
+    with open_source(path, policy) as f:
         version = npf.read_magic(f)
         shape, _, dtype = (npf.read_array_header_1_0(f) if version == (1, 0) else npf.read_array_header_2_0(f))
     return tuple(shape), np.dtype(dtype)
@@ -43,15 +43,16 @@ def store_dtype(dtype: np.dtype, half: bool) -> np.dtype:
     return dtype.newbyteorder("<")
 
 
-def array_spec(root: str, records, half: bool) -> dict | None:
+def array_spec(root: str, records, half: bool, policy=None) -> dict | None:
     """The field spec of the arrays, from the first readable .npy header in key order (the other
-    arrays must have its shape): decided before any task runs, so every shard has one schema."""
+    arrays must have its shape): decided before any task runs, so every shard has one schema.
+    `policy`: the job's RemotePolicy, for a root on a store."""
     for rec in records:
         rel = next((f for f in rec.files if os.path.splitext(f)[1].lower() == ARRAY_EXT), None)
         if rel is None:
             continue
         try:
-            shape, dtype = _header(join(root, rel))
+            shape, dtype = _header(join(root, rel), policy)
         except (OSError, ValueError, SyntaxError, RemoteError):  # a bad file is rejected later, by its task
             continue
         return {"kind": "array", "dtype": store_dtype(dtype, half).name, "shape": list(shape),

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from shardkit.config import BuildConfig
+from shardkit.config import BuildConfig, remote_policy
 from shardkit.errors import ConfigError, RejectionLog
 from shardkit.sample import Sample
 from shardkit.stages import source_of
@@ -111,17 +111,17 @@ def _trained(cfg: BuildConfig, texts, corpus_key: str) -> str:
     (training is the slow part of a rerun), else trained on `texts()`."""
     from shardkit.store import join, read, write
 
-    marker = join(cfg.out, ".shardkit", "tokenizer.json.key")
+    marker, policy = join(cfg.out, ".shardkit", "tokenizer.json.key"), remote_policy(cfg)
     key = hashlib.sha256(f"{cfg.tokenizer}|{corpus_key}".encode()).hexdigest()
     try:
-        recorded, blob = read(marker).decode().split(), read(join(cfg.out, TOKENIZER_NAME)).decode()
+        recorded, blob = read(marker, policy).decode().split(), read(join(cfg.out, TOKENIZER_NAME), policy).decode()
         if recorded == [key, hashlib.sha256(blob.encode("utf-8")).hexdigest()]:
             return blob
     except (OSError, ValueError):
         pass
     docs = texts()
     blob = train_bpe(docs, int(cfg.tokenizer[4:]), len(docs)).to_str(pretty=True)
-    write(marker, f"{key} {hashlib.sha256(blob.encode('utf-8')).hexdigest()}\n")
+    write(marker, f"{key} {hashlib.sha256(blob.encode('utf-8')).hexdigest()}\n", policy)
     return blob
 
 
@@ -145,7 +145,7 @@ def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> Tokenize
         except Exception as e:  # the Rust side raises a plain Exception for any parse error
             raise ConfigError(f"--tokenizer {cfg.tokenizer!r} is not a tokenizer.json that tokenizers can load "
                               f"({e}); save one with Tokenizer.save('tokenizer.json')") from None
-    write(join(cfg.out, TOKENIZER_NAME), blob)
+    write(join(cfg.out, TOKENIZER_NAME), blob, remote_policy(cfg))
     tok = Tokenizer.from_str(blob)
     eos_token, eos_id = find_eos(tok, cfg.eos_token)
     return TokenizerInfo(TOKENIZER_NAME, hashlib.sha256(blob.encode("utf-8")).hexdigest(), source,
@@ -153,14 +153,14 @@ def prepare_tokenizer(cfg: BuildConfig, texts, corpus_key: str = "") -> Tokenize
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str, sha256: str):
+def load_tokenizer(path: str, sha256: str, policy=None):
     """The tokenizer a task uses, read from OUT (files, not pickles, hand work to tasks; OUT may be on a
-    store); cached per process."""
+    store, read with `policy`, the job's RemotePolicy); cached per process."""
     from tokenizers import Tokenizer
 
     from shardkit.store import read
 
-    blob = read(path).decode("utf-8")
+    blob = read(path, policy).decode("utf-8")
     if hashlib.sha256(blob.encode("utf-8")).hexdigest() != sha256:
         raise ConfigError(f"{path} changed while the build was running; rerun the build")
     _allow_threads()
@@ -186,11 +186,11 @@ def _allow_threads() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
-def token_counter(spec: dict, root: str):
+def token_counter(spec: dict, root: str, policy=None):
     """text -> its number of tokens (no EOS) under the build's tokenizer: what the curation counts."""
     from shardkit.store import join
 
-    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
+    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"], policy)
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 
 
@@ -238,14 +238,14 @@ def pack_stream(flat: np.ndarray, lengths: np.ndarray, seq_len: int, tail: str, 
 
 
 def tokenize(samples: Iterable[Sample], *, spec: dict, root: str, tail: str, shard_id: int,
-             stats: dict, log: RejectionLog | None = None) -> Iterator[Sample]:
+             stats: dict, log: RejectionLog | None = None, policy=None) -> Iterator[Sample]:
     """Stage: the `txt` of every sample -> `tokens` (ids + EOS), per the manifest's tokens `spec`.
 
     Packed (spec["layout"] == "packed"): the shard's documents become one sample
     `tokens-{shard}` holding the rows and the document offsets (`pack_stream`); a sample without
     text cannot be stored there and goes to `log` as rejected. Otherwise each text sample gets
     its ids and keeps its other fields. `stats` receives documents, tokens, rows, pad_tokens and
-    dropped_tokens.
+    dropped_tokens. `policy`: the job's RemotePolicy, for a tokenizer file on a store.
     """
     samples = list(samples)
     docs = [s for s in samples if "txt" in s.fields]
@@ -259,7 +259,7 @@ def tokenize(samples: Iterable[Sample], *, spec: dict, root: str, tail: str, sha
         return
     from shardkit.store import join
 
-    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"])
+    tok = load_tokenizer(join(root, spec["tokenizer"]), spec["tokenizer_sha256"], policy)
     flat, lengths = encode_ids(tok, [s.fields.pop("txt") for s in docs], spec["dtype"], spec["eos_id"])
     _add(stats, documents=len(docs), tokens=len(flat))
     le = flat.dtype.newbyteorder("<")  # stored little-endian whatever the machine

@@ -3,8 +3,9 @@
 The offline jobs touch files through the few verbs here. Locally they are the os calls (atomic
 writes: temp, then rename). On a store every call is bounded by a RemotePolicy (timeouts, retries
 with backoff, an error that names the URL and the options to raise), passed as each verb's `policy`
-(None: the process's, store.calls.use_policy), and a file is never visible half-written: one PUT (or
-one completed multipart upload) makes an object, so what a marker or a manifest names is whole.
+(a job passes its own on every call; None: JOB_POLICY, the defaults of --timeout/--retries), and a
+file is never visible half-written: one PUT (or one completed multipart upload) makes an object, so
+what a marker or a manifest names is whole.
 
 Files a job writes on a store are first written to a local staging folder (`staged`), by the very
 writers a local build uses (same bytes, same checksums), then uploaded by the process that wrote
@@ -21,11 +22,11 @@ import tempfile
 
 from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import JOB_POLICY, _call, bound, filesystem, policy, retry, use_policy
+from shardkit.store.calls import JOB_POLICY, _call, bound, filesystem, retry
 from shardkit.store.urls import BadURL, check_location
 from shardkit.store.local import is_url, join
 
-__all__ = ["BadURL", "check_location", "is_url", "join", "location", "JOB_POLICY", "use_policy", "policy", "retry",
+__all__ = ["BadURL", "check_location", "is_url", "join", "location", "JOB_POLICY", "retry",
            "read", "read_many", "write", "writer", "makedirs", "size", "exists", "listdir", "remove", "remove_tree",
            "staged", "publish", "local_copy", "drop_copy", "open_source", "read_source", "read_sources",
            "fetch_sources", "stat_source"]

@@ -1,32 +1,20 @@
 """The calls of the offline jobs to a store: the filesystem of remote.filesystem with the job's
 RemotePolicy, every call retried by remote.with_retries, errors naming the URL and what was written.
 
-The policy is an argument of every call (a job passes its own: config.remote_policy(cfg)); None
-means the process's (use_policy: JOB_POLICY unless a job set its own), whose errors name
-`shardkit build --timeout/--retries`."""
+The policy is an argument of every call: a job passes its own (config.remote_policy(cfg)) down every
+path to the store, carried by its context objects (BuildContext, ScanOptions, MapContext, ...). None
+is JOB_POLICY, a constant (the defaults of --timeout/--retries, whose errors name them), for a
+library caller that passes nothing; there is no process-wide policy a job could set for another."""
 
 from __future__ import annotations
 
 from shardkit.store.remote import JOB_FIX, RemoteError, RemotePolicy, filesystem as _filesystem, with_retries
 
 JOB_POLICY = RemotePolicy(fix=JOB_FIX)  # the defaults of --timeout/--retries
-_STATE = {"policy": JOB_POLICY}
-
-
-def use_policy(p: RemotePolicy | None, fix: str = JOB_FIX) -> None:
-    """The policy of this process's calls made without one (a job sets its own; its tasks set the job's).
-    Being replaced by the `policy` argument of each call: a call that passes one ignores this."""
-    from dataclasses import replace
-
-    _STATE["policy"] = replace(p or RemotePolicy(), fix=fix)
-
-
-def policy() -> RemotePolicy:
-    return _STATE["policy"]
 
 
 def _policy(p: RemotePolicy | None) -> RemotePolicy:
-    return p if p is not None else _STATE["policy"]
+    return p if p is not None else JOB_POLICY
 
 
 class WriteError(RemoteError):

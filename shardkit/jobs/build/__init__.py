@@ -74,7 +74,8 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     go through the policy; OUT's manifest is retired before any write."""
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
-    listing = W.walk(cfg.src, cfg.out)
+    policy = remote_policy(cfg)
+    listing = W.walk(cfg.src, cfg.out, policy)
     choice = build_pool(cfg, listing)
     pending.use_threads(choice.threads, choice.head_threads)
     if start:
@@ -96,7 +97,7 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     for note in inv.notes:
         log.info("%s", redact(note))
     store.makedirs(store.join(cfg.out, "shards"))
-    durable.retire_manifest(cfg.out)  # until this build ends, no manifest may name shards it is about to replace
+    durable.retire_manifest(cfg.out, policy)  # until this build ends, no manifest may name shards it is about to replace
     return inv
 
 
@@ -143,7 +144,7 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
     store a shard step returns only once its files are uploaded and its marker written, so every
     marker is there: checked from one listing."""
     if store.is_url(cfg.out):
-        durable.check_markers(cfg.out, [marker(t.id) for t in tasks])
+        durable.check_markers(cfg.out, [marker(t.id) for t in tasks], remote_policy(cfg))
         return
     flush_durable()
     if not pending.local:
@@ -155,10 +156,11 @@ def _durable(cfg: BuildConfig, tasks: list[ShardTask], done: list[ShardResult], 
 
 def _remove_stale(cfg: BuildConfig, shards: list[ShardInfo], n_plans: int) -> None:
     """Delete shard files and markers a previous, larger build left behind, and unit files."""
-    durable.remove_unlisted(cfg.out, shards)
-    durable.remove_markers(cfg.out, FILTERED_DIR, "filtered-", n_plans)  # lists of what --filter removed
-    durable.remove_markers(cfg.out, f"{STATE_DIR}/done", "shard-", n_plans)
-    store.remove_tree(units_dir(cfg))
+    policy = remote_policy(cfg)
+    durable.remove_unlisted(cfg.out, shards, policy)
+    durable.remove_markers(cfg.out, FILTERED_DIR, "filtered-", n_plans, policy)  # lists of what --filter removed
+    durable.remove_markers(cfg.out, f"{STATE_DIR}/done", "shard-", n_plans, policy)
+    store.remove_tree(units_dir(cfg), policy)
 
 
 def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader, curating: tuple = (None, None)):
@@ -175,7 +177,7 @@ def _fields(inv: Inventory, cfg: BuildConfig, reader: SourceReader, curating: tu
             key = hashlib.sha256(f"{key}|{blob}".encode()).hexdigest()
         tok = prepare_tokenizer(cfg, lambda: Corpus(inv, reader, curating), key)
     else:
-        store.remove(store.join(cfg.out, TOKENIZER_NAME))  # left by an earlier tokenized build
+        store.remove(store.join(cfg.out, TOKENIZER_NAME), remote_policy(cfg))  # left by an earlier tokenized build
     shard_fields = cache_fields(fields, inv, cfg, tok)
     if tok is not None:  # the tokenizer file's content and the token layout change the output, not only the path
         token_spec = json.dumps(shard_fields.get(TOKENS_FIELD), sort_keys=True)
@@ -259,7 +261,6 @@ def build(cfg: BuildConfig, dedup: DedupConfig | None = None) -> BuildResult:
     """
     cfg = replace(cfg, src=store.location(cfg.src, "SRC"), out=store.location(cfg.out, "OUT", write=True))
     policy = remote_policy(cfg)
-    store.use_policy(policy)  # the calls that do not take the policy yet
     if cfg.map:  # never ignored silently: the map step is build_map's (jobs/mapped_build.py)
         raise ConfigError(f"BuildConfig(map={cfg.map!r}) runs through shardkit.jobs.map.mapped_build.build_with_map(cfg) "
                           "(what `shardkit build --map` calls), not build(cfg)")
@@ -282,7 +283,7 @@ def _build(cfg: BuildConfig, dedup: DedupConfig | None, curation) -> BuildResult
     # its workers are threads); a rerun (markers from an earlier build) only when some shard or row
     # file turns out to need it, and a dedup build once its dedup step knows whether the work can pay
     # for one (cluster.plan_execution).
-    rerun = durable.any_marker(cfg.out, f"{STATE_DIR}/done")
+    rerun = durable.any_marker(cfg.out, f"{STATE_DIR}/done", remote_policy(cfg))
     if not rerun and cfg.workers != 0:
         import_in_background()
     with background_client(cfg.scheduler, cfg.workers, start=False) as pending:
@@ -312,14 +313,14 @@ def _build_record(b: _Plan, samples: int, stats: dict) -> tuple[dict, dict]:
 
 def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     """errors.jsonl, then the manifest (last), then the summary."""
-    cfg = b.cfg
+    cfg, policy = b.cfg, remote_policy(b.cfg)
     results.sort(key=lambda r: r.id)
     shards = [info for r in results for info in r.shards]
     rejections = sorted(b.inv.rejections + [x for r in results for x in r.rejections],
                         key=lambda r: (r.path, r.stage, r.reason))
     _remove_stale(cfg, shards, len(b.plans))
     _remove_stale_scan(b)
-    durable.write_errors(cfg.out, rejections + b.inv.renamed)  # renamed samples are kept: not counted as rejected
+    durable.write_errors(cfg.out, rejections + b.inv.renamed, policy=policy)  # renamed samples are kept: not counted as rejected
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     stats = {}
@@ -334,14 +335,15 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
     manifest = Manifest(samples=samples, fields=b.fields, shards=shards, classes=classes,
                         build=build_record, errors=_errors_record(rejections, b.inv.renamed),
                         extra=extra)
-    attach(cfg.out, manifest, curate.manifest_attributes(cfg, [r.attributes for r in results if r.attributes]))
-    write_manifest(cfg.out, manifest)
+    attach(cfg.out, manifest, curate.manifest_attributes(cfg, [r.attributes for r in results if r.attributes]),
+           policy)
+    write_manifest(cfg.out, manifest, policy)
     if b.dedup is not None:
         finish_dedup(cfg, b.dedup, manifest, len(rejections) - len(b.scanned.rejections))
     if b.exact is not None:
-        write_exact_report(store.join(cfg.out, "dedup", "exact"), b.exact)
+        write_exact_report(store.join(cfg.out, "dedup", "exact"), b.exact, policy)
     else:  # an earlier build's report would describe what this one did not do
-        store.remove_tree(store.join(cfg.out, "dedup", "exact"))
+        store.remove_tree(store.join(cfg.out, "dedup", "exact"), policy)
     exact = len(b.exact.removed_ids) if b.exact is not None else 0
     return BuildResult(cfg.out, b.scanned.inputs, samples, rejections, shards, time.perf_counter() - start,
                        sum(r.images for r in results), len(b.reused), sum(r.utf8_replaced for r in results),
@@ -378,7 +380,7 @@ def _remove_stale_scan(b: _Plan) -> None:
     for count in b.scanned.counts.values():
         base = count.index.rsplit("/", 1)[-1]
         keep |= {base, base[:-len(".npy")] + ".json", (count.keys or "").rsplit("/", 1)[-1]}
-    folder = b.inv.opts.state_dir
-    for name in store.listdir(folder):
+    folder, policy = b.inv.opts.state_dir, b.inv.opts.policy
+    for name in store.listdir(folder, policy):
         if name not in keep:
-            store.remove(store.join(folder, name))
+            store.remove(store.join(folder, name), policy)

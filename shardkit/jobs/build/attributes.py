@@ -106,7 +106,7 @@ def manifest_attributes(cfg: BuildConfig, infos: list):
     return Attributes.of(infos, column_specs(scorers_of(cfg), cfg.dedup), scorers)
 
 
-def unchanged(out: str, info) -> bool:
+def unchanged(out: str, info, policy=None) -> bool:
     """Whether a shard's attribute table is still the one its build recorded (None: there is none)."""
     import shardkit.store as store
     from shardkit.store.local import sha256_file
@@ -114,6 +114,6 @@ def unchanged(out: str, info) -> bool:
     if info is None:
         return True
     if store.is_url(out):  # a store: its size (hashing would download it)
-        return store.size(store.join(out, info.path)) == info.bytes
+        return store.size(store.join(out, info.path), policy) == info.bytes
     path = os.path.join(out, info.path)
     return os.path.isfile(path) and os.path.getsize(path) == info.bytes and sha256_file(path) == info.sha256

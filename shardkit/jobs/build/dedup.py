@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 
 import shardkit.store as store
-from shardkit.config import BuildConfig, DedupConfig
+from shardkit.config import BuildConfig, DedupConfig, remote_policy
 from shardkit.errors import ConfigError
 from shardkit.store.remote import RemoteError
 from shardkit.jobs.build.tasks import STATE_DIR
@@ -25,7 +25,7 @@ from shardkit.sources.read import SourceReader, save_atoms
 def source_reader(inv: Inventory) -> SourceReader:
     digest = hashlib.sha256(inv.atoms.column("stamp").to_numpy().tobytes() if len(inv.atoms) else b"").hexdigest()
     return SourceReader(inv.opts, tuple(inv.row_files), inv.counts, inv.row_labels, inv.label_index,
-                        save_atoms(inv.atoms, inv.labels, inv.opts.state_dir, digest[:24]))
+                        save_atoms(inv.atoms, inv.labels, inv.opts.state_dir, digest[:24], inv.opts.policy))
 
 
 def dedup_step(inv: Inventory, cfg: BuildConfig, dcfg: DedupConfig, client):
@@ -48,16 +48,16 @@ def exact_dedup(inv: Inventory, cfg: BuildConfig, pending):
     return without(inv, removed), result
 
 
-def write_exact_report(folder: str, result) -> None:
+def write_exact_report(folder: str, result, policy=None) -> None:
     """OUT/dedup/exact/: written when what it reports changed (its timings aside), so that a rerun
     with nothing changed writes nothing."""
     try:
-        old = json.loads(store.read(store.join(folder, "summary.json")))
+        old = json.loads(store.read(store.join(folder, "summary.json"), policy))
     except (OSError, ValueError, RemoteError):
         old = None
     if old is None or {k: v for k, v in old.items() if k != "execution"} != json.loads(json.dumps(
             {k: v for k, v in result.summary.items() if k != "execution"}, sort_keys=True)):
-        write_report(folder, result)
+        write_report(folder, result, policy)
 
 
 def paragraph_copies(inv: Inventory, cfg: BuildConfig, pending):
@@ -80,7 +80,7 @@ def finish_dedup(cfg: BuildConfig, result, manifest: Manifest, rejected: int) ->
         f", crop {cfg.crop_size}" if cfg.crop_size else "")
     result.summary["output"] = {"samples": manifest.samples, "shards": len({s.id for s in manifest.shards}),
                                 "images": encode, "rejected_by_build": rejected}
-    write_report(store.join(cfg.out, "dedup"), result)
+    write_report(store.join(cfg.out, "dedup"), result, remote_policy(cfg))
 
 
 def execution_of(cfg: BuildConfig, pending, planned: Execution) -> Execution:

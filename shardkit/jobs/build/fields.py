@@ -53,7 +53,7 @@ def cache_fields(fields: dict, inv: Inventory, cfg: BuildConfig, tok: TokenizerI
     fields = dict(fields)
     if cfg.augment and cfg.output_image_field in fields:
         fields.update(variant_fields(cfg.output_image_field, fields.pop(cfg.output_image_field), cfg))
-    if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half)) is not None:
+    if "array" in inv.kinds and (spec := array_spec(cfg.src, _npy_samples(inv), cfg.half, inv.opts.policy)) is not None:
         fields["array"] = spec
     return fields if tok is None else token_fields(fields, inv.kinds, tok, cfg.seq_len)
 

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 import shardkit.store as store
-from shardkit.config import BuildConfig
+from shardkit.config import BuildConfig, remote_policy
 from shardkit.store.remote import RemoteError
 from shardkit.jobs.pool import PoolChoice, choose_pool, gil_share_median
 from shardkit.sources import walk as W
@@ -39,13 +39,13 @@ def probe(cfg: BuildConfig, listing) -> tuple[float, float]:
 
     table = listing.files
     kinds = table.column("kinds").to_numpy() if len(table) else np.zeros(0, np.int8)
-    datas = []
+    datas, policy = [], remote_policy(cfg)
     for i in np.flatnonzero(kinds & W.IMAGE)[:PROBE_IMAGES].tolist():
         rel = next(f for f in table.column("files")[i].as_py() if os.path.splitext(f)[1].lower() in W.IMAGE_EXTS)
         with contextlib.suppress(OSError, RemoteError):  # unreadable: the build's to reject, not the probe's
-            datas.append(store.read_source(store.join(cfg.src, rel)))
+            datas.append(store.read_source(store.join(cfg.src, rel), policy=policy))
     if not datas:  # SRC's images may all be inside WebDataset tars
-        datas = first_images(cfg.src, [rf.rel for rf in listing.row_files if rf.kind == "tar"], PROBE_IMAGES)
+        datas = first_images(cfg.src, [rf.rel for rf in listing.row_files if rf.kind == "tar"], PROBE_IMAGES, policy)
     if not datas:
         return 1.0, 1.0  # nothing to measure: worker processes, which never lose to the GIL
     turn = iter(range(1 << 62))

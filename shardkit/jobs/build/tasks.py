@@ -49,6 +49,11 @@ class BuildContext:
     curation: object = None  # stages.filters.Curation: quality filters, language, PII (None: off)
     paragraphs: object = None  # jobs.paragraph_tasks.ParagraphDrops of --dedup-paragraphs (None: off)
 
+    @property
+    def policy(self):
+        """The job's RemotePolicy (--timeout/--retries): every store call of a task waits as it."""
+        return remote_policy(self.cfg)
+
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -134,16 +139,17 @@ def reusable(cfg: BuildConfig, shard_id: int, fingerprint: str, sizes: dict | No
              data: bytes | None = None) -> ShardResult | None:
     """A previous build's result for this shard, if its inputs, config and files are unchanged
     (`sizes`, `data`: see durable.reusable)."""
-    result = durable.reusable(cfg.out, marker(shard_id), fingerprint, sizes, data)
+    policy = remote_policy(cfg)
+    result = durable.reusable(cfg.out, marker(shard_id), fingerprint, sizes, data, policy)
     if result is None:
         return None
     try:
         result = ShardResult.from_json(result)
     except (KeyError, TypeError, ValueError):
         return None
-    if not attributes.unchanged(cfg.out, result.attributes):  # `shardkit annotate` may have rewritten it since
+    if not attributes.unchanged(cfg.out, result.attributes, policy):  # `shardkit annotate` may have rewritten it since
         return None
-    return result if all(_unchanged(cfg.src, *link) for link in result.linked) else None
+    return result if all(_unchanged(cfg.src, *link, policy) for link in result.linked) else None
 
 
 def reused_shards(cfg: BuildConfig, plans: list[tuple[int, str]]) -> dict[int, ShardResult]:
@@ -151,12 +157,13 @@ def reused_shards(cfg: BuildConfig, plans: list[tuple[int, str]]) -> dict[int, S
     markers read at once (durable.reused)."""
     fingerprints = dict(plans)
     return durable.reused(cfg.out, f"{STATE_DIR}/done", {i: marker(i) for i in fingerprints},
-                          lambda i, sizes, data: reusable(cfg, i, fingerprints[i], sizes, data))
+                          lambda i, sizes, data: reusable(cfg, i, fingerprints[i], sizes, data),
+                          remote_policy(cfg))
 
 
-def _unchanged(root: str, rel: str, size: int, mtime_ns: int) -> bool:
+def _unchanged(root: str, rel: str, size: int, mtime_ns: int, policy=None) -> bool:
     """Whether a file a row named (an image by path) has the stats it had when the shard was built."""
-    stat = store.stat_source(store.join(root, rel))
+    stat = store.stat_source(store.join(root, rel), policy)
     return size == -1 if stat is None else stat == (size, mtime_ns)
 
 
@@ -184,14 +191,14 @@ def _process(pieces, ctx: BuildContext, shard_id: int):
         stages.append(lambda s: drop_paragraphs(s, drops=ctx.paragraphs, stats=result.stats, dropped=result.dropped))
     if ctx.curation:  # before any costly stage: what a filter removes is never decoded or tokenized
         # (with a tokenizer, each text is counted in tokens here, to say what the filters saved in tokens)
-        count = token_counter(ctx.fields[TOKENS_FIELD], cfg.out) if TOKENS_FIELD in ctx.fields else None
+        count = token_counter(ctx.fields[TOKENS_FIELD], cfg.out, ctx.policy) if TOKENS_FIELD in ctx.fields else None
         stages.append(lambda s: curate(s, curation=ctx.curation, stats=result.stats, dropped=result.dropped,
                                        count=count))
     stages += [lambda s: (augmented_images if cfg.augment else images)(s, cfg=cfg, log=log),
               lambda s: arrays(s, spec=ctx.fields.get("array"), log=log)]
     if TOKENS_FIELD in ctx.fields and not ctx.pack:
         stages.append(lambda s: tokenize(s, spec=ctx.fields[TOKENS_FIELD], root=cfg.out, tail=cfg.tail,
-                                         shard_id=shard_id, stats=result.stats, log=log))
+                                         shard_id=shard_id, stats=result.stats, log=log, policy=ctx.policy))
     try:
         table = _table(compose(ctx.reader.refs(pieces), *stages), ctx.unit_fields)
     except FailFast as e:
@@ -217,13 +224,12 @@ def _table(samples, fields: dict):
 def unit_task(unit: UnitTask, ctx: BuildContext) -> UnitResult:
     """A work unit: its samples through the per-sample stages, as a table for the shard step: a file,
     unless every task runs in this process (threads share the table itself, no copy)."""
-    store.use_policy(remote_policy(ctx.cfg))
     result, table = _process(unit.pieces, ctx, unit.shard)
     if table is not None and ctx.in_memory:
         result.table = table
     elif table is not None:
         name = f"{ctx.config_hash}-{unit.shard:05d}-{unit.index:04d}.arrow"
-        result.path = durable.save_unit(table, store.join(units_dir(ctx.cfg), name))
+        result.path = durable.save_unit(table, store.join(units_dir(ctx.cfg), name), ctx.policy)
     return result
 
 
@@ -232,7 +238,7 @@ def make_durable(cfg: BuildConfig, shard: ShardTask, result: ShardResult, unit_p
     marker, then its unit files dropped (durable.mark_done)."""
     extra = (result.attributes.path,) if result.attributes is not None else ()
     durable.mark_done(cfg.out, marker(shard.id), shard.fingerprint, result.to_json(), result.shards, unit_paths,
-                      extra=extra)
+                      extra=extra, policy=remote_policy(cfg))
 
 
 def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, start: float) -> ShardResult:
@@ -243,7 +249,8 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
     if ctx.pack:  # a per-shard stage: the shard's documents packed into token rows (writers/token_rows.py)
         try:
             samples = list(tokenize(table_samples(table, ctx.unit_fields), spec=ctx.fields[TOKENS_FIELD],
-                                    root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log))
+                                    root=cfg.out, tail=cfg.tail, shard_id=shard.id, stats=stats, log=log,
+                                    policy=ctx.policy))
         except FailFast as e:
             return ShardResult(shard.id, [], [r for p in parts for r in p.rejections] + log.items, failed=e.rejection)
         infos = [get_writer(fmt)(samples, store.staged(cfg.out), shard.id, ctx.fields) for fmt in formats] \
@@ -251,7 +258,7 @@ def _write(shard: ShardTask, table, parts: list[UnitResult], ctx: BuildContext, 
     else:
         infos = [get_table_writer(fmt)(table, store.staged(cfg.out), shard.id, ctx.fields, durable=False)
                  for fmt in formats] if len(table) else []
-    write_filtered(cfg.out, shard.id, [d for p in parts for d in p.dropped])
+    write_filtered(cfg.out, shard.id, [d for p in parts for d in p.dropped], ctx.policy)
     result = ShardResult(shard.id, infos, [r for part in parts for r in part.rejections] + log.items,
                          sum(p.images for p in parts), sum(p.utf8_replaced for p in parts),
                          time.perf_counter() - start, stats=stats,
@@ -266,7 +273,7 @@ def filtered_path(out: str, shard_id: int) -> str:
     return store.join(out, FILTERED_DIR, f"filtered-{shard_id:05d}.parquet")
 
 
-def write_filtered(out: str, shard_id: int, dropped: list) -> None:
+def write_filtered(out: str, shard_id: int, dropped: list, policy=None) -> None:
     """OUT/curation/filtered-NNNNN.parquet: the shard's samples a filter removed, one row each (key,
     source, source_row, filter, rule), in key order; none (and an earlier one removed) when none was."""
     import pyarrow as pa
@@ -274,14 +281,14 @@ def write_filtered(out: str, shard_id: int, dropped: list) -> None:
 
     path = filtered_path(out, shard_id)
     if not dropped:
-        store.remove(path)
+        store.remove(path, policy)
         return
     dropped = sorted(dropped, key=lambda d: d[0])
     names = ("key", "source", "source_row", "filter", "rule")
     types = (pa.string(), pa.string(), pa.int64(), pa.string(), pa.string())
     table = pa.table({n: pa.array([d[i] for d in dropped], t) for i, (n, t) in enumerate(zip(names, types))})
     store.makedirs(store.join(out, FILTERED_DIR))
-    with store.writer(path) as f:  # a local folder (temp, then rename) or a store
+    with store.writer(path, policy=policy) as f:  # a local folder (temp, then rename) or a store
         pq.write_table(table, f, compression="zstd")
 
 
@@ -290,7 +297,6 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     The shard's fsync, marker and unit-file cleanup run behind the next tasks (see flush_durable)."""
     import pyarrow as pa
 
-    store.use_policy(remote_policy(ctx.cfg))
     start = time.perf_counter()
     if not parts:
         part, table = _process(shard.units[0], ctx, shard.id)
@@ -303,5 +309,5 @@ def shard_task(shard: ShardTask, parts: list[UnitResult], ctx: BuildContext) -> 
     done = reusable(ctx.cfg, shard.id, shard.fingerprint)
     if done is not None:  # this step ran before (a retry after a lost worker): its units are gone
         return done
-    tables = [p.table if p.table is not None else durable.load_unit(p.path) for p in parts]
+    tables = [p.table if p.table is not None else durable.load_unit(p.path, ctx.policy) for p in parts]
     return _write(shard, pa.concat_tables(tables), parts, ctx, start)
