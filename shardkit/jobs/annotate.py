@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardkit.config import AnnotateConfig
+from shardkit.config import AnnotateConfig, remote_policy
 from shardkit.contract import AttributeInfo, attributes_relpath
 from shardkit.errors import ConfigError
 from shardkit.store.locks import folder_lock
@@ -190,9 +190,9 @@ def _finish(cfg, manifest, done: list[ShardDone], columns, fingerprints, selecti
     scorers = {n: {"fingerprint": fp} for n, fp in sorted(fingerprints.items())}
     attributes = Attributes.of([d.info for d in done], columns, scorers, kept)
     changed = manifest.extra.get("attributes") != attributes.record(attributes.blob())
-    if changed:
-        attach(cfg.out, manifest, attributes)
-        write_manifest(cfg.out, manifest)
+    if changed:  # OUT is a local folder (annotate refuses a store); the job's policy goes along all the same
+        attach(cfg.out, manifest, attributes, remote_policy(cfg))
+        write_manifest(cfg.out, manifest, remote_policy(cfg))
     failed: dict = {}
     for d in done:
         for k, v in d.failed.items():

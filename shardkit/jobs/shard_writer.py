@@ -133,15 +133,15 @@ class ShardCutter:
         return self.infos
 
 
-def finish(out: str, fields: dict, infos: list, build: dict, rejections: list) -> Manifest:
+def finish(out: str, fields: dict, infos: list, build: dict, rejections: list, policy=None) -> Manifest:
     """errors.jsonl, stale shard files removed, then the manifest, last (every shard is durable: the
-    writers fsync or upload each file)."""
+    writers fsync or upload each file). `policy`: the job's RemotePolicy (None: store.JOB_POLICY)."""
     infos = sorted(infos, key=lambda i: (i.id, i.format))
-    durable.write_errors(out, rejections)
+    durable.write_errors(out, rejections, policy=policy)
     first = "parquet" if infos and all(i.format == "parquet" for i in infos) else "tar"
     manifest = Manifest(samples=sum(i.samples for i in infos if i.format == first), fields=fields, shards=infos,
                         build=build, errors=durable.errors_record(rejections))
-    return durable.finish(out, manifest)
+    return durable.finish(out, manifest, policy)
 
 
 class ShardWriter:

@@ -34,7 +34,9 @@ class VerifyReport:
 
 def verify_dataset(root: str, policy=None) -> VerifyReport:
     """Check a dataset against its manifest (which load_manifest already checks: counts add up, paths
-    stay inside ROOT). Raises ManifestError when there is no readable manifest."""
+    stay inside ROOT). Raises ManifestError when there is no readable manifest. `policy` (a RemotePolicy)
+    is what every read from a store waits as (None: the reader's defaults for the manifest, then
+    store.JOB_POLICY for the files)."""
     from shardkit.errors import ShardError
     from shardkit.reader.shards import open_shard
 
@@ -44,7 +46,7 @@ def verify_dataset(root: str, policy=None) -> VerifyReport:
     with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as tmp:
         for shard in manifest.shards:
             files = _shard_files(shard)
-            with _checked(root, files, report, tmp) as paths:
+            with _checked(root, files, report, tmp, policy) as paths:
                 if paths is None:  # a file is missing or differs: counting it would say nothing more
                     continue
                 try:
@@ -52,11 +54,11 @@ def verify_dataset(root: str, policy=None) -> VerifyReport:
                                index_path=paths[1] if len(paths) > 1 else None)
                 except ShardError as e:
                     report.problems.append(f"count     {shard.path}: {e}")
-        _verify_attributes(root, manifest, report, tmp)
+        _verify_attributes(root, manifest, report, tmp, policy)
     return report
 
 
-def _verify_attributes(root: str, manifest, report: VerifyReport, tmp: str) -> None:
+def _verify_attributes(root: str, manifest, report: VerifyReport, tmp: str, policy=None) -> None:
     """Attribute tables (build --annotate, shardkit annotate): on a local disk each is checked against
     its shard (jobs.annotate.verify_attributes: keys, the content it was computed from); on a store,
     its size and sha256."""
@@ -70,12 +72,12 @@ def _verify_attributes(root: str, manifest, report: VerifyReport, tmp: str) -> N
         report.checked += checked
         return
     try:
-        attributes = load_attributes(manifest, root, check=False)
+        attributes = load_attributes(manifest, root, policy, check=False)
     except ManifestError as e:
         report.problems.append(f"attributes {e}")
         return
     for info in attributes.infos() if attributes is not None else []:
-        with _checked(root, [(info.path, info.bytes, info.sha256)], report, tmp):
+        with _checked(root, [(info.path, info.bytes, info.sha256)], report, tmp, policy):
             pass
 
 
@@ -87,14 +89,14 @@ def _shard_files(shard) -> list[tuple[str, int, str]]:
 
 
 @contextlib.contextmanager
-def _checked(root: str, files, report: VerifyReport, tmp: str):
+def _checked(root: str, files, report: VerifyReport, tmp: str, policy=None):
     """Size and sha256 of each file against the manifest; yields local paths of the files (copies, from
     a store, removed afterwards) when all match, else None, the problems added to `report`."""
     paths, bad = [], False
     try:
         for rel, size, digest in files:
             report.checked += 1
-            found = _local(root, rel) if not store.is_url(root) else _download(store.join(root, rel), tmp)
+            found = _local(root, rel) if not store.is_url(root) else _download(store.join(root, rel), tmp, policy)
             if found is None:
                 report.problems.append(f"missing   {rel}")
             elif found[1] != size:
@@ -123,12 +125,12 @@ def _local(root: str, rel: str):
     return path, os.path.getsize(path), lambda: sha256_file(path)
 
 
-def _download(url: str, tmp: str):
+def _download(url: str, tmp: str, policy=None):
     """(local copy, size, sha256 thunk) of a file on a store, hashed as it streams in; None if missing."""
     path = os.path.join(tmp, hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + url.rsplit("/", 1)[-1])
     h, n = hashlib.sha256(), 0
     try:
-        source = store.open_source(url)
+        source = store.open_source(url, policy)
     except RemoteError as e:
         if e.not_found:
             return None

@@ -31,6 +31,7 @@ from shardkit.jobs.shard_writer import finish
 from shardkit.store.lease import out_lock
 from shardkit.writers.user_samples import BadSample, infer_fields
 from shardkit.config.common import QUALITY, SHARD_SIZE, USER_ENCODE
+from shardkit.config import remote_policy
 from shardkit.config.writer import MapConfig, WriterConfig
 from shardkit.sources.plan import unit_samples, unit_sizes
 from shardkit.jobs.tasks import Then, progress_bar, run_tasks
@@ -180,25 +181,25 @@ def run_build_map(fn, inputs, out: str, options: dict | MapConfig, prior: list |
     inputs = inputs if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else list(inputs)
     out = store.location(out, "build_map(out)", write=True)
     store.makedirs(store.join(out, "shards"))
-    with out_lock(out, "build_map"):
+    with out_lock(out, "build_map", policy=remote_policy(run)):
         return _build_map(fn, inputs, out, cfg, run, tuple(prior))
 
 
 def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: MapConfig, prior: tuple = ()) -> MapResult:
-    start = time.perf_counter()
-    durable.retire_manifest(out)
+    start, policy = time.perf_counter(), remote_policy(run)
+    durable.retire_manifest(out, policy)
     fields = run.fields if run.fields is not None else first_fields(fn, inputs, cfg)
     curation = run.curation.record() if run.curation else None
     base = hashlib.sha256(json.dumps([function_fingerprint(fn), repr(cfg), fields, run.inputs_per_shard,
                                       run.on_error, curation], sort_keys=True, default=str).encode()).hexdigest()
     groups = _groups(inputs, run.inputs_per_shard, base)
-    reused = markers(out, groups)
+    reused = markers(out, groups, policy)
     todo = [g for g in groups if g.index not in reused]
     done = _run_groups(fn, inputs, out, cfg, run, fields, todo, (len(groups), len(reused), base)) if todo else []
     results = sorted(list(reused.values()) + done, key=lambda r: r.index)
-    _remove_stale(out, len(groups))
+    _remove_stale(out, len(groups), policy)
     infos = _numbered([i for r in results for i in r.shards])
-    _check_keys_across(out, results)
+    _check_keys_across(out, results, policy)
     rejections = list(prior) + [x for r in results for x in r.rejections]
     build = {"map": {"function": function_name(fn),
                      "fingerprint": base[:16], "inputs": len(inputs), "inputs_per_shard": run.inputs_per_shard,
@@ -211,7 +212,7 @@ def _build_map(fn, inputs, out: str, cfg: WriterConfig, run: MapConfig, prior: t
     if curation:
         build["curation"] = {"filters": curation, "counts": dict(sorted(stats.items())),
                              "filtered": "curation/filtered-*.parquet"}
-    manifest = finish(out, fields, infos, build, rejections)
+    manifest = finish(out, fields, infos, build, rejections, policy)
     reused_shards = sum(len({s.path.split(".")[0] for s in r.shards}) for r in reused.values())
     return MapResult(out, len(inputs), manifest.samples, infos, rejections, reused_shards,
                      time.perf_counter() - start, manifest, dict(sorted(stats.items())))
@@ -248,7 +249,8 @@ def _run_groups(fn, inputs, out, cfg, run: MapConfig, fields, todo: list[Group],
             for j, n in enumerate(group_sizes):
                 items.append(Unit(g.index, j, a, tuple(inputs[a:a + n])))
                 a += n
-        ctx = MapContext(fn, out, fields, cfg, run.on_error, in_memory=pending.in_process, curation=run.curation)
+        ctx = MapContext(fn, out, fields, cfg, run.on_error, in_memory=pending.in_process, curation=run.curation,
+                         policy=remote_policy(run))
         with progress_bar(total, initial=reused, desc="build_map", unit="shard", enabled=run.progress) as bar:
             done = run_tasks(run_unit, items, client=pending, bar=bar, name=f"map-{base[:12]}", shared=(ctx,),
                              then=Then(run_group, todo, members))
@@ -260,8 +262,8 @@ def _run_groups(fn, inputs, out, cfg, run: MapConfig, fields, todo: list[Group],
         if not pending.local and pending.started:
             pending.get().run(durable.flush_durable)
         for g, result in zip(todo, done):
-            if not has_marker(out, g.index):
-                make_durable(out, g, result)
+            if not has_marker(out, g.index, ctx.policy):
+                make_durable(out, g, result, policy=ctx.policy)
         return done
 
 
@@ -288,7 +290,7 @@ def _numbered(infos: list[ShardInfo]) -> list[ShardInfo]:
     return out
 
 
-def _check_keys_across(out: str, results: list[GroupResult]) -> None:
+def _check_keys_across(out: str, results: list[GroupResult], policy=None) -> None:
     """Keys are unique within each group (its step drops repeats); across groups only when their key
     ranges overlap can two share a key: then their key columns are compared, and a shared key is an
     error (no manifest), since shards already written cannot drop it."""
@@ -303,7 +305,7 @@ def _check_keys_across(out: str, results: list[GroupResult]) -> None:
     seen = {}
     for path in sorted(overlapping):
         keys_file = store.join(out, path + ".idx.parquet" if path.endswith(".tar") else path)
-        source = keys_file if not store.is_url(out) else pa.BufferReader(store.read(keys_file))
+        source = keys_file if not store.is_url(out) else pa.BufferReader(store.read(keys_file, policy))
         for key in pq.read_table(source, columns=["__key__"]).column(0).to_pylist():
             if key in seen and seen[key] != path:
                 raise BadSample(f"key {key!r} is made by the inputs of two shards ({seen[key]}, {path}): keys are "
@@ -311,8 +313,8 @@ def _check_keys_across(out: str, results: list[GroupResult]) -> None:
             seen[key] = path
 
 
-def _remove_stale(out: str, n_groups: int) -> None:
+def _remove_stale(out: str, n_groups: int, policy=None) -> None:
     """Markers of groups past the last (a previous run had more inputs) and leftover unit files."""
-    durable.remove_markers(out, f"{STATE}/done", "group-", n_groups)
-    store.remove_tree(store.join(out, STATE, "units"))
-    durable.remove_markers(out, "curation", "filtered-", n_groups)  # lists of what --filter removed
+    durable.remove_markers(out, f"{STATE}/done", "group-", n_groups, policy)
+    store.remove_tree(store.join(out, STATE, "units"), policy)
+    durable.remove_markers(out, "curation", "filtered-", n_groups, policy)  # lists of what --filter removed

@@ -66,10 +66,11 @@ _FUNCTIONS: dict = {}  # per process: module:function -> the function
 
 
 class StagedFn:
-    """The user's function applied to a staged sample; sent to workers by name (module:function)."""
+    """The user's function applied to a staged sample; sent to workers by name (module:function).
+    `policy`: the build's RemotePolicy, for a staging folder on a store."""
 
-    def __init__(self, spec: str, stage: str, fields: dict):
-        self.spec, self.stage, self.fields = spec, stage, fields
+    def __init__(self, spec: str, stage: str, fields: dict, policy=None):
+        self.spec, self.stage, self.fields, self.policy = spec, stage, fields, policy
         self.code = function_fingerprint(load_function(spec))  # a change to the function reruns its groups
 
     @property
@@ -97,7 +98,7 @@ class StagedFn:
         from shardkit.writers.parquet import table_samples
 
         # A staged shard on a store is read from a local copy, one per machine (named by its sha256).
-        path = store.local_copy(store.join(self.stage, item.path), item.shardkit_stamp.split(":", 1)[0])
+        path = store.local_copy(store.join(self.stage, item.path), item.shardkit_stamp.split(":", 1)[0], self.policy)
         meta = _CACHE.get(("meta", path))
         if meta is None:
             meta = _CACHE[("meta", path)] = _row_groups(path)
@@ -130,7 +131,7 @@ def _row_groups(path: str):
     return np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])[:-1]
 
 
-def _staged_rows(stage: str, manifest) -> list[StagedRow]:
+def _staged_rows(stage: str, manifest, policy=None) -> list[StagedRow]:
     """Every staged sample in order: (shard, row), named by its source (or key)."""
     import pyarrow.parquet as pq
 
@@ -139,7 +140,7 @@ def _staged_rows(stage: str, manifest) -> list[StagedRow]:
     rows = []
     for shard in manifest.shards_of("parquet") if manifest.samples else []:
         url = store.join(stage, shard.path)
-        with (store.open_source(url) if store.is_url(url) else contextlib.nullcontext(url)) as source:
+        with (store.open_source(url, policy) if store.is_url(url) else contextlib.nullcontext(url)) as source:
             t = pq.read_table(source, columns=["__key__", SOURCE_COLUMN, SOURCE_ROW_COLUMN])
         for r, (key, src, line) in enumerate(zip(*(c.to_pylist() for c in t.columns))):
             where = key if src is None else (src if line is None else f"{src}:{line}")
@@ -150,15 +151,16 @@ def _staged_rows(stage: str, manifest) -> list[StagedRow]:
 def build_with_map(cfg) -> MapResult:
     """`shardkit build --map` (cfg.map = MODULE:FUNCTION): build SRC into the staging dataset, then
     build_map over its samples."""
+    from shardkit.config import remote_policy
     from shardkit.jobs.build import build
 
-    spec = cfg.map
+    spec, policy = cfg.map, remote_policy(cfg)
     out = store.location(cfg.out, "OUT", write=True)  # a bad OUT or spec fails before any work
     store.location(cfg.src, "SRC")
     load_function(spec)
     stage = store.join(out, STAGE)
     staged = build(replace(cfg, out=stage, format="parquet", allow_empty=True, map=None))
-    rows = _staged_rows(stage, staged.manifest)
+    rows = _staged_rows(stage, staged.manifest, policy)
     if "tokens" in staged.manifest.fields:
         raise ConfigError("--map runs on samples, and a tokenized build (--tokenizer) stores token rows: build "
                           "without --tokenizer, or tokenize inside your function")
@@ -168,8 +170,8 @@ def build_with_map(cfg) -> MapResult:
                "max_samples_per_shard": cfg.max_samples_per_shard,
                "encode": "png" if cfg.encode == "keep" else cfg.encode, "quality": cfg.quality,
                "inputs_per_shard": cfg.max_samples_per_shard or 10_000, "on_error": cfg.on_error,
-               "progress": cfg.progress}
-    fn = StagedFn(spec, stage, staged.manifest.fields)
+               "progress": cfg.progress, "timeout": cfg.timeout, "retries": cfg.retries}
+    fn = StagedFn(spec, stage, staged.manifest.fields, policy)
     writer = WriterConfig(cfg.format, cfg.shard_size, cfg.max_samples_per_shard, options["encode"], cfg.quality)
     # Fields the function passes through keep their specs (a sample may lack some: mixed folders), and
     # what its first sample holds (new fields, or ones it changed) is added over them.

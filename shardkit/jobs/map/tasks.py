@@ -35,6 +35,7 @@ class MapContext:
     on_error: str
     in_memory: bool  # every task runs in this process: units hand their tables over as they are
     curation: object = None  # stages.filters.Curation run on each sample's text (None: off)
+    policy: object = None  # the job's store.remote.RemotePolicy (timeout, retries): every store call waits as it
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def run_unit(unit: Unit, ctx: MapContext) -> UnitOutput:
         result.table = table
     else:
         name = f"{unit.group:05d}-{unit.index:04d}.arrow"
-        result.path = durable.save_unit(table, store.join(ctx.out, STATE, "units", name))
+        result.path = durable.save_unit(table, store.join(ctx.out, STATE, "units", name), ctx.policy)
     return result
 
 
@@ -136,28 +137,30 @@ def run_group(group: Group, parts: list[UnitOutput], ctx: MapContext) -> GroupRe
     sorted by key, cut by size and count, written; then its marker."""
     import pyarrow as pa
 
-    tables = [p.table if p.table is not None else durable.load_unit(p.path) for p in parts]
+    tables = [p.table if p.table is not None else durable.load_unit(p.path, ctx.policy) for p in parts]
     rejections = [r for p in parts for r in p.rejections]
     table, dups = _sorted_unique(pa.concat_tables(tables))
     for key in dups:
         rejections.append(Rejection(key, "map", f"duplicate key: {key!r} was given by an earlier input, kept"))
     shards = _write_parts(table, group.index, ctx)
-    write_filtered(ctx.out, group.index, [d for p in parts for d in p.dropped])  # none: an earlier list goes
+    # none: an earlier list goes
+    write_filtered(ctx.out, group.index, [d for p in parts for d in p.dropped], ctx.policy)
     stats: dict = {}
     for p in parts:
         add_stats(stats, p.stats)
     result = GroupResult(group.index, shards, rejections, stats=stats)
-    durable.settle(ctx.out, make_durable, ctx.out, group, result, [p.path for p in parts if p.path])
+    durable.settle(ctx.out, make_durable, ctx.out, group, result, [p.path for p in parts if p.path], ctx.policy)
     return result
 
 
-def make_durable(out: str, group: Group, result: GroupResult, unit_paths=()) -> None:
+def make_durable(out: str, group: Group, result: GroupResult, unit_paths=(), policy=None) -> None:
     """A group's shard files durable, then its marker, then its unit files dropped (durable.mark_done)."""
-    durable.mark_done(out, _marker(group.index), group.fingerprint, result.to_json(), result.shards, unit_paths)
+    durable.mark_done(out, _marker(group.index), group.fingerprint, result.to_json(), result.shards, unit_paths,
+                      policy=policy)
 
 
-def has_marker(out: str, g: int) -> bool:
-    return store.exists(store.join(out, _marker(g)))
+def has_marker(out: str, g: int, policy=None) -> bool:
+    return store.exists(store.join(out, _marker(g)), policy)
 
 
 def _sorted_unique(table):
@@ -235,10 +238,11 @@ def _rename(info: ShardInfo, stem: str, out: str) -> ShardInfo:
     return replace(info, path=path, index=index)
 
 
-def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | None = None) -> GroupResult | None:
+def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | None = None,
+             policy=None) -> GroupResult | None:
     """A previous run's result for this group, if its fingerprint matches and its files are there
     (`sizes`, `data`: see durable.reusable)."""
-    d = durable.reusable(out, _marker(group.index), group.fingerprint, sizes, data)
+    d = durable.reusable(out, _marker(group.index), group.fingerprint, sizes, data, policy)
     if d is None:
         return None
     try:
@@ -248,10 +252,10 @@ def reusable(out: str, group: Group, sizes: dict | None = None, data: bytes | No
         return None
 
 
-def markers(out: str, groups) -> dict[int, GroupResult]:
+def markers(out: str, groups, policy=None) -> dict[int, GroupResult]:
     """The groups a previous run finished with the same inputs: markers read at once (durable.reused)."""
     by_index = {g.index: g for g in groups}
     return durable.reused(out, f"{STATE}/done", {g: _marker(g) for g in by_index},
-                          lambda g, sizes, data: reusable(out, by_index[g], sizes, data))
+                          lambda g, sizes, data: reusable(out, by_index[g], sizes, data, policy), policy)
 
 
