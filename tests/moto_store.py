@@ -115,6 +115,32 @@ def s3(tmp_path, monkeypatch):
         stop_s3(server)
 
 
+@pytest.fixture
+def answers(monkeypatch):
+    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list);
+    "stall": no answer until the test ends."""
+    import threading
+
+    from moto.server import DomainDispatcherApplication
+
+    real, planned, release = DomainDispatcherApplication.__call__, {}, threading.Event()
+
+    def answer(self, environ, start_response):
+        queue = planned.get(environ.get("PATH_INFO", ""))
+        if environ["REQUEST_METHOD"] == "GET" and queue:
+            status = queue.pop(0)
+            if status == "stall":
+                release.wait(60)
+                return real(self, environ, start_response)
+            start_response(f"{status} Oops", [("Content-Type", "text/plain"), ("Content-Length", "4")])
+            return [b"oops"]
+        return real(self, environ, start_response)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
+    yield planned
+    release.set()
+
+
 def tree(root) -> list[str]:
     """Every path below a local folder (to show that nothing was written)."""
     return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root)

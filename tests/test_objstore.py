@@ -7,7 +7,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from moto_store import s3, same_files  # noqa: F401 — s3: the fixture
+from moto_store import answers, s3, same_files  # noqa: F401 — s3, answers: the fixtures
 
 from shardkit import store
 from shardkit.cli import main
@@ -126,32 +126,6 @@ def test_a_process_forked_after_a_request_uses_fsspec(s3):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-
-
-@pytest.fixture
-def answers(monkeypatch):
-    """The store answers the next GETs of a path with the statuses in `answers[path]` (a list);
-    "stall": no answer until the test ends."""
-    import threading
-
-    from moto.server import DomainDispatcherApplication
-
-    real, planned, release = DomainDispatcherApplication.__call__, {}, threading.Event()
-
-    def answer(self, environ, start_response):
-        queue = planned.get(environ.get("PATH_INFO", ""))
-        if environ["REQUEST_METHOD"] == "GET" and queue:
-            status = queue.pop(0)
-            if status == "stall":
-                release.wait(60)
-                return real(self, environ, start_response)
-            start_response(f"{status} Oops", [("Content-Type", "text/plain"), ("Content-Length", "4")])
-            return [b"oops"]
-        return real(self, environ, start_response)
-
-    monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
-    yield planned
-    release.set()
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])
