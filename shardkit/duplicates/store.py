@@ -56,7 +56,8 @@ class ArrayFile:
     a mapped file's read-around would make a task resident in megabytes it never asked for."""
 
     def __init__(self, path: str, policy=None):
-        path = store.local_copy(path, policy=policy)  # a file on a store is read from a copy on this machine (named by content)
+        # a file on a store is read from a copy on this machine (named by content)
+        path = store.local_copy(path, policy=policy)
         with open(path, "rb") as f:
             head = f.read(len(MAGIC) + 8)
             if head[:len(MAGIC)] != MAGIC:

@@ -75,7 +75,8 @@ class SourceReader:
         the row indexes, not from the inputs)."""
         for piece in pieces:
             if piece.source == ATOMS:
-                rows = _atoms(self.atoms_path, self.opts.policy).slice(piece.start, len(piece)).select(["key", "files", "row_file", "row"])
+                rows = _atoms(self.atoms_path, self.opts.policy).slice(piece.start, len(piece))
+                rows = rows.select(["key", "files", "row_file", "row"])
                 for row in rows.to_pylist():
                     number = None
                     if row["row_file"] >= 0:

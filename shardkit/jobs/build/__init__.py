@@ -320,7 +320,8 @@ def _finish(b: _Plan, results: list[ShardResult], start: float) -> BuildResult:
                         key=lambda r: (r.path, r.stage, r.reason))
     _remove_stale(cfg, shards, len(b.plans))
     _remove_stale_scan(b)
-    durable.write_errors(cfg.out, rejections + b.inv.renamed, policy=policy)  # renamed samples are kept: not counted as rejected
+    # renamed samples are kept: not counted as rejected
+    durable.write_errors(cfg.out, rejections + b.inv.renamed, policy=policy)
     first_format = "parquet" if cfg.format == "parquet" else "tar"
     samples = sum(s.samples for s in shards if s.format == first_format)
     stats = {}
