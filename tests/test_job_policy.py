@@ -144,3 +144,22 @@ def test_build_with_map_reads_the_staged_rows_with_its_own_policy(raw, tmp_path,
     finally:
         sys.path.remove(os.path.dirname(__file__))
     _fails_on_its_own_waits(e.value, store.join(out, STAGE, "shards/data-00000.parquet"))
+
+
+def test_a_dedup_of_a_built_dataset_reads_its_shards_with_its_own_policy(raw, tmp_path, s3, answers):
+    """The shards of a built SRC on a store are read through the reader's functions (read_shard_columns,
+    the recorded sources of shard_sources): those take the job's policy too."""
+    from shardkit.jobs.dedup import dedup
+
+    src = s3.url("built")
+    build(BuildConfig(raw, src, **OPTIONS))
+    shard = "/shardkit-test/built/shards/data-00000.tar"
+    answers[shard] = [503]
+    with pytest.raises(Exception) as e:
+        dedup(DedupConfig(src, str(tmp_path / "strict"), workers=0, progress=False, timeout=7.5, retries=0))
+    message = str(e.value)
+    assert "data-00000.tar" in message and "tried 1 time(s)" in message and "timeout 7.5 s" in message, message
+    assert answers[shard] == []
+    answers[shard] = [503]  # the defaults' retries pass it
+    assert dedup(DedupConfig(src, str(tmp_path / "default"), workers=0, progress=False)).summary["inputs"] > 0
+    assert answers[shard] == []

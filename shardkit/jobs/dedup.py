@@ -38,7 +38,7 @@ def _filter_shard(task: tuple, root: str, manifest, out: str, policy=None, curat
                 shutil.copyfileobj(f, g, 4 << 20)
         return shard, {}
     stats, removed = {}, []
-    info = _filtered(shard, new_id, drop, (root, manifest), store.staged(out), (curation, stats, removed))
+    info = _filtered(shard, new_id, drop, (root, manifest, policy), store.staged(out), (curation, stats, removed))
     for rel, _ in durable.files_of([info] if info else []):
         store.publish(out, rel, policy=policy)
     if curation and shard.format == _first_format(manifest):  # one list per shard, whatever its formats
@@ -59,14 +59,14 @@ def _filtered(shard, new_id: int, drop, src: tuple, staged: str, curating: tuple
     from shardkit.writers import get_writer
     from shardkit.writers.parquet import write_parquet_table
 
-    root, manifest = src
+    root, manifest, policy = src
     curation, stats, removed = curating
     if shard.format == "parquet" and not is_url(root) and not curation:
         kept = _filter_parquet(os.path.join(root, shard.path), shard, drop, manifest.fields)
         if kept is not None:
             return write_parquet_table(kept, staged, new_id, manifest.fields, durable=False)
-    samples = read_shard_samples(root, manifest, shard)
-    recorded = shard_sources(root, shard)
+    samples = read_shard_samples(root, manifest, shard, policy)
+    recorded = shard_sources(root, shard, policy)
     if recorded is not None:  # carry each sample's source over to the new shard
         for s, path, row in zip(samples, *recorded):
             s.meta.update(source_path=path, source_row=row)
@@ -213,7 +213,7 @@ def dedup_dataset(cfg: DedupConfig) -> DedupResult:
     per_partition = max(1, cfg.partition_size * len(shards) // max(1, manifest.samples))
     with lazy_client(cfg.scheduler, execution.workers) as client:
         result = find_duplicates(shards, cfg, client, store.join(cfg.out, ".shardkit", "dedup"),
-                                 reader=ShardReader(cfg.src, manifest), specs=manifest.fields,
+                                 reader=ShardReader(cfg.src, manifest, policy), specs=manifest.fields,
                                  per_partition=per_partition)
         out = write_dataset(cfg.src, cfg.out, manifest, result, client, cfg.progress, curation, policy)
     result.summary["execution"].update(execution.record())

@@ -70,15 +70,16 @@ class PieceReader:
                 yield sigmod.Unreadable(key, path, e.reason, number)
 
 
-def shard_sources(root: str, shard) -> tuple[list, list] | None:
-    """The (source paths, lines/rows) a shard records for its samples, or None if it has none."""
+def shard_sources(root: str, shard, policy=None) -> tuple[list, list] | None:
+    """The (source paths, lines/rows) a shard records for its samples, or None if it has none
+    (`policy`: a job's RemotePolicy for a remote root)."""
     import pyarrow.parquet as pq
 
     from shardkit.store.local import join
     from shardkit.store.remote import open_url
 
     rel = shard.index["path"] if shard.format == "tar" and shard.index else shard.path
-    with open_url(join(root, rel)) as f:
+    with open_url(join(root, rel), policy=policy) as f:
         pf = pq.ParquetFile(f)
         if SOURCE_COLUMN not in pf.schema_arrow.names:
             return None
@@ -91,23 +92,23 @@ class ShardReader:
     A dataset without image fields gives each shard as one `StoredTexts` block instead: texts in
     bulk, no Sample per row."""
 
-    def __init__(self, root: str, manifest):
-        self.root, self.manifest = root, manifest
+    def __init__(self, root: str, manifest, policy=None):
+        self.root, self.manifest, self.policy = root, manifest, policy  # policy: the job's, for a remote root
         fields = manifest.fields
         self.texts_only = "txt" in fields and not set(sigmod.image_fields("auto", fields)) & set(fields)
 
     def __call__(self, shard):
         from shardkit.reader.shards import read_shard_columns, read_shard_samples
 
-        recorded = shard_sources(self.root, shard)
+        recorded = shard_sources(self.root, shard, self.policy)
         if self.texts_only:
-            keys, columns = read_shard_columns(self.root, self.manifest, shard)
+            keys, columns = read_shard_columns(self.root, self.manifest, shard, self.policy)
             paths, rows = recorded if recorded is not None else ([None] * len(keys), [None] * len(keys))
             # A row without a recorded source is named by the shard and its row in it.
             sources = [shard.path if p is None else p for p in paths]
             source_rows = [i if p is None else (-1 if r is None else r) for i, (p, r) in enumerate(zip(paths, rows))]
             return [sigmod.StoredTexts(keys, columns.get("txt", [None] * len(keys)), sources, source_rows)]
-        samples = read_shard_samples(self.root, self.manifest, shard)
+        samples = read_shard_samples(self.root, self.manifest, shard, self.policy)
         for row, s in enumerate(samples):
             if recorded is not None and recorded[0][row] is not None:
                 s.meta.update(source_path=recorded[0][row], source_row=recorded[1][row])

@@ -147,13 +147,10 @@ def _requality(ds, name: str, stored_bytes: float) -> dict | None:
     (the one whose re-encodes of the probe's images come closest to the stored bytes per sample),
     "decode": decode time at REQUALITY / at that quality, "bytes": size ratio}, timed on up to 16 of
     the dataset's images re-encoded both ways. None where the stored quality is not above it."""
-    import io
-
     import numpy as np
     from PIL import Image
 
     from shardkit.loader import make_loader
-    from shardkit.reader.decode import decode_image
 
     batch = next(iter(make_loader(ds, batch_size=16, num_workers=0)), None)
     if batch is None:
@@ -163,29 +160,35 @@ def _requality(ds, name: str, stored_bytes: float) -> dict | None:
         arrays = arrays.transpose(0, 2, 3, 1)  # the loader's CHW
     images = [Image.fromarray(np.ascontiguousarray(a.squeeze(-1) if a.shape[-1] == 1 else a)) for a in arrays]
 
-    def encoded(q: int) -> list[bytes]:
-        out = []
-        for im in images:
-            buf = io.BytesIO()
-            im.save(buf, "JPEG", quality=q)
-            out.append(buf.getvalue())
-        return out
-
-    def decode_s(blobs) -> float:
-        t0 = time.perf_counter()
-        for _ in range(3):
-            for b in blobs:
-                decode_image(b)
-        return time.perf_counter() - t0
-
-    by_q = {q: encoded(q) for q in (98, 95, 90, 85, 80, REQUALITY)}
+    by_q = {q: _encoded(images, q) for q in (98, 95, 90, 85, 80, REQUALITY)}
     stored = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - stored_bytes))
     if stored <= REQUALITY:
         return None
-    decode_s(by_q[stored])  # warm
-    ratio = decode_s(by_q[REQUALITY]) / max(1e-9, decode_s(by_q[stored]))
+    _decode_s(by_q[stored])  # warm
+    ratio = _decode_s(by_q[REQUALITY]) / max(1e-9, _decode_s(by_q[stored]))
     return {"quality": REQUALITY, "from": stored, "decode": min(1.0, ratio),
             "bytes": sum(map(len, by_q[REQUALITY])) / sum(map(len, by_q[stored]))}
+
+
+def _encoded(images, quality: int) -> list[bytes]:
+    import io
+
+    out = []
+    for im in images:
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=quality)
+        out.append(buf.getvalue())
+    return out
+
+
+def _decode_s(blobs) -> float:
+    from shardkit.reader.decode import decode_image
+
+    t0 = time.perf_counter()
+    for _ in range(3):
+        for b in blobs:
+            decode_image(b)
+    return time.perf_counter() - t0
 
 
 def _read(ds, batch: int, n: int) -> None:

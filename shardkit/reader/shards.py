@@ -401,9 +401,10 @@ def open_shard(path: str | None, shard: ShardInfo, specs: dict, url: str, *, ind
     raise ShardError(f"shard {url} has format {shard.format!r}; this reader knows 'tar' and 'parquet'")
 
 
-def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo) -> list[Sample]:
-    """All samples of one shard, field values in stored form (bytes, int, str, dict), no decoding."""
-    keys, columns = read_shard_columns(root, manifest, shard)
+def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo, policy=None) -> list[Sample]:
+    """All samples of one shard, field values in stored form (bytes, int, str, dict), no decoding.
+    `policy`: the RemotePolicy of a remote root's fetch (a job's: its --timeout/--retries)."""
+    keys, columns = read_shard_columns(root, manifest, shard, policy)
     samples = []
     for i, key in enumerate(keys):
         fields = {f: (bytes(v) if isinstance(v, (memoryview, bytearray)) else v)
@@ -412,14 +413,15 @@ def read_shard_samples(root: str, manifest: Manifest, shard: ShardInfo) -> list[
     return samples
 
 
-def read_shard_columns(root: str, manifest: Manifest, shard: ShardInfo) -> tuple[list[str], dict[str, list]]:
+def read_shard_columns(root: str, manifest: Manifest, shard: ShardInfo,
+                       policy=None) -> tuple[list[str], dict[str, list]]:
     """(keys, {field: its stored values, None where absent}) of one whole shard, each value checked
     against its recorded checksum: `read_shard_samples` without a Python object per sample."""
     url = join(root, shard.path)
     if is_url(root):
         from shardkit.reader.cache import fetch_to_temp
 
-        with fetch_to_temp(root, shard) as (path, index_path):
+        with fetch_to_temp(root, shard, policy) as (path, index_path):
             return _read_all(open_shard(path, shard, manifest.fields, url, index_path=index_path))
     index_path = join(local_path(root), shard.index["path"]) if shard.index else None
     try:
