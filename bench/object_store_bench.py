@@ -152,8 +152,9 @@ def _run_build(src: str, out: str, env: dict) -> dict:
              "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.samples}))")
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-c", child, src, out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # not pipes: a full pipe would stall it
+    proc = subprocess.Popen([sys.executable, "-c", child, src, out], stdout=logs[0], stderr=logs[1], text=True,
+                            env=env)
     cpu: dict = {}  # pid -> its last user+system seconds, sampled from /proc every 0.1 s (the measure)
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
@@ -168,7 +169,10 @@ def _run_build(src: str, out: str, env: dict) -> dict:
             except psutil.Error:
                 pass
         time.sleep(0.1)
-    stdout, stderr = proc.communicate()
+    proc.wait()
+    for f in logs:
+        f.seek(0)
+    stdout, stderr = (f.read() for f in logs)
     if proc.returncode != 0:
         raise RuntimeError(f"build failed ({proc.returncode}): {stderr[-2000:]}")
     return json.loads(stdout.strip().splitlines()[-1]) | {"cpu_seconds": sum(cpu.values())}

@@ -38,9 +38,9 @@ def test_plan_on_built_datasets(tmp_path, fmt, fields):
     doc = _check(plan(root, "--rate", "1", "--batch", "8", "--out", str(tmp_path / "p")), tmp_path / "p", feeds=True)
     image = fields[0]
     assert doc["probe"]["fields"][image]["encoding"] == ("raw" if image == "raw" else "jpeg")
-    if image == "jpg":  # the factory stores quality 90: priced against 75, measured on its own images
+    if image == "jpg":  # the factory stores quality 90: found from the stored tables, priced against 75
         q = doc["probe"]["fields"][image]["requality"]
-        assert q is None or (q["quality"] == 75 and q["from"] > 75 and 0 < q["decode"] <= 1 and 0 < q["bytes"] < 1)
+        assert q["quality"] == 75 and q["from"] == 90 and 0 < q["decode"] <= 1 and q["bytes"] > 0, q
     # An unreachable target: not fed, and the changes say what each would give and cost
     doc = _check(plan(root, "--rate", "1e9", "--batch", "8", "--out", str(tmp_path / "q")), tmp_path / "q", feeds=False)
     names = [c["change"] for c in doc["changes"]]
@@ -177,27 +177,54 @@ def test_a_cold_remote_epoch_waits_for_its_first_shuffle_blocks_shards():
     assert rate(big, 1) == pytest.approx(3000, rel=1e-3)
     assert rate(small, 1, net=False) == pytest.approx(3000)  # a local cache: no fill
     assert rate(_probe(remote=False), 1) == pytest.approx(3000)
+    # network-bound and one block: the block's fetch is the fill, not paid again at the network's rate
+    slow = _probe(samples=16384, bytes_per_sample=110_000)
+    fill = 0.05 + 16384 * 110_000 / (8 * 25e6)
+    assert rate(slow, 1) == pytest.approx(16384 / (fill + 16384 / 3000))
+    # unshuffled (or not known): one shard's samples are the first fetch
+    assert rate(_probe(block_samples=0), 1) == pytest.approx(6000 / (0.05 + 5.5e6 / (8 * 25e6) + 500 / 3000
+                                                                     + 5500 / 3000), rel=1e-3)
 
 
 def test_free_cores_count_niced_work_as_free_and_busy_work_as_taken(monkeypatch):
     from shardkit.plan import probe
 
-    monkeypatch.setattr(probe.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(probe.time, "sleep", lambda s: None)
 
-    def times(deltas):
-        it = iter([[0] * 8, deltas])
+    def times(*deltas):  # per CPU of this process's set: user nice system idle iowait irq softirq steal
+        it = iter([{i: [0] * 8 for i in range(len(deltas))}, dict(enumerate(deltas))])
         return lambda: next(it)
-    # user nice system idle iowait irq softirq steal, over 100 ticks of 2 CPUs
-    monkeypatch.setattr(probe, "_cpu_times", times([0, 190, 0, 10, 0, 0, 0, 0]))  # a niced suite: both cores
-    assert probe.free_cores(2) == 2.0
-    monkeypatch.setattr(probe, "_cpu_times", times([100, 0, 0, 100, 0, 0, 0, 0]))  # one core busy
-    assert probe.free_cores(2) == pytest.approx(1.0)
-    monkeypatch.setattr(probe, "_cpu_times", times([50, 0, 0, 150, 0, 0, 0, 0]))  # half a core
-    assert probe.free_cores(2) == pytest.approx(1.5)
+    monkeypatch.setattr(probe, "_cpu_times", times([0, 95, 0, 5, 0, 0, 0, 0], [0, 95, 0, 5, 0, 0, 0, 0]))
+    assert probe.free_cores(2) == 2.0  # a niced suite on both cores
+    monkeypatch.setattr(probe, "_cpu_times", times([100, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 100, 0, 0, 0, 0]))
+    assert probe.free_cores(2) == pytest.approx(1.0)  # one core busy
+    monkeypatch.setattr(probe, "_cpu_times", times([25, 0, 25, 50, 0, 0, 0, 0], [0, 0, 0, 100, 0, 0, 0, 0]))
+    assert probe.free_cores(2) == pytest.approx(1.5)  # half a core
     monkeypatch.setattr(probe, "_cpu_times", lambda: None)  # no /proc/stat: the load average
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.5, 0, 0))
     assert probe.free_cores(2) == pytest.approx(1.5)
+
+
+def test_free_cores_read_only_the_cpus_this_process_may_run_on(monkeypatch, tmp_path):
+    """A 2-CPU set on a 4-CPU machine whose other 2 CPUs are busy: both of ours are free."""
+    from shardkit.plan import probe
+
+    stats = iter(["cpu  0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\ncpu2 0 0 0 0 0 0 0 0\n"
+                  "cpu3 0 0 0 0 0 0 0 0\nintr 1\n",
+                  "cpu  200 0 0 200 0 0 0 0\ncpu0 0 0 0 100 0 0 0 0\ncpu1 0 0 0 100 0 0 0 0\n"
+                  "cpu2 100 0 0 0 0 0 0 0\ncpu3 100 0 0 0 0 0 0 0\nintr 1\n"])
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/stat":
+            f = tmp_path / "stat"
+            f.write_text(next(stats))
+            return real_open(f, *a, **k)
+        return real_open(path, *a, **k)
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(probe.time, "sleep", lambda s: None)
+    assert probe.free_cores(2) == 2.0
 
 
 def test_a_lower_jpeg_quality_is_offered_at_the_decode_time_the_probe_measured():

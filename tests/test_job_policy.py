@@ -163,3 +163,22 @@ def test_a_dedup_of_a_built_dataset_reads_its_shards_with_its_own_policy(raw, tm
     answers[shard] = [503]  # the defaults' retries pass it
     assert dedup(DedupConfig(src, str(tmp_path / "default"), workers=0, progress=False)).summary["inputs"] > 0
     assert answers[shard] == []
+
+
+def test_verify_takes_timeout_and_retries_and_names_its_own_flags(raw, tmp_path, s3, answers):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    src = s3.url("built")
+    build(BuildConfig(raw, src, **OPTIONS))
+    shard = "/shardkit-test/built/shards/data-00000.tar"
+    answers[shard] = [503]
+    got = CliRunner().invoke(main, ["verify", src, "--timeout", "7.5", "--retries", "0"])
+    assert got.exit_code == 1, got.output
+    assert "tried 1 time(s)" in got.output and "shardkit verify --timeout/--retries" in got.output, got.output
+    answers[shard] = [503]  # the defaults' retries pass it
+    got = CliRunner().invoke(main, ["verify", src])
+    assert got.exit_code == 0 and got.output.startswith("ok:"), got.output
+    got = CliRunner().invoke(main, ["verify", src, "--retries", "-1"])
+    assert got.exit_code == 1 and "retries=-1: expected an integer >= 0 (--retries)" in got.output, got.output

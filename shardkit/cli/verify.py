@@ -6,21 +6,32 @@ import sys
 
 import click
 
+from shardkit.cli.options import retries_option, timeout_option
+
 
 @click.command()
 @click.argument("dataset")
-def verify(dataset):
+@timeout_option
+@retries_option
+def verify(dataset, timeout, retries):
     """Re-hash every shard (and index) and attribute table against the manifest and count each shard's
     samples; exit 1 naming each bad or missing file. DATASET: a local folder or a URL (s3://, gs://, ...).
 
     \b
     Examples:
       shardkit verify out/ && echo ok
-      shardkit verify s3://bucket/shards
+      shardkit verify s3://bucket/shards --timeout 60 --retries 5
     """
-    from shardkit.jobs.verify import verify_dataset
+    from dataclasses import replace
+    from types import SimpleNamespace
 
-    report = verify_dataset(dataset)  # the manifest's own checks first: counts add up, paths stay inside
+    from shardkit.jobs.verify import verify_dataset
+    from shardkit.store.urls import remote_policy
+
+    # a store's errors name these flags, not build's
+    policy = replace(remote_policy(SimpleNamespace(timeout=timeout, retries=retries)),
+                     fix="shardkit verify --timeout/--retries")
+    report = verify_dataset(dataset, policy)  # the manifest's own checks first: counts add up, paths stay inside
     for p in report.problems:
         click.echo(p)
     if not report.ok:

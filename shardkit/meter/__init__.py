@@ -131,6 +131,7 @@ class CudaGapTimer:
         if counted and self._start is not None:  # record() alone (no wrap) has no start event
             self._pending.add(self._start, end, self._last_end)
         self._last_end, self._start = end, None
+        self._pending.trim()
 
     def _folded(self, start, end, prev) -> None:
         self.busy_s += start.elapsed_time(end) / 1e3

@@ -49,14 +49,17 @@ def page_lock(batch):
 
 class EventPairs:
     """CUDA event pairs (start, end[, more]) read lazily: `fold(start, end, *more)` is called for each
-    pair once its end has completed, so recording them never waits for the GPU. Every 64 pairs the
-    finished ones are read (query() never blocks), so the list stays short."""
+    pair once its end has completed, so recording them never waits for the GPU. `trim()` reads the
+    finished ones once 64 are held (query() never blocks), so the list stays short; its owner calls
+    it where what is held is known to count (a step's copies are held until the step is)."""
 
     def __init__(self, fold):
         self._fold, self._pending = fold, []
 
     def add(self, *pair) -> None:
         self._pending.append(pair)
+
+    def trim(self) -> None:
         if len(self._pending) >= 64 and self._pending[0][1].query():
             self.resolve(block=False)
 
@@ -127,6 +130,8 @@ class TransferTimer:
         self.blocked_s += blocked
         if self._events is None:
             self.copy_s += blocked
+        else:
+            self._pending.trim()
 
     def _copied(self, start, end) -> None:
         self.copy_s += start.elapsed_time(end) / 1e3

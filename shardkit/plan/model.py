@@ -8,8 +8,10 @@ keeps `connections` GETs going, each a round trip plus the shard at one connecti
 net(w) = w * connections * shard_bytes / (rtt + shard_bytes / conn_rate) / bytes_per_sample.
 An epoch of a remote dataset from a cold cache also waits, at its start, for the shards of its first
 shuffle block (every batch of a block draws from all of them): fill(w) = rtt + block_bytes /
-(w * connections * conn_rate), and the rate is the epoch's, samples / (samples / rate + fill); for
-a dataset of many blocks it is the steady rate (12 JPEG shards of 5.5 MB, one block: 0.36 s of a
+(w * connections * conn_rate); the block is then read at the CPU's rate, the rest of the epoch at
+min(CPU, net), and the rate is the epoch's: samples / (fill + block / cpu + rest / min(cpu, net))
+(the fetch of the first block is in the fill, not counted again at the network's rate); for a
+dataset of many blocks it is the steady rate (12 JPEG shards of 5.5 MB, one block: 0.36 s of a
 2.4 s epoch).
 Placements change u: raw (decoded uint8 stored) removes the decode and adds a copy of the
 decoded bytes; a smaller size scales the decode with the pixels; a lower JPEG quality scales it
@@ -61,19 +63,23 @@ def rate(probe, workers: int, unit_s: float | None = None, net: bool = True) -> 
         cpu = 1.0 / (u + probe.main_s)
     else:  # u was measured with one worker under today's load: more workers gain only the free cores
         cpu = min(min(workers, free) / u, free / (u + probe.main_s) if free > 1 else 1.0 / u)
-    if net and probe.remote and probe.conn_bytes_per_s and probe.bytes_per_sample > 0:
+    if net and probe.remote and probe.conn_bytes_per_s and probe.bytes_per_sample > 0 and probe.shard_bytes > 0:
         per_get = probe.rtt_s + probe.shard_bytes / probe.conn_bytes_per_s
         links = max(1, workers) * probe.connections
-        cpu = min(cpu, links * probe.shard_bytes / per_get / probe.bytes_per_sample)
-        fill = probe.rtt_s + fill_bytes(probe) / (links * probe.conn_bytes_per_s)
-        cpu = probe.samples / (probe.samples / cpu + fill) if probe.samples > 0 else cpu
+        steady = min(cpu, links * probe.shard_bytes / per_get / probe.bytes_per_sample)
+        if probe.samples <= 0:
+            return steady
+        first = first_block(probe)
+        fill = probe.rtt_s + first * probe.bytes_per_sample / (links * probe.conn_bytes_per_s)
+        return probe.samples / (fill + first / cpu + (probe.samples - first) / steady)
     return cpu
 
 
-def fill_bytes(probe) -> float:
-    """Bytes an epoch fetches before its first batches can be read whole: its first shuffle block's
-    shards."""
-    return min(probe.samples, probe.block_samples or probe.samples) * probe.bytes_per_sample
+def first_block(probe) -> float:
+    """Samples an epoch reads from shards fetched before its first batches can be read whole: its
+    first shuffle block (unshuffled, or not known: one shard's)."""
+    block = probe.block_samples or probe.shard_bytes / max(1.0, probe.bytes_per_sample)
+    return float(min(probe.samples, max(1.0, block)))
 
 
 def placements(probe) -> dict:
@@ -109,10 +115,13 @@ def changes(probe, target: float, workers: int) -> list[dict]:
         added = max(0.0, raw_bytes(probe) - probe.bytes_per_sample) * probe.samples
         out.append({"change": "re-encode to raw uint8 (shardkit build --encode raw)", "rate": rate(probe, workers, u_raw),
                     "cost": f"a rebuild; +{added / 1e9:.2f} GB of storage", "order": 2, "unit": u_raw})
-        for name, v in image_fields(probe).items():
+        encoded = {k: v for k, v in image_fields(probe).items() if v.get("encoding") not in ("raw", None)}
+        total = sum(v["decode_s"] for v in encoded.values())
+        for name, v in encoded.items():
             q = v.get("requality")
             if q and q["decode"] < 0.95:  # decoding less entropy-coded data: a few % to ~30% of the decode
-                u_q = max(probe.worker_s * 0.05, probe.worker_s - dec * (1 - q["decode"]))
+                mine = dec * v["decode_s"] / total if total > 0 else dec  # this field's share of the decode
+                u_q = max(probe.worker_s * 0.05, probe.worker_s - mine * (1 - q["decode"]))
                 out.append({"change": f"re-encode {name} at JPEG quality {q['quality']} (shardkit build --quality "
                                       f"{q['quality']}; stored ~{q['from']})", "rate": rate(probe, workers, u_q),
                             "cost": f"a rebuild; {q['bytes']:.2f}x the image bytes; some detail lost", "order": 2.2,

@@ -11,9 +11,13 @@ trip and per-connection rate.
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import time
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 PROBE_S = 20.0  # the probe's budget; each part stops early when it runs out
 FIELD_SAMPLES = 256  # samples read per field at most
@@ -56,10 +60,12 @@ class Probe:
 
 
 def free_cores(cores: int, window_s: float = 0.5) -> float:
-    """The cores not taken by other processes now (at least 1): the cores less those busy over
-    `window_s`, from /proc/stat. Niced work is counted free (it yields to the loader), and so is the
-    past: the 1-minute load average, used where /proc/stat is missing, still counts a loader that
-    ended seconds ago, or a test suite run at nice 19, and a probe after either saw 1 core of 2."""
+    """The cores not taken by other processes now (at least 1): the cores less those of this
+    process's CPU set busy over `window_s`, from /proc/stat's per-CPU lines. Niced work is counted
+    free (it yields to the loader), and so is the past: the 1-minute load average, used where
+    /proc/stat is missing, still counts a loader that ended seconds ago, or a test suite run at nice
+    19, and a probe after either saw 1 core of 2. A CPU quota of a container (cgroup cpu.max) is not
+    read: `cores` is what the process may run on."""
     first = _cpu_times()
     if first is None:
         try:
@@ -69,22 +75,31 @@ def free_cores(cores: int, window_s: float = 0.5) -> float:
         return float(max(1.0, min(cores, cores - (load - 1.0))))
     time.sleep(window_s)
     second = _cpu_times()
-    d = [b - a for a, b in zip(first, second)]
-    total = sum(d[:8])  # user nice system idle iowait irq softirq steal
-    if total <= 0:
-        return float(cores)
-    busy = (d[0] + d[2] + d[5] + d[6] + d[7]) / total * (os.cpu_count() or cores)  # not nice, idle or iowait
+    busy = 0.0
+    for cpu, now in (second or {}).items():  # each CPU's busy share: user system irq softirq steal
+        d = [b - a for a, b in zip(first.get(cpu, now), now)]
+        total = sum(d[:8])  # user nice system idle iowait irq softirq steal
+        busy += (d[0] + d[2] + d[5] + d[6] + d[7]) / total if total > 0 else 0.0
     return float(max(1.0, min(cores, cores - busy)))
 
 
-def _cpu_times() -> list[int] | None:
-    """The machine's CPU times (/proc/stat's first line: user, nice, system, idle, ...), None without it."""
+def _cpu_times() -> dict | None:
+    """{cpu number: its times (user, nice, system, idle, iowait, irq, softirq, steal)} of the CPUs
+    this process may run on, from /proc/stat; None without it."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            lines = f.read().splitlines()
     except OSError:
         return None
-    return [int(x) for x in fields[1:9]] if fields and fields[0] == "cpu" and len(fields) >= 9 else None
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    out = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 9 and fields[0].startswith("cpu") and fields[0][3:].isdigit():
+            n = int(fields[0][3:])
+            if mine is None or n in mine:
+                out[n] = [int(x) for x in fields[1:9]]
+    return out or None
 
 
 class _Sink:
@@ -142,37 +157,82 @@ def probe_dataset(src: str, fields: list[str] | None, batch: int, cache_dir: str
     return p
 
 
-def _requality(ds, name: str, stored_bytes: float) -> dict | None:
-    """What re-encoding a JPEG field at quality REQUALITY would change: {"from": the stored quality
-    (the one whose re-encodes of the probe's images come closest to the stored bytes per sample),
-    "decode": decode time at REQUALITY / at that quality, "bytes": size ratio}, timed on up to 16 of
-    the dataset's images re-encoded both ways. None where the stored quality is not above it."""
+def _requality(ds, name: str, stored_bytes: float, budget_s: float = 3.0) -> dict | None:
+    """What re-encoding a JPEG field at quality REQUALITY would change: {"from": the stored quality,
+    "decode": decode time at REQUALITY / as stored, "bytes": size ratio}, on up to 16 of the dataset's
+    images. The stored blobs are read from a local shard where they can be (their quality is the
+    one whose re-encode carries the same quantization tables); else they are re-encoded at the
+    quality whose size comes closest to `stored_bytes`, the dataset's bytes per sample. None where
+    the stored quality is not above REQUALITY, or the images cannot be had within `budget_s`."""
+    from PIL import Image
+
+    end = time.perf_counter() + budget_s
+    try:
+        stored, images = _probe_images(ds, name)
+        by_q = {}
+        for q in (98, 95, 90, 85, 80, REQUALITY):
+            if time.perf_counter() > end:
+                return None
+            by_q[q] = _encoded(images, q)
+        if stored:
+            tables = Image.open(io.BytesIO(stored[0])).quantization
+            quality = next((q for q in by_q if Image.open(io.BytesIO(by_q[q][0])).quantization == tables), None)
+        else:
+            quality = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - stored_bytes))
+            stored = by_q[quality]
+        if quality is not None and quality <= REQUALITY:
+            return None
+        _decode_s(stored)  # warm
+        ratio = _decode_s(by_q[REQUALITY]) / max(1e-9, _decode_s(stored))
+        return {"quality": REQUALITY, "from": quality, "decode": min(1.0, ratio),
+                "bytes": sum(map(len, by_q[REQUALITY])) / sum(map(len, stored))}
+    except Exception:  # noqa: BLE001 — a change the plan cannot price is left out, never the plan
+        log.debug("pricing a JPEG quality of %s for %s failed", REQUALITY, name, exc_info=True)
+        return None
+
+
+def _probe_images(ds, name: str) -> tuple[list[bytes] | None, list]:
+    """(the stored blobs or None, PIL images of them): from a local shard, else a decoded batch."""
     import numpy as np
     from PIL import Image
 
     from shardkit.loader import make_loader
 
-    batch = next(iter(make_loader(ds, batch_size=16, num_workers=0)), None)
-    if batch is None:
-        return None
-    arrays = np.asarray(batch[name])[:16]
+    stored = _stored_blobs(ds, name)
+    if stored:
+        return stored, [Image.open(io.BytesIO(b)).convert("RGB") for b in stored]
+    arrays = np.asarray(next(iter(make_loader(ds, batch_size=16, num_workers=0)))[name])[:16]
     if arrays.ndim == 4 and arrays.shape[1] in (1, 3) and arrays.shape[-1] not in (1, 3):
         arrays = arrays.transpose(0, 2, 3, 1)  # the loader's CHW
-    images = [Image.fromarray(np.ascontiguousarray(a.squeeze(-1) if a.shape[-1] == 1 else a)) for a in arrays]
+    return None, [Image.fromarray(np.ascontiguousarray(a.squeeze(-1) if a.shape[-1] == 1 else a)) for a in arrays]
 
-    by_q = {q: _encoded(images, q) for q in (98, 95, 90, 85, 80, REQUALITY)}
-    stored = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - stored_bytes))
-    if stored <= REQUALITY:
+
+def _stored_blobs(ds, name: str, n: int = 16) -> list[bytes] | None:
+    """Up to n stored values of field `name` from the dataset's first shard when it is a local file."""
+    from shardkit.store.local import is_url, join, local_path
+
+    root = str(ds.src)
+    if not len(ds.shards) or is_url(root):
         return None
-    _decode_s(by_q[stored])  # warm
-    ratio = _decode_s(by_q[REQUALITY]) / max(1e-9, _decode_s(by_q[stored]))
-    return {"quality": REQUALITY, "from": stored, "decode": min(1.0, ratio),
-            "bytes": sum(map(len, by_q[REQUALITY])) / sum(map(len, by_q[stored]))}
+    shard = ds.shards[0]
+    path = join(local_path(root), shard.path)
+    if shard.format == "parquet":
+        import pyarrow.parquet as pq
+
+        return [bytes(v) for v in pq.read_table(path, columns=[name]).column(0).to_pylist()[:n] if v]
+    import tarfile
+
+    out = []
+    with tarfile.open(path) as tf:
+        for member in tf:
+            if member.isfile() and member.name.endswith("." + name):
+                out.append(tf.extractfile(member).read())
+                if len(out) >= n:
+                    break
+    return out
 
 
 def _encoded(images, quality: int) -> list[bytes]:
-    import io
-
     out = []
     for im in images:
         buf = io.BytesIO()
@@ -246,7 +306,9 @@ def _one_worker(ds, batch: int, budget_s: float) -> tuple[float, float]:
                 now = time.perf_counter()
                 if (got >= PREFETCH + WORKER_BATCHES and now - marks[-1][0] >= WORKER_MIN_S) or now > end:
                     break
-            else:  # the epoch ended first: another one
+            else:  # the epoch ended first: another one, within the budget
+                if time.perf_counter() > end:
+                    break
                 it = iter(loader)
                 continue
             break
