@@ -161,3 +161,13 @@ def same_files(a: str, b: str) -> list[str]:
             if x.read() != y.read():
                 differ.append(rel)
     return differ
+
+
+@pytest.fixture
+def raw(tmp_path):
+    """The demo's raw folder (images, a jsonl of documents, some bad files) that the S3 tests upload."""
+    from shardkit.demo.datagen import raw_folder
+
+    root = tmp_path / "raw"
+    raw_folder(str(root), images_per_class=5, documents=3, bad=True)
+    return str(root)

@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-from moto_store import answers, s3  # noqa: F401 — the fixtures
+from moto_store import answers, raw, s3  # noqa: F401 — the fixtures
 
 from shardkit import store
 from shardkit.config import BuildConfig, DedupConfig
@@ -19,15 +19,6 @@ from shardkit.store.remote import RemotePolicy
 
 OPTIONS = dict(workers=0, image_size=48, progress=False, max_samples_per_shard=6)
 JSONL = "/shardkit-test/raw/corpus.jsonl"  # raw_folder's row file, as the S3 server sees its GETs
-
-
-@pytest.fixture
-def raw(tmp_path):
-    from shardkit.demo.datagen import raw_folder
-
-    root = tmp_path / "raw"
-    raw_folder(str(root), images_per_class=5, documents=3, bad=True)
-    return str(root)
 
 
 @pytest.fixture

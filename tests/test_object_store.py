@@ -10,22 +10,13 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from moto_store import BUCKET, s3, same_files  # noqa: F401 — s3: the fixture
+from moto_store import BUCKET, raw, s3, same_files  # noqa: F401 — s3, raw: the fixtures
 
 from shardkit.cli import main
 from shardkit.config import BuildConfig, DedupConfig
 from shardkit.jobs.build import build
 
 OPTIONS = dict(workers=0, image_size=48, progress=False, max_samples_per_shard=6)
-
-
-@pytest.fixture
-def raw(tmp_path):
-    from shardkit.demo.datagen import raw_folder
-
-    root = tmp_path / "raw"
-    raw_folder(str(root), images_per_class=5, documents=3, bad=True)
-    return str(root)
 
 
 def run(*args):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from moto_store import answers, s3, same_files  # noqa: F401 — s3, answers: the fixtures
+from moto_store import answers, raw, s3, same_files  # noqa: F401 — s3, answers, raw: the fixtures
 
 from shardkit import store
 from shardkit.cli import main
@@ -18,15 +18,6 @@ from shardkit.store import objstore
 pytestmark = pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
 OPTIONS = dict(workers=0, image_size=48, progress=False, max_samples_per_shard=6)
 SECRET = "fake-secret-7f3a9c-never-shown"
-
-
-@pytest.fixture
-def raw(tmp_path):
-    from shardkit.demo.datagen import raw_folder
-
-    root = tmp_path / "raw"
-    raw_folder(str(root), images_per_class=5, documents=3, bad=True)
-    return str(root)
 
 
 @pytest.fixture
