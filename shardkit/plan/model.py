@@ -14,8 +14,9 @@ min(CPU, net), and the rate is the epoch's: samples / (fill + block / cpu + rest
 dataset of many blocks it is the steady rate (12 JPEG shards of 5.5 MB, one block: 0.36 s of a
 2.4 s epoch).
 Placements change u: raw (decoded uint8 stored) removes the decode and adds a copy of the
-decoded bytes; a smaller size scales the decode with the pixels; a lower JPEG quality scales it
-by the decode time the probe measured on its own images re-encoded at both qualities; GPU decode removes it from
+decoded bytes; a smaller size scales the decode with the pixels; a lower JPEG quality scales the
+field's share of it by the decode time the probe measured on stored images against their re-encodes
+at that quality (probe._requality); GPU decode removes it from
 the workers (the GPU's rate is not modelled: shown only where nvJPEG is present).
 """
 
@@ -28,11 +29,16 @@ def image_fields(probe) -> dict:
     return {k: v for k, v in probe.fields.items() if v.get("kind") == "image"}
 
 
+def encoded_fields(probe) -> dict:
+    """The image fields stored encoded (JPEG, PNG, WebP): those a decode is measured for."""
+    return {k: v for k, v in image_fields(probe).items() if v.get("encoding") not in ("raw", None)}
+
+
 def decode_s(probe) -> float:
     """Per-sample seconds of a worker's time spent decoding encoded images (what re-encoding to raw
     removes): the decode's share of the fields' measured costs applied to the worker's time, so a
     machine busier during one part of the probe than another does not skew it."""
-    dec = sum(v["decode_s"] for v in image_fields(probe).values() if v.get("encoding") not in ("raw", None))
+    dec = sum(v["decode_s"] for v in encoded_fields(probe).values())
     total = sum(v["read_s"] + v["decode_s"] for v in probe.fields.values())
     return probe.worker_s * dec / total if total > 0 and probe.kind == "dataset" else dec
 
@@ -115,7 +121,7 @@ def changes(probe, target: float, workers: int) -> list[dict]:
         added = max(0.0, raw_bytes(probe) - probe.bytes_per_sample) * probe.samples
         out.append({"change": "re-encode to raw uint8 (shardkit build --encode raw)", "rate": rate(probe, workers, u_raw),
                     "cost": f"a rebuild; +{added / 1e9:.2f} GB of storage", "order": 2, "unit": u_raw})
-        encoded = {k: v for k, v in image_fields(probe).items() if v.get("encoding") not in ("raw", None)}
+        encoded = encoded_fields(probe)
         total = sum(v["decode_s"] for v in encoded.values())
         for name, v in encoded.items():
             q = v.get("requality")
