@@ -43,3 +43,38 @@ def test_last_text_memo_gives_each_text_its_own_words():
     assert W.words(b) == ["Mr.", "Smith", ",", "e.g.", "here", "."]
     assert W.words(a) == ["Do", "n't", "stop", ".", "Go", "on", "!"]
     assert W.words("") == []
+
+
+def test_infix_scan_at_candidate_positions_cuts_where_the_full_scan_cuts():
+    rng = random.Random(1)
+    alphabet = "aZé9.+-*^,~:<>=/…—–'\"_(😀"
+    chunks = ["a.B", "..a", "a..b", "a-b-c", "3+-4", "x/y.z", "a—b", "...", ".a.B", "a.'B", "9-9-9", "a:b:c"]
+    chunks += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9))) for _ in range(50_000)]
+    cut = 0
+    for chunk in chunks:
+        got = W._infixes(chunk)
+        assert got == W._infixes_reference(chunk), chunk
+        cut += len(got) > 1
+    assert cut > 10_000  # most chunks had infixes to cut
+
+
+def test_unit_suffix_is_found_from_the_chunks_tail(monkeypatch):
+    chunks = ["5km", "10km/h", "3mbar", "12$", "x5kg", "5kgs", "a" * 50 + "9mm", "99%", "9.5GB", "km", "9₿", "1m/s"]
+    tail = [W._suffix(c) for c in chunks]
+    monkeypatch.setattr(W, "_UNIT_MAX", 10_000)  # the search over the whole chunk
+    assert tail == [W._suffix(c) for c in chunks]
+    assert tail[:7] == [2, 4, 4, 1, 2, 0, 2]
+
+
+def test_words_seen_often_survive_the_cache_flush(monkeypatch):
+    monkeypatch.setattr(W, "_CACHE_LIMIT", 8)
+    cache = W._Chunks()
+    splits = []
+    real = W._split_chunk
+    monkeypatch.setattr(W, "_split_chunk", lambda s, use=True: splits.append(s) or real(s, use))
+    for i in range(40):  # "(hot)" between novel chunks: split once, then taken from either generation
+        assert cache["(hot)"] == ("(", "hot", ")")
+        assert cache[f"(cold{i})"] == ("(", f"cold{i}", ")")
+    assert splits.count("(hot)") == 1
+    assert len(cache) + len(cache.old) <= 8
+    assert len(splits) == 41

@@ -28,6 +28,7 @@ _UNITS = ("km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm 
           "kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K %").split()
 _AFTER_NUMBER = re.compile(r"(?<=[0-9])(?:%s)$" % "|".join(
     sorted((re.escape(u) for u in _UNITS + list(_CURRENCY)), key=len, reverse=True)))
+_UNIT_MAX = max(map(len, _UNITS + list(_CURRENCY)))  # a unit ends the chunk: search only its tail
 
 # Scripts without case count as both lower and upper case in spaCy's classes (a period after a
 # Hangul or CJK character splits off as after a lowercase one).
@@ -156,7 +157,7 @@ def _suffix(s: str) -> int:
     best = 0
     if n >= 2 and s[-2:] in ("'s", "'S", "’s", "’S", "……"):
         best = 2
-    m = _AFTER_NUMBER.search(s)
+    m = _AFTER_NUMBER.search(s, n - _UNIT_MAX) if n > _UNIT_MAX else _AFTER_NUMBER.search(s)
     if m:
         best = max(best, n - m.start())
     if c in _SUFFIX_CHARS or _icon(c) or (c == "+" and n >= 2 and s[-2].isdigit()):
@@ -188,8 +189,34 @@ _MAYBE_INFIX = re.compile(r"[.+\-*^,~:<>=/]|[^\x00-\x7f]")
 
 
 def _infixes(s: str) -> list[str]:
-    if not _MAYBE_INFIX.search(s, 1):  # an infix at 0 is skipped below
+    """s cut at its infixes: what _INFIX.finditer gives, tried only where an infix can start (its
+    alternatives and lookbehinds at every position are most of a novel chunk's cost)."""
+    maybe = _MAYBE_INFIX.search(s, 1)  # an infix at 0 is skipped below
+    if not maybe:
         return [s]
+    out, start = [], 0
+    m = _INFIX.match(s)  # at 0: consumed, not cut, as finditer does
+    pos = m.end() if m else 1
+    while True:
+        maybe = _MAYBE_INFIX.search(s, pos)
+        if maybe is None:
+            break
+        m = _INFIX.match(s, maybe.start())  # lookbehinds still see what precedes the position
+        if m is None:
+            pos = maybe.start() + 1
+            continue
+        a, b = m.span()
+        if a != start:
+            out.append(s[start:a])
+        out.append(s[a:b])
+        start = pos = b
+    if start < len(s):
+        out.append(s[start:])
+    return out
+
+
+def _infixes_reference(s: str) -> list[str]:
+    """The plain scan _infixes stands for (tests compare the two)."""
     out, start = [], 0
     for m in _INFIX.finditer(s):
         a, b = m.span()
@@ -197,8 +224,7 @@ def _infixes(s: str) -> list[str]:
             continue
         if a != start:
             out.append(s[start:a])
-        if a != b:
-            out.append(s[a:b])
+        out.append(s[a:b])
         start = b
     if start < len(s):
         out.append(s[start:])
@@ -310,14 +336,25 @@ def _simple(chunk: str) -> tuple[str, ...] | None:
 
 
 class _Chunks(dict):
-    """chunk -> its tokens, split on the first lookup (a miss calls __missing__; a hit stays in C)."""
+    """chunk -> its tokens, split on the first lookup (a miss calls __missing__; a hit stays in C).
+
+    Two generations of at most _CACHE_LIMIT / 2 chunks each: when this one fills, it becomes the
+    old one and a lookup that misses here takes the old answer, so the words that keep coming
+    (most lookups) survive the flush and only chunks unseen for a whole generation are split again."""
+
+    def __init__(self):
+        super().__init__()
+        self.old: dict = {}
 
     def __missing__(self, chunk: str) -> tuple[str, ...]:
-        if len(self) >= _CACHE_LIMIT:
+        if len(self) >= _CACHE_LIMIT // 2:
+            self.old = dict(self)
             self.clear()
-        got = _simple(chunk) or _split_chunk(chunk)
-        if len(got) > 1 and not _MERGE_FIRST.isdisjoint(got):
-            got = _merge(got)
+        got = self.old.get(chunk)
+        if got is None:
+            got = _simple(chunk) or _split_chunk(chunk)
+            if len(got) > 1 and not _MERGE_FIRST.isdisjoint(got):
+                got = _merge(got)
         self[chunk] = got
         return got
 
