@@ -190,3 +190,21 @@ def test_without_a_region_the_bucket_s_own_is_asked_for(monkeypatch):
     local = {"endpoint": "http://127.0.0.1:9"}
     assert objstore._with_region(local, "photos", 1.0) == local
     assert asked == ["https://photos.s3.amazonaws.com/"]
+
+
+def test_a_build_on_obstore_never_builds_the_fsspec_client_for_its_reads_and_uploads(raw, tmp_path, s3,
+                                                                                     monkeypatch, counted):
+    """A worker process of an s3 -> s3 build reads sources and uploads shards: all on obstore, with no
+    fsspec filesystem made behind the client (an attribute lookup falling through to it once made s3fs
+    and botocore in every worker for nothing)."""
+    src = s3.upload(raw, "raw")
+    fell = []
+    real = objstore.Client.__getattr__
+    monkeypatch.setattr(objstore.Client, "__getattr__", lambda self, name: fell.append(name) or real(self, name))
+    with store.writer(s3.url("up/a.bin")) as f:  # the staged-file upload a shard takes
+        f.write(b"z" * 5000)
+    assert store.read(s3.url("up/a.bin")) == b"z" * 5000
+    assert fell == [] and counted["put"] == 1
+    build(BuildConfig(src, s3.url("out"), **OPTIONS))
+    assert counted["put"] > 1 and counted["get"] > 0
+    assert set(fell) <= {"rm"}, fell  # only the driver's removal of a whole folder stays on fsspec
