@@ -1,6 +1,7 @@
 """Build where the data lives: s3 -> s3 against local -> local, and the client's memory while listing a store.
 
     .venv/bin/python bench/object_store_bench.py [--images 6000] [--rounds 2] [--objects 200000]
+    .venv/bin/python bench/object_store_bench.py --images 1500 --rounds 3 --skip-listing --pools auto,processes
 
 The store is a local S3 server (moto's server mode) in a process of its own on 127.0.0.1.
 
@@ -12,7 +13,9 @@ server, the workers read each object from it and upload each shard to it. Interl
 local, s3, local, s3, ...; ratio = s3 rate / local rate of the same round (target >= 0.8). The store
 runs on the same cores as the build: its own CPU time during each s3 build is reported beside it.
 Beside the rates, the CPU seconds of shardkit's processes (the build's process and every descendant:
-nannies, workers, sampled from /proc every 0.1 s; the store's process is not one of them) per build, and local / s3 of them (target >= 0.8: s3 costs <= 1.25x local's CPU).
+nannies, workers, sampled from /proc every 0.1 s; the store's process is not one of them) per build, and local / s3 of them (target >= 0.8: s3 costs <= 1.25x local's CPU). `--pools`: the
+--worker-pool of both builds, each pool in turn within a round (`auto`, the default, lets each build
+probe; `processes` is the issue's own comparison, worker processes on both sides).
 
 Listing: `objects` objects (in 10 folders, keys like `cls3/0123456.jpg`) put into the server's
 memory directly; a fresh process lists them with shardkit's walk (sources/walk.py through
@@ -132,28 +135,29 @@ def _env(endpoint: str | None = None) -> dict:
     return env
 
 
-def _build(src: str, out: str, env: dict, server) -> dict:
+def _build(src: str, out: str, env: dict, server, pool: str = "auto") -> dict:
     """Seconds of one `shardkit build` in a fresh process (imports excluded: timed around build()), and the
     CPU seconds the store's process spent meanwhile (the store shares this machine's cores)."""
     import psutil
 
     store = psutil.Process(server.pid)
     before = store.cpu_times()
-    result = _run_build(src, out, env)
+    result = _run_build(src, out, env, pool)
     after = store.cpu_times()
     result["store_cpu_seconds"] = after.user + after.system - before.user - before.system
     return result
 
 
-def _run_build(src: str, out: str, env: dict) -> dict:
+def _run_build(src: str, out: str, env: dict, pool: str = "auto") -> dict:
     child = ("import json, sys, time\nfrom shardkit.config import BuildConfig\nfrom shardkit.jobs.build import build\n"
-             "cfg = BuildConfig(sys.argv[1], sys.argv[2], image_size=224, resize_mode='center-crop', progress=False)\n"
+             "cfg = BuildConfig(sys.argv[1], sys.argv[2], image_size=224, resize_mode='center-crop', progress=False,\n"
+             "                  worker_pool=sys.argv[3])\n"
              "t = time.perf_counter(); r = build(cfg)\n"
              "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.samples}))")
     import psutil
 
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # not pipes: a full pipe would stall it
-    proc = subprocess.Popen([sys.executable, "-c", child, src, out], stdout=logs[0], stderr=logs[1], text=True,
+    proc = subprocess.Popen([sys.executable, "-c", child, src, out, pool], stdout=logs[0], stderr=logs[1], text=True,
                             env=env)
     cpu: dict = {}  # pid -> its last user+system seconds, sampled from /proc every 0.1 s (the issue's measure)
     root = psutil.Process(proc.pid)
@@ -178,7 +182,7 @@ def _run_build(src: str, out: str, env: dict) -> dict:
     return json.loads(stdout.strip().splitlines()[-1]) | {"cpu_seconds": sum(cpu.values())}
 
 
-def bench_build(images: int, rounds: int, work: str) -> dict:
+def bench_build(images: int, rounds: int, work: str, pools=("auto",)) -> dict:
     import s3fs
 
     from shardkit.demo.datagen import image_folder
@@ -193,22 +197,29 @@ def bench_build(images: int, rounds: int, work: str) -> dict:
         start = time.perf_counter()
         fs.put(raw + "/", "bench/raw/", recursive=True)
         upload = time.perf_counter() - start
-        runs = []
+        runs: dict = {pool: [] for pool in pools}
         for r in range(rounds):
-            shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
-            fs.rm("bench/out", recursive=True) if fs.exists("bench/out") else None
-            local = _build(raw, os.path.join(work, "out"), env, server)
-            remote = _build("s3://bench/raw", "s3://bench/out", env, server)
-            runs.append({"local": local, "s3": remote, "ratio": (remote["samples"] / remote["seconds"])
-                         / (local["samples"] / local["seconds"]), "cpu_ratio": local["cpu_seconds"] / remote["cpu_seconds"]})
-            print(f"round {r}: local {local['samples'] / local['seconds']:.0f} images/s, s3 "
-                  f"{remote['samples'] / remote['seconds']:.0f} images/s, ratio {runs[-1]['ratio']:.2f}; shardkit's "
-                  f"CPU (the build's process and every descendant) local {local['cpu_seconds']:.1f} s, s3 "
-                  f"{remote['cpu_seconds']:.1f} s, local/s3 {runs[-1]['cpu_ratio']:.2f} (target >= 0.8); the store's "
-                  f"CPU during the s3 build: {1000 * remote['store_cpu_seconds'] / images:.1f} ms per image", flush=True)
-        return {"images": images, "upload_seconds": upload, "runs": runs,
-                "median_ratio": statistics.median(r["ratio"] for r in runs),
-                "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs)}
+            for pool in pools:
+                shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
+                fs.rm("bench/out", recursive=True) if fs.exists("bench/out") else None
+                local = _build(raw, os.path.join(work, "out"), env, server, pool)
+                remote = _build("s3://bench/raw", "s3://bench/out", env, server, pool)
+                runs[pool].append({"local": local, "s3": remote, "ratio": (remote["samples"] / remote["seconds"])
+                                   / (local["samples"] / local["seconds"]),
+                                   "cpu_ratio": local["cpu_seconds"] / remote["cpu_seconds"]})
+                print(f"round {r}, --worker-pool {pool}: local {local['samples'] / local['seconds']:.0f} images/s, s3 "
+                      f"{remote['samples'] / remote['seconds']:.0f} images/s, ratio {runs[pool][-1]['ratio']:.2f}; "
+                      f"shardkit's CPU (the build's process and every descendant) local {local['cpu_seconds']:.1f} s, "
+                      f"s3 {remote['cpu_seconds']:.1f} s, local/s3 {runs[pool][-1]['cpu_ratio']:.2f} (target >= 0.8); "
+                      f"the store's CPU during the s3 build: {1000 * remote['store_cpu_seconds'] / images:.1f} ms per "
+                      "image", flush=True)
+        out = {"images": images, "upload_seconds": upload, "runs": runs}
+        for pool, got in runs.items():
+            out[pool] = {"median_ratio": statistics.median(r["ratio"] for r in got),
+                         "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in got)}
+            print(f"--worker-pool {pool}: median rate ratio {out[pool]['median_ratio']:.2f}, median CPU local/s3 "
+                  f"{out[pool]['median_cpu_ratio']:.2f}", flush=True)
+        return out
     finally:
         server.kill()
         server.wait()
@@ -240,13 +251,15 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=200_000)
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--skip-listing", action="store_true")
+    parser.add_argument("--pools", default="auto", help="--worker-pool of both builds, comma-separated: auto, "
+                        "processes (the issue's comparison), threads")
     args = parser.parse_args()
     result = {"load_before": os.getloadavg()}
     if not args.skip_listing:
         result["listing"] = bench_listing(args.objects)
     if not args.skip_build:
         with tempfile.TemporaryDirectory(prefix="shardkit-osbench-") as work:
-            result["build"] = bench_build(args.images, args.rounds, work)
+            result["build"] = bench_build(args.images, args.rounds, work, args.pools.split(","))
     result["load_after"] = os.getloadavg()
     print(json.dumps(result, indent=1))
 
