@@ -60,3 +60,83 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
         assert all(store.gets[p] == 1 for p in indexes)  # each index fetched once, by one process
     finally:
         store.close()
+
+
+ROW_GET = 1 << 20  # a GET of rows (a sample is ~150 KB here); whole-shard parts are 4 MiB
+
+
+def _row_gets(store) -> list:
+    return [span for span in store.spans if span[2].endswith(".tar") and span[3] < ROW_GET]
+
+
+def _batches(loader, n):
+    it = iter(loader)
+    return it, [next(it) for _ in range(n)]
+
+
+def _same(a, b):
+    assert a["__key__"] == b["__key__"]
+    for name in ("raw", "cls"):
+        assert np.array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+def test_forked_workers_take_their_first_batches_rows_from_the_main_process(data, tmp_path):
+    """The main process reads the rows of the workers' first batches into memory it shares with them
+    (made before they fork): the workers send no GET for those rows, and the batches are the ones a
+    local read gives, byte for byte (every value checked against the index's checksums on read)."""
+    root, _ = data
+    local = make_loader(StreamingDataset(root, seed=3), batch_size=4, num_workers=2)
+    _, want = _batches(local, 2)
+    store = Store(root, latency=0.05, rate=None)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        loader = make_loader(ds, batch_size=4, num_workers=2)
+        store.spans.clear()
+        it = iter(loader)
+        loader.warming.join()
+        by_main = len(_row_gets(store))
+        assert by_main > 0  # the rows, read here while the workers started
+        firsts = [next(it) for _ in range(2)]  # each worker's first batch
+        assert len(_row_gets(store)) == by_main  # none read again by a worker
+        for got, expected in zip(firsts, want):
+            _same(got, expected)
+        assert sum(len(b["__key__"]) for b in it) == 88
+        assert ds.io_stats()["bytes_fetched"] > 0
+    finally:
+        store.close()
+
+
+def test_when_the_main_process_cannot_read_the_rows_each_worker_reads_its_own(data, tmp_path, monkeypatch):
+    import os
+
+    from shardkit.reader import ranged
+    from shardkit.store.remote import RemoteError
+
+    root, _ = data
+    local = make_loader(StreamingDataset(root, seed=3), batch_size=4, num_workers=2)
+    _, want = _batches(local, 2)
+    main, real = os.getpid(), ranged.RangedRows._get
+
+    def failing_here(self, get, buf=None):
+        if os.getpid() == main:
+            raise RemoteError(get[1], "refused (test)")
+        return real(self, get, buf)
+
+    monkeypatch.setattr(ranged.RangedRows, "_get", failing_here)
+    store = Store(root, latency=0.05, rate=None)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        loader = make_loader(ds, batch_size=4, num_workers=2)
+        store.spans.clear()
+        it = iter(loader)
+        loader.warming.join()
+        assert _row_gets(store) == []
+        start = time.monotonic()
+        firsts = [next(it) for _ in range(2)]
+        assert time.monotonic() - start < 5  # told at once that nothing came: no wait for a timeout
+        assert _row_gets(store)  # the workers read their rows themselves
+        for got, expected in zip(firsts, want):
+            _same(got, expected)
+        assert sum(len(b["__key__"]) for b in it) == 88
+    finally:
+        store.close()
