@@ -82,15 +82,12 @@ class StreamingLoader(DataLoader):
         # The (persistent) workers start on the first iteration, with the stop signals blocked (loader/signals.py)
         fresh = self._iterator is None
         starting = signals.blocked(self._start_method()) if fresh else contextlib.nullcontext()
-        # Workers about to start take a while to reach their first batch: meanwhile this process
-        # fetches what those batches read first (forked workers share the rows it reads).
-        warm = (self.source.warm_up(self.dataset.batch_size, self.dataset.drop_last, self.num_workers,
-                                    forking=self._start_method() == "fork")
-                if fresh and hasattr(self.source, "warm_up") else None)
         with starting:
             batches = super().__iter__()  # returns once the workers dropped the previous iteration
-        if warm is not None:  # the workers were just started (forked: no thread of ours was running then)
-            self.warming = warm()
+        if fresh and hasattr(self.source, "warm_up"):
+            # The workers were just started (forked: no thread of ours was running then) and take a
+            # while to reach their first batch: meanwhile this process fetches what it reads first.
+            self.warming = self.source.warm_up(self.dataset.batch_size, self.dataset.drop_last, self.num_workers)
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
 

@@ -173,40 +173,26 @@ class EpochDataset(IterableDataset, StateContract, Progress, ReaderCounts):
         finally:
             remote.stop()
 
-    def warm_up(self, batch_size: int, drop_last: bool, num_workers: int, forking: bool = False):
-        """Main process, around the start of the loader's workers: fetch what their first batches read
+    def warm_up(self, batch_size: int, drop_last: bool, num_workers: int):
+        """Main process, once the loader's workers were started: fetch what their first batches read
         first (the index sidecars of those batches' remote shards) into the shared cache, in a
-        thread, while the workers start up; they find it there. `forking`: called before the
-        workers fork, which then share memory with this process for those batches' rows, read here
-        too (Remote.share_rows). A callable that starts the thread (call it once the workers were
-        started; it returns the thread), or None when nothing is remote. Best effort: a fetch that
-        fails is the worker's to report, as it would be."""
+        thread, while the workers start up; they find it there. The thread, or None when nothing is
+        remote. Best effort: a fetch that fails is the worker's to report, as it would be."""
         remote = self.reader.remote
         if not remote.remote or self.group_size(batch_size) > 1:
             return None
         epoch, consumed, layers = self.position.published()
 
-        def firsts() -> tuple[list, int]:
+        def firsts() -> None:
             # A copy, as the workers' walks take: a plan's order caches blocks, not for two threads.
             plan = copy.deepcopy(self.epoch_plan(epoch, layers, batch_size, drop_last))
-            per_worker = (len(plan) - consumed) // max(1, num_workers)
-            return list(itertools.islice(plan.batches(consumed, 0, 1), max(1, num_workers))), per_worker
+            ids = list(itertools.islice(plan.batches(consumed, 0, 1), max(1, num_workers)))
+            if ids:
+                remote.warm(np.unique(locate(np.concatenate(ids), remote.offsets)[0]).tolist())
 
-        ids, per_worker = firsts() if forking else (None, 0)
-        if ids:
-            remote.share_rows(ids, per_worker)
-
-        def fetch() -> None:
-            got = firsts()[0] if ids is None else ids
-            if got:
-                remote.warm(np.unique(locate(np.concatenate(got), remote.offsets)[0]).tolist())
-
-        def start() -> threading.Thread:
-            thread = threading.Thread(target=fetch, name="shardkit-warm-up", daemon=True)
-            thread.start()
-            return thread
-
-        return start
+        thread = threading.Thread(target=firsts, name="shardkit-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def group_size(self, batch_size: int, transport: bool = True) -> int:
         """Batches a worker builds per item: several for packed token rows sent through the loader's

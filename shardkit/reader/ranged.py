@@ -13,7 +13,6 @@ value is checked against the xxh3 the index records, so this path needs checksum
 from __future__ import annotations
 
 import mmap
-import time
 
 import numpy as np
 
@@ -34,9 +33,9 @@ class Landed:
     bytes at their own offsets), `spans` ((lo, hi) of each row's members, from its index) and
     `landed` (rows whose bytes are in `buf`). `pinned` is what the reader opens (reader.cache.PinnedShard)."""
 
-    def __init__(self, shard: ShardInfo, index_path: str, url: str, pinned: PinnedShard, buf=None):
+    def __init__(self, shard: ShardInfo, index_path: str, url: str, pinned: PinnedShard):
         self.spans = _spans(index_path, shard, url)
-        self.buf = mmap.mmap(-1, max(1, shard.bytes)) if buf is None else buf  # anonymous: zero pages until written
+        self.buf = mmap.mmap(-1, max(1, shard.bytes))  # anonymous: zero pages until written
         self.landed = np.zeros(shard.samples, bool)
         self.pinned = pinned
         pinned.partial = self.buf
@@ -102,32 +101,6 @@ def runs(spans: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, np.ndarray
     return [(lo, hi, np.asarray(rs, np.int64)) for lo, hi, rs in out]
 
 
-class WarmRows:
-    """Rows of one shard that the main process reads by range for its workers' first batches, into
-    memory they share: made just before DataLoader forks them, as an anonymous shared mapping the
-    shard's size (pages allocated only where rows land) that each child inherits, and one state
-    byte beside it (0: fetching, 1: landed, 2: failed). A worker takes the rows from it instead of
-    fetching them again: its first batch then waits for one round trip fewer (the main process
-    starts as the workers fork, not once each has started and read the index)."""
-
-    PENDING, LANDED, FAILED = 0, 1, 2
-
-    def __init__(self, shard: ShardInfo, rows):
-        self.buf = mmap.mmap(-1, max(1, shard.bytes))  # MAP_SHARED: a forked child sees what lands after
-        self.state = mmap.mmap(-1, 1)
-        self.rows = np.unique(np.asarray(rows, np.int64))
-
-    def done(self, ok: bool) -> None:
-        self.state[0] = self.LANDED if ok else self.FAILED
-
-    def wait(self, timeout: float) -> bool:
-        """Whether the rows landed, waiting at most `timeout` s for the main process to say."""
-        deadline = time.monotonic() + timeout
-        while self.state[0] == self.PENDING and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return self.state[0] == self.LANDED
-
-
 class RangedRows:
     """The rows of remote shards read by range in one process, per shard (a Landed each), fetched
     on `pool` with `policy`; an error of shard s passes through `tag(error, s)`."""
@@ -158,47 +131,12 @@ class RangedRows:
             self.landed[s].landed[np.asarray(rows, np.int64)] = True
         return {s: self.landed[s].pinned for s, *_ in items}, fetched
 
-    def fill(self, pairs) -> int:
-        """Main process: for each (item, warm) of `pairs`, read warm.rows of the item's shard into
-        warm.buf (see WarmRows) and say so in its state byte; every GET at once on the pool (the
-        bytes fetched: returned). Its
-        index is in the cache already (warmed first). Best effort: what fails is marked failed, and
-        the worker reads those rows itself. Nothing stays here: this process reads none of them."""
-        held = []
-        try:
-            for item, warm in pairs:
-                landed = self._index(item, warm.buf)  # None: no checksums, the workers read it whole
-                if landed is not None:
-                    self.landed[item[0]] = landed
-                    held.append((item[0], item[3], warm, landed))
-            gets = [(s, url, lo, hi) for s, url, warm, landed in held for lo, hi in landed.gets(warm.rows)]
-            fetched = sum(self.pool.map(self._get, gets))
-            for _, _, warm, _ in held:
-                warm.done(True)
-            return fetched
-        finally:
-            for s, _, _, landed in held:
-                del self.landed[s]
-                landed.pinned.release()
-            for _, warm in pairs:
-                if warm.state[0] == warm.PENDING:
-                    warm.done(False)
-
-    def adopt(self, item, warm: WarmRows) -> None:
-        """Worker: the rows the main process read into warm (inherited at the fork) as landed here,
-        its index pinned in this process's cache as for rows read here; each value is checked on
-        read against the index's checksums, as every row read by range is."""
-        landed = self._index(item, warm.buf)
-        if landed is not None:
-            landed.landed[warm.rows] = True
-            self.landed[item[0]] = landed
-
     def drop(self, s: int, pinned) -> None:
         """The reader closed shard s (opened from `pinned`): its rows go."""
         if s in self.landed and self.landed[s].pinned is pinned:
             del self.landed[s]
 
-    def _index(self, item, buf=None) -> Landed | None:
+    def _index(self, item) -> Landed | None:
         s, cache, shard, url, _ = item
         if shard.format == "parquet":
             return self._footer(item)
@@ -207,7 +145,7 @@ class RangedRows:
         except ShardError as e:
             raise self.tag(e, s)
         try:
-            return Landed(shard, index, url, PinnedShard(None, index, (Pin(), pin)), buf)
+            return Landed(shard, index, url, PinnedShard(None, index, (Pin(), pin)))
         except Unchecked:
             pin.release()
             self.unchecked.add(s)

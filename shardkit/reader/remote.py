@@ -23,7 +23,6 @@ from shardkit.reader import download, ranged
 from shardkit.reader.cache import PinnedShard, ShardCache
 from shardkit.reader.fetch import EpochWalk, Fetcher, NetStats, on_cpu
 from shardkit.reader.order import shard_offsets
-from shardkit.reader.partition import locate
 from shardkit.reader.values import values_checked
 
 log = logging.getLogger(__name__)
@@ -62,9 +61,6 @@ class Remote:
         self.per_sample = sum(int(np.sum(t.nbytes)) for t in shards.tables) / max(1, int(np.sum(shards.samples)))
         self.net = NetStats()  # bytes fetched, time waited and CPU spent on the network, every worker's
         self._pid = None  # the process the state below belongs to (made by _forked)
-        # {shard: ranged.WarmRows}: rows of the workers' first batches the main process reads for them
-        # (share_rows, made before they fork; a worker inherits it and takes them once: _by_range)
-        self._warmed: dict = {}
 
     def _forked(self) -> None:
         """Per-process state, made afresh in a process other than the one that made it: a forked
@@ -156,45 +152,16 @@ class Remote:
                 self.net.loop()
         return out
 
-    def share_rows(self, batches, samples: int) -> None:
-        """Main process, just before DataLoader forks the workers: memory they will share with it for
-        the rows of `batches` (their first batches, arrays of ids; `samples`: each worker's share of
-        the epoch) where a worker would read them by range, as `_by_range` decides (ranged.WarmRows).
-        `warm` then fills it."""
-        self._forked()
-        budget = min(RANGED_SHARE * samples * self.per_sample, RANGED_MAX)
-        picked = []
-        for ids in batches:
-            shards, rows = locate(np.asarray(ids, np.int64), self.offsets)
-            used = [s for s in np.unique(shards).tolist() if self._warmable(s)]
-            waiting = self._waiting(used)
-            if not used or len(ids) * self.per_sample > budget or (
-                    waiting < RANGED_FROM and waiting <= self.config.connections * download.PART):
-                continue  # that worker waits for whole shards instead
-            keep = np.isin(shards, used)
-            picked.append((shards[keep], rows[keep]))
-        if picked:
-            shards, rows = (np.concatenate(x) for x in zip(*picked))
-            self._warmed = {s: ranged.WarmRows(self.shards[s], rows[shards == s]) for s in np.unique(shards).tolist()}
-
     def warm(self, shards) -> None:
         """Main process, while the loader's workers start: the index sidecars of `shards` (remote tar
         shards not cached) fetched into the shared cache at once, on the range connections; a worker
-        that reads one meanwhile waits for it (its lock), so each is fetched once. Then the rows
-        share_rows made room for, which forked workers take from it (see `_by_range`); without them
-        a worker's first batch takes one round trip after the index: its rows."""
+        that reads one meanwhile waits for it (its lock), so each is fetched once. Its first batch
+        then takes one round trip: its rows (read by range: see `_by_range`)."""
         self._forked()
         todo = [s for s in shards if self._warmable(s)]
         for s, error in zip(todo, self._rows.pool.map(self._warm_one, todo)):
             if error is not None:  # the worker reading shard s meets it (recorded beside the file) and reports it
                 log.debug("fetching the index of shard %s ahead failed: %s", self.shards.url(s), error)
-        warmed, self._warmed = self._warmed, {}  # this process reads none of them
-        if warmed:
-            try:
-                self.net.ranged(self._rows.fill([((s, self.cache(s), self.shards[s], self.shards.url(s), w.rows), w)
-                                                 for s, w in warmed.items()]))
-            except Exception as e:  # noqa: BLE001 — best effort: each worker reads what it lacks itself
-                log.debug("reading the first batches' rows ahead failed: %s", e)
 
     def _warmable(self, s: int) -> bool:
         shard, cache = self.shards[s], self.cache(s)
@@ -257,10 +224,6 @@ class Remote:
         trips (a Parquet shard: its tail, then its rows, keys and checksums: reader.ranged_parquet)."""
         rows = self._rows
         todo = {s: r for s, r in needs.items() if self._rangeable(s)}
-        warmed, self._warmed = self._warmed, {}  # a forked worker's first batch: rows the main process read
-        for s in todo.keys() & warmed.keys():
-            if s not in rows.landed and warmed[s].wait(self.config.remote_policy().timeout):
-                rows.adopt((s, self.cache(s), self.shards[s], self.shards.url(s), todo[s]), warmed[s])
         ready = {s for s in todo if rows.ready(s, todo[s])}
         if self._budget is not None and len(ready) < len(todo):  # streaming: by range, or wait for whole shards?
             cost = sum(len(r) for s, r in todo.items() if s not in ready) * self.per_sample
