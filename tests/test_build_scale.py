@@ -210,7 +210,7 @@ def test_image_folders_run_on_worker_threads_with_the_same_bytes_as_processes(im
     assert [r.path for r in results["threads"].rejections] == ["class_00/broken.jpg"]
 
 
-def test_threads_for_images_only(tmp_path, monkeypatch):
+def test_threads_for_images_only(tmp_path):
     from shardkit.jobs.pool import choose_pool
     from shardkit.jobs.build.probe import image_work
     from shardkit.sources.walk import Listing, RowFile
@@ -227,13 +227,6 @@ def test_threads_for_images_only(tmp_path, monkeypatch):
     assert not image_work(Listing(files=None, row_files=[row_file("tar"), row_file("parquet")], images=3), cfg)
     assert not image_work(images, BuildConfig(src=str(tmp_path), out=str(tmp_path / "o"), tokenizer="bpe:1000"))
     assert not image_work(Listing(files=None, row_files=[]), cfg)
-    # images on a store: threads may share them when the lean client (it waits without the GIL) reads them
-    on_s3 = BuildConfig(src="s3://bucket/raw", out=str(tmp_path / "o"))
-    from shardkit.store import objstore
-
-    assert image_work(images, on_s3) == objstore.available()
-    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
-    assert not image_work(images, on_s3)
     light = lambda: (0.1, 0.005)  # noqa: E731 — a probe: 10% of 5 ms under the GIL
     assert choose_pool("auto", True, 2, light).threads and not choose_pool("auto", False, 2, light).threads
     assert choose_pool("threads", False, 2).threads and not choose_pool("processes", True, 2, light).threads

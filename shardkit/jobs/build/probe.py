@@ -63,11 +63,8 @@ def probe(cfg: BuildConfig, listing) -> tuple[float, float]:
 def image_work(listing, cfg: BuildConfig) -> bool:
     """Whether the build's work is images (from files or WebDataset tars: the probe finds out), which
     threads share well: no .jsonl/.parquet rows to parse and no tokenizer (both hold the GIL), and
-    inputs on a local disk or read by the lean object-store client (store/objstore.py: it waits for a
-    store without the GIL). fsspec's clients spend ~5-8 ms of GIL-held time on each object: there a
-    process per worker, each with its own client, reads them in parallel."""
-    from shardkit.store import objstore
-
+    inputs on a local disk (the HTTP client of a store spends ~8 ms of GIL-held time on each object:
+    a process per worker, each with its own client, reads them in parallel)."""
     tars = {rf.kind for rf in listing.row_files} == {"tar"}
     images = (listing.images > 0 or tars) and (tars or not listing.row_files)
-    return images and not cfg.tokenizer and (not store.is_url(cfg.src) or objstore.serves(cfg.src))
+    return images and not cfg.tokenizer and not store.is_url(cfg.src)
