@@ -237,7 +237,7 @@ class Client:
 
     async_impl = False  # store.calls.bound: the waits are bounded here, not by fsspec keywords
     # store._upload asks for this (s3fs's) before passing a part size and concurrency: a lookup that
-    # fell through to the fsspec filesystem would build it (s3fs, botocore: ~0.5 CPU-s a process)
+    # fell through to the fsspec filesystem would build it (s3fs, botocore: 0.24 CPU-s a process)
     # for an upload that never uses it. Uploads here take UPLOAD_PART and UPLOAD_CONCURRENCY.
     max_concurrency = UPLOAD_CONCURRENCY
 

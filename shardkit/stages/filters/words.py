@@ -215,22 +215,6 @@ def _infixes(s: str) -> list[str]:
     return out
 
 
-def _infixes_reference(s: str) -> list[str]:
-    """The plain scan _infixes stands for (tests compare the two)."""
-    out, start = [], 0
-    for m in _INFIX.finditer(s):
-        a, b = m.span()
-        if a == 0:
-            continue
-        if a != start:
-            out.append(s[start:a])
-        out.append(s[a:b])
-        start = b
-    if start < len(s):
-        out.append(s[start:])
-    return out
-
-
 def _split_chunk(s: str, use: bool = True) -> tuple[str, ...]:
     """One whitespace-free chunk -> its tokens (`use`: with the exceptions)."""
     prefixes, suffixes = [], []
