@@ -240,3 +240,25 @@ def test_a_lower_jpeg_quality_is_offered_at_the_decode_time_the_probe_measured()
     assert offered[name]["rate"] == pytest.approx(rate(probe, 1, 0.64e-3))
     fields["jpg"]["requality"]["decode"] = 0.99  # no faster to decode: not offered
     assert not any("quality" in c["change"] for c in changes(probe, 1e6, 1))
+
+
+def test_a_stored_quality_not_tried_is_named_by_the_nearest_in_size(monkeypatch):
+    """JPEGs stored at quality 92 carry tables none of the tried qualities do: the change still names
+    a stored quality (the re-encode closest in size), never None."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shardkit.plan import probe
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (64, 64, 3), np.uint8)) for _ in range(4)]
+    blobs = []
+    for im in images:
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=92)
+        blobs.append(buf.getvalue())
+    monkeypatch.setattr(probe, "_probe_images", lambda ds, name: (blobs, images))
+    q = probe._requality(None, "jpg", 0.0)
+    assert q is not None and q["from"] in (90, 95) and q["quality"] == 75 and 0 < q["decode"] <= 1, q

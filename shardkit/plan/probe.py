@@ -161,8 +161,9 @@ def _requality(ds, name: str, stored_bytes: float, budget_s: float = 3.0) -> dic
     """What re-encoding a JPEG field at quality REQUALITY would change: {"from": the stored quality,
     "decode": decode time at REQUALITY / as stored, "bytes": size ratio}, on up to 16 of the dataset's
     images. The stored blobs are read from a local shard where they can be (their quality is the
-    one whose re-encode carries the same quantization tables); else they are re-encoded at the
-    quality whose size comes closest to `stored_bytes`, the dataset's bytes per sample. None where
+    one whose re-encode carries the same quantization tables, else the one closest in size); else
+    they are re-encoded at the quality whose size comes closest to `stored_bytes`, the dataset's
+    bytes per sample. None where
     the stored quality is not above REQUALITY, or the images cannot be had within `budget_s`."""
     from PIL import Image
 
@@ -174,13 +175,13 @@ def _requality(ds, name: str, stored_bytes: float, budget_s: float = 3.0) -> dic
             if time.perf_counter() > end:
                 return None
             by_q[q] = _encoded(images, q)
-        if stored:
-            tables = Image.open(io.BytesIO(stored[0])).quantization
-            quality = next((q for q in by_q if Image.open(io.BytesIO(by_q[q][0])).quantization == tables), None)
-        else:
-            quality = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - stored_bytes))
-            stored = by_q[quality]
-        if quality is not None and quality <= REQUALITY:
+        tables = Image.open(io.BytesIO(stored[0])).quantization if stored else None
+        quality = next((q for q in by_q if Image.open(io.BytesIO(by_q[q][0])).quantization == tables), None)
+        if quality is None:  # no local shard, or stored at a quality not tried: the nearest in size
+            per_image = sum(map(len, stored)) / len(stored) if stored else stored_bytes
+            quality = min(by_q, key=lambda q: abs(sum(map(len, by_q[q])) / len(images) - per_image))
+        stored = stored or by_q[quality]
+        if quality <= REQUALITY:
             return None
         _decode_s(stored)  # warm
         ratio = _decode_s(by_q[REQUALITY]) / max(1e-9, _decode_s(stored))
