@@ -22,15 +22,10 @@ def verify(dataset, timeout, retries):
       shardkit verify out/ && echo ok
       shardkit verify s3://bucket/shards --timeout 60 --retries 5
     """
-    from dataclasses import replace
-    from types import SimpleNamespace
-
     from shardkit.jobs.verify import verify_dataset
-    from shardkit.store.urls import remote_policy
+    from shardkit.store.urls import flag_policy
 
-    # a store's errors name these flags, not build's
-    policy = replace(remote_policy(SimpleNamespace(timeout=timeout, retries=retries)),
-                     fix="shardkit verify --timeout/--retries")
+    policy = flag_policy(timeout, retries, fix="shardkit verify --timeout/--retries")  # not build's flags
     report = verify_dataset(dataset, policy)  # the manifest's own checks first: counts add up, paths stay inside
     for p in report.problems:
         click.echo(p)

@@ -50,14 +50,20 @@ _PROTOCOL_WORDS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "adl", "hf"
 def remote_policy(cfg):
     """The waits of a job's calls to a store, cfg's --timeout and --retries (a shardkit.store.remote.RemotePolicy
     whose errors name those flags)."""
+    return flag_policy(cfg.timeout, cfg.retries)
+
+
+def flag_policy(timeout, retries, fix: str | None = None):
+    """A RemotePolicy from a command's --timeout and --retries, checked as flags; its errors name
+    `fix` (default: a job's, store.remote.JOB_FIX)."""
     from shardkit.errors import ConfigError
     from shardkit.store.remote import JOB_FIX, RemotePolicy
 
-    if isinstance(cfg.timeout, bool) or not isinstance(cfg.timeout, (int, float)) or cfg.timeout <= 0:
-        raise ConfigError(f"timeout={cfg.timeout!r}: expected seconds > 0 (--timeout)")
-    if isinstance(cfg.retries, bool) or not isinstance(cfg.retries, int) or cfg.retries < 0:
-        raise ConfigError(f"retries={cfg.retries!r}: expected an integer >= 0 (--retries)")
-    return RemotePolicy(timeout=cfg.timeout, retries=cfg.retries, fix=JOB_FIX)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"timeout={timeout!r}: expected seconds > 0 (--timeout)")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries={retries!r}: expected an integer >= 0 (--retries)")
+    return RemotePolicy(timeout=timeout, retries=retries, fix=fix or JOB_FIX)
 
 
 def check_location(value, what: str, *, write: bool = False) -> str:
