@@ -157,7 +157,7 @@ def _suffix(s: str) -> int:
     best = 0
     if n >= 2 and s[-2:] in ("'s", "'S", "’s", "’S", "……"):
         best = 2
-    m = _AFTER_NUMBER.search(s, n - _UNIT_MAX) if n > _UNIT_MAX else _AFTER_NUMBER.search(s)
+    m = _AFTER_NUMBER.search(s, max(0, n - _UNIT_MAX))
     if m:
         best = max(best, n - m.start())
     if c in _SUFFIX_CHARS or _icon(c) or (c == "+" and n >= 2 and s[-2].isdigit()):
