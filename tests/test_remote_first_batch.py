@@ -60,3 +60,26 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
         assert all(store.gets[p] == 1 for p in indexes)  # each index fetched once, by one process
     finally:
         store.close()
+
+
+def test_a_batch_reads_its_rows_by_range_before_its_whole_shards_start(data, tmp_path):
+    """The first batch's row GETs do not share the store with 4 MiB parts: the parts of its shards
+    are asked for once its rows are in (first batch local + 0.20 s this way, + 0.34 s with both at
+    once, on the remote bench)."""
+    root, _ = data
+    store = Store(root, latency=0.1, rate=None)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        it = iter(make_loader(ds, batch_size=4, num_workers=1))
+        store.spans.clear()
+        first = next(it)
+        arrived = time.monotonic()
+        rest = sum(len(b["__key__"]) for b in it)
+        assert len(first["__key__"]) + rest == 96
+        tars = [(r, a, n) for r, a, p, n in store.spans if p.endswith(".tar")]
+        rows = [a for r, a, n in tars if n < 1 << 20 and a <= arrived]
+        parts = [r for r, a, n in tars if n >= 1 << 20]
+        assert rows and parts
+        assert min(parts) >= max(rows), "a whole shard's part was asked for before the first batch's rows were in"
+    finally:
+        store.close()

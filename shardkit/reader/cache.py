@@ -25,7 +25,7 @@ from shardkit.errors import ShardError
 from shardkit.store.remote import RemotePolicy
 from shardkit.store.local import is_url, join, local_path, sha256_file
 from shardkit.identity import pid_alive
-from shardkit.reader.download import download
+from shardkit.reader.download import PART, download, help_with
 
 LOCK = ".lock"
 EVICTOR_LOCK = ".evictor.lock"  # one evictor at a time per cache folder
@@ -123,7 +123,7 @@ class ShardCache:
     def pin(self, rel: str, sha256: str, nbytes: int | None = None, wait: bool = True,
             direct: bool = False, verify=True) -> tuple[str, Pin] | None:
         """(local path of file `rel`, its pin): fetched and checked first when remote and not cached.
-        `wait=False`: None at once when another process is fetching the file (or evicting it).
+        `wait=False`: None when another process is fetching (parts taken first: _help) or evicting it.
         `direct`: fetched by this thread, not queued on the connections (a small index sidecar: its
         lock is held while it downloads, and a reader waiting on it must not wait for whole shards).
         `verify`: check the fetched file's sha256 (reader.download)."""
@@ -137,7 +137,7 @@ class ShardCache:
             # Shared: waits while another process fetches the file (or, not waiting, leaves it to it).
             fd = _flock(lock, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
             if fd is None:
-                return None
+                return self._help(rel, dest, nbytes)
             if os.path.exists(dest):
                 stale = _stale(fd, dest, sha256)
                 if stale is None:
@@ -152,7 +152,7 @@ class ShardCache:
             fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 if not wait:
-                    return None
+                    return self._help(rel, dest, nbytes)
                 pause = _backoff(pause)
                 continue
             got = self._fill(fd, rel, (sha256, nbytes, verify), direct)
@@ -160,6 +160,13 @@ class ShardCache:
                 return got
             evicted += 1
         raise _evicted_too_often(join(self.root, rel), self.limit)
+
+    def _help(self, rel: str, dest: str, nbytes: int | None) -> None:
+        """Another process is fetching `rel`: when it comes in parts, take those this process's
+        connections have room for (reader.download.help_with); then None, as pin(wait=False) says."""
+        if self.pool is not None and nbytes and nbytes > PART and self.ranges is not False:
+            help_with(dest, join(self.root, rel), nbytes, self.policy, self.pool)
+        return None
 
     def _fill(self, fd: int, rel: str, expect: tuple, direct: bool) -> tuple[str, Pin] | None:
         """With `fd` (rel's lock) held exclusively: fetch `rel` unless another process just did, then

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import threading
 import time
@@ -15,8 +16,11 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from shardkit.errors import ShardError
 from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.remote import (DiskError, RangeIgnored, RemoteError, RemotePolicy, ShortBody, filesystem,
-                                   read_bytes, read_range, with_retries)
+                                   read_bytes, read_range, refused_at_headers, with_retries)
 from shardkit.store.local import sha256_file, tmp_name
+from shardkit.reader import parts_board
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 # Bytes per ranged GET of a large file. At 25 MB/s per connection and 50 ms to the first byte a
@@ -77,20 +81,24 @@ class Into:
             raise DiskError(e, folder, url) from e
 
     def write(self, data, offset: int) -> None:
-        """All of `data` at `offset`: pwrite may write less than asked (a disk filling up), and a
-        short write ignored would leave a hole of zeros in the file."""
-        view = memoryview(data)
         try:
-            while view:
-                n = os.pwrite(self.fd, view, offset)
-                if n <= 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                view, offset = view[n:], offset + n
+            _pwrite_all(self.fd, data, offset)
         except OSError as e:
             raise DiskError(e, self.folder, self.url) from e
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    """All of `data` at `offset`: pwrite may write less than asked (a disk filling up), and a short
+    write ignored would leave a hole of zeros in the file."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view, offset = view[n:], offset + n
 
 
 def _stream(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool) -> None:
@@ -118,32 +126,92 @@ def _stream(url: str, into: Into, nbytes: int | None, policy: RemotePolicy, pool
     attempt() if pool is None else pool.submit(attempt).result()
 
 
-def _parts(url: str, into: Into, nbytes: int, pool, policy: RemotePolicy, probe: bool) -> None:
+def _parts(url: str, into: Into, dest: str, nbytes: int, pool, policy: RemotePolicy, probe: bool) -> None:
     """All of a large file as ranged GETs of PART bytes run on `pool` (each retried alone), written
     in place. `probe`: the first PROBE bytes alone first (RangeIgnored, one whole-file GET spent,
-    when the store ignores Range)."""
+    when the store ignores Range); without it all parts go at once (a client that tells a refused
+    range from the answer's headers: store.remote.refused_at_headers). The parts are posted on a
+    board (reader.parts_board), where another process that wants the file while its connections
+    have room takes some of them (help_with); those it fails or dies in are fetched here."""
     failed = threading.Event()
 
-    def one(start: int, end: int) -> None:
-        if failed.is_set():  # another part failed for good: do not start this one
-            return
-        try:
-            into.write(read_range(url, start, end, policy, _buffer(end - start)), start)
-        except BaseException:
-            failed.set()
-            raise
+    def get(start: int, end: int) -> None:
+        into.write(read_range(url, start, end, policy, _buffer(end - start)), start)
 
     first = 0
     if probe:  # a small first range: costs one round trip when Range works, one file when not
         first = min(PROBE, PART)  # < nbytes: a store that ignores Range sends more than asked
-        pool.submit(one, 0, first).result()
-    futures = [pool.submit(one, start, min(start + PART, nbytes)) for start in range(first, nbytes, PART)]
+        pool.submit(get, 0, first).result()
+    try:
+        board = parts_board.Owned(dest, into.path, first, nbytes, PART)
+    except OSError as e:
+        raise DiskError(e, into.folder, url) from e
+    _track(board.path)
+    try:
+        _own_parts(board, get, pool, failed)
+        board.wait_for_others(get, failed)
+    finally:
+        board.remove()
+        _ACTIVE.discard(board.path)
+
+
+def _own_parts(board: parts_board.Owned, get, pool, failed: threading.Event) -> None:
+    """A task per part on `pool`, each taking the next part no process holds (those a helper took
+    are left to it); the first that fails for good stops the others from starting and is raised."""
+
+    def one() -> None:
+        i = None if failed.is_set() else board.take()
+        if i is None:
+            return
+        try:
+            get(*board.parts[i])
+        except BaseException:
+            failed.set()
+            board.give_back(i)
+            raise
+        board.done(i)
+
+    futures = [pool.submit(one) for _ in board.parts]
     done, _ = wait(futures, return_when=FIRST_EXCEPTION)
     for f in futures:
         if f in done and f.exception() is not None:
             failed.set()
             wait(futures)  # no part may write into the file after it is removed
             raise f.exception()
+
+
+def help_with(dest: str, url: str, nbytes: int, policy: RemotePolicy, pool) -> int:
+    """Parts of another process's download of `url` into `dest` (reader.parts_board), fetched on
+    `pool` (this process's connections) and written into its temp file; returns the bytes written.
+    Parts are taken as this pool's threads come free, so a busy process takes none. A part that
+    fails is left to the owner, which fetches it itself and reports what fails there."""
+    joined = parts_board.join(dest, nbytes, PART)
+    if joined is None:
+        return 0
+    board, fd = joined
+
+    def one() -> int:
+        i = board.take()
+        if i is None:
+            return 0
+        start, end = board.parts[i]
+        try:
+            _pwrite_all(fd, read_range(url, start, end, policy, _buffer(end - start)), start)
+        except Exception as e:  # noqa: BLE001 — the owner fetches the part again and reports its own error
+            log.debug("helping with %s: bytes %d-%d failed (left to the process fetching it): %s", url, start,
+                      end - 1, e)
+            board.give_back(i)
+            return 0
+        board.done(i)
+        return end - start
+
+    try:
+        futures = [pool.submit(one) for _ in board.parts]
+        wait(futures)
+        return sum(f.result() for f in futures if not f.cancelled() and f.exception() is None)
+    finally:
+        board.close()
+        os.close(fd)
 
 
 def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,
@@ -165,7 +233,7 @@ def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: Remot
             if pool is None or not nbytes or nbytes <= PART or ranges is False:
                 _small(url, into, nbytes, policy, pool, ranges)
             else:
-                _parts(url, into, nbytes, pool, policy, probe=ranges is None)
+                _parts(url, into, dest, nbytes, pool, policy, probe=ranges is None and not refused_at_headers(url))
                 learnt = True
         except RangeIgnored:
             learnt = False

@@ -328,6 +328,14 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
     return with_retries(url, policy, get)
 
 
+def refused_at_headers(url: str) -> bool:
+    """Whether a ranged GET of `url` that the store answers with the whole file costs only that
+    answer's headers (shardkit's own http client drops the connection unread: http_ranges), so that
+    the parts of a file may all be asked at once without first finding out whether Range works
+    (a probe of one round trip: 0.07 s before a fresh cache's first shard, traced on the bench)."""
+    return url.split("://", 1)[0] in OWN_CLIENT
+
+
 def _reader(url: str, policy: RemotePolicy):
     """read(start, end, into=None) -> bytes of `url` (end None: to its end; `into`: a buffer to read
     them into, returned as filled), without retries: shardkit's own client for http(s)
