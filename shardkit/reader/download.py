@@ -192,7 +192,9 @@ def help_with(dest: str, url: str, nbytes: int, policy: RemotePolicy, pool) -> i
 
     def one() -> int:
         i = board.take()
-        if i is None:
+        if i is None:  # every part is taken or done: the tasks still queued need not wait for a connection
+            for f in futures:
+                f.cancel()
             return 0
         start, end = board.parts[i]
         try:
@@ -205,8 +207,9 @@ def help_with(dest: str, url: str, nbytes: int, policy: RemotePolicy, pool) -> i
         board.done(i)
         return end - start
 
+    futures: list = []
     try:
-        futures = [pool.submit(one) for _ in board.parts]
+        futures.extend(pool.submit(one) for _ in board.parts)
         wait(futures)
         return sum(f.result() for f in futures if not f.cancelled() and f.exception() is None)
     finally:
