@@ -13,6 +13,8 @@ from shardkit import store
 from shardkit.cli import main
 from shardkit.config import BuildConfig
 from shardkit.jobs.build import build
+from shardkit.loader import make_loader
+from shardkit.reader.dataset import StreamingDataset
 from shardkit.store import objstore
 
 pytestmark = pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
@@ -208,3 +210,55 @@ def test_a_build_on_obstore_never_builds_the_fsspec_client_for_its_reads_and_upl
     build(BuildConfig(src, s3.url("out"), **OPTIONS))
     assert counted["put"] > 1 and counted["get"] > 0
     assert set(fell) <= {"rm"}, fell  # only the driver's removal of a whole folder stays on fsspec
+
+
+READ_WITH_WORKERS = """
+import json, os, sys
+import obstore
+from shardkit.store import objstore
+from shardkit.loader import make_loader
+from shardkit.reader.dataset import StreamingDataset
+
+url, cache, log = sys.argv[1:4]
+real = obstore.get
+def get(*args, **kwargs):  # every GET obstore makes, by process (the workers inherit this)
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return real(*args, **kwargs)
+obstore.get = get
+ds = StreamingDataset(url, cache_dir=cache, seed=1)
+keys = [k for b in make_loader(ds, batch_size=4, num_workers=2) for k in b["__key__"]]
+started = objstore._STATE["ran_in"]
+alone = StreamingDataset(url, cache_dir=cache + "-alone", seed=1)  # no workers: the main process reads the epoch
+keys_alone = [k for b in make_loader(alone, batch_size=4, num_workers=0) for k in b["__key__"]]
+print(json.dumps({"main": os.getpid(), "started_here": started, "keys": keys, "keys_alone": keys_alone,
+                  "started_alone": objstore._STATE["ran_in"]}))
+"""
+
+
+def test_a_training_scripts_workers_read_s3_through_obstore_its_main_process_never_starts_it(s3, tmp_path):
+    """obstore's runtime does not survive a fork: had the main process started it (reading the
+    manifest, fetching the first batches' indexes), every DataLoader worker would read through s3fs."""
+    import json
+    import subprocess
+    import sys
+
+    from factory import make_dataset
+
+    root, _ = make_dataset(tmp_path / "ds", 40, shards=4, fields=("raw", "cls"))
+    url = s3.upload(root, "sets/forked")
+    log = tmp_path / "gets.log"
+    log.touch()
+    out = subprocess.run([sys.executable, "-c", READ_WITH_WORKERS, url, str(tmp_path / "cache"), str(log)],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    local = [k for b in make_loader(StreamingDataset(root, seed=1), batch_size=4, num_workers=2) for k in b["__key__"]]
+    assert got["keys"] == local  # the same samples in the same order
+    assert got["started_here"] is None  # no obstore request in the main process
+    readers = log.read_text().split()
+    # the workers' GETs went through obstore, and, with no workers, the main process's own epoch's
+    assert set(readers) - {str(got["main"])} and got["started_alone"] == got["main"] and str(got["main"]) in readers
+    local_alone = [k for b in make_loader(StreamingDataset(root, seed=1), batch_size=4, num_workers=0)
+                   for k in b["__key__"]]
+    assert got["keys_alone"] == local_alone

@@ -80,7 +80,8 @@ class StreamConfig:
         self.remote_policy()  # validates timeout and retries
 
     def remote_policy(self):
-        """The timeouts and retries of remote reads (shardkit.store.remote.RemotePolicy)."""
+        """The timeouts and retries of remote reads (shardkit.store.remote.RemotePolicy), a reader's:
+        its reads keep obstore's runtime out of a process that will fork DataLoader workers."""
         from shardkit.store.remote import RemotePolicy
 
-        return RemotePolicy(timeout=self.timeout, retries=self.retries)
+        return RemotePolicy(timeout=self.timeout, retries=self.retries, forks=True)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from shardkit.errors import ShardError
+from shardkit.store import objstore
 from shardkit.store.remote import RangeIgnored
 from shardkit.store.local import is_url
 from shardkit.reader import download, ranged
@@ -100,6 +101,7 @@ class Remote:
         self.stop()
         if not self.remote:
             return
+        objstore.reading_here()  # this process reads the epoch: a reader's calls may start obstore in it
         self._since = time.time()  # fetches that failed before this are tried again
         for first in self.shards.first[:-1].tolist():  # made here: the fetch threads only look them up
             self.cache(first).since = self._since

@@ -25,6 +25,8 @@ import os
 import re
 import threading
 
+from shardkit.identity import worker_info
+
 PROTOCOLS = frozenset({"s3", "s3a"})  # gs://, az:// stay on fsspec until tested against an emulator
 WHOLE = 8 << 20  # bytes: a body up to this is taken in one piece; a larger one chunk by chunk
 MIN_RATE = 1 << 20  # bytes/s, as store.calls.MIN_RATE: a slower transfer is taken for a stalled store
@@ -32,18 +34,31 @@ UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_C
 SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a larger one costs less CPU
 #                 on the loop: 4.5 against 7.6 ms per 4 MB, bench/store_client_bench.py)
 WINDOW = 32  # requests of a batch in flight at once
-_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None}
+_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None}
 _LOCK = threading.Lock()
 
 
-def serves(url: str) -> bool:
+def serves(url: str, forks: bool = False) -> bool:
     """Whether `url`'s calls go through obstore: its protocol is one it carries, obstore is installed,
-    and SHARDKIT_OBJECT_CLIENT does not say `fsspec`."""
+    and SHARDKIT_OBJECT_CLIENT does not say `fsspec`. `forks`: a reader's call, which starts no
+    runtime in a process that may still fork DataLoader workers (see reading_here)."""
     if url.split("://", 1)[0] not in PROTOCOLS or os.environ.get("SHARDKIT_OBJECT_CLIENT", "") == "fsspec":
         return False
     if _STATE["ran_in"] not in (None, os.getpid()):
         return False  # forked after a request here: obstore's runtime did not come along (it would hang)
+    if forks and _STATE["ran_in"] is None and _STATE["reading"] != os.getpid() and worker_info() is None:
+        return False  # a training script's main process: its workers, forked later, keep obstore
     return available()
+
+
+def reading_here() -> None:
+    """This process reads an epoch itself (a DataLoader worker, or a loader without workers): a
+    reader's calls may start obstore's runtime in it from now on. Until then a reader's calls in a
+    process that is not a DataLoader worker (the manifest, the first batches' indexes fetched while
+    the workers start) go through fsspec, so that the workers it forks can start obstore's
+    runtime themselves: forked after it had started, they would read through s3fs (~5 ms of CPU per
+    GET against ~0.6)."""
+    _STATE["reading"] = os.getpid()
 
 
 def available() -> bool:

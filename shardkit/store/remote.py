@@ -44,6 +44,10 @@ class RemotePolicy:
     retries: int = 2  # more tries after a failure that may pass: timeout, reset, HTTP 5xx/429
     backoff: float = 1.0  # seconds before the first retry, doubled for each one after it
     fix: str = READER_FIX  # the options that allow a slower store, named in errors (a job's: JOB_FIX)
+    # A reader's calls: in a process that may fork DataLoader workers later (not a worker, and no
+    # epoch read in it yet: store.objstore.reading_here), they leave obstore's runtime unstarted,
+    # since a process forked after it started cannot use it and falls back to s3fs.
+    forks: bool = False
 
     def __post_init__(self):
         if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or self.timeout <= 0:
@@ -344,7 +348,7 @@ def _reader(url: str, policy: RemotePolicy):
         return lambda start, end, into=None: http_get(url, start, end, policy.timeout, into)
     from shardkit.store import objstore
 
-    if objstore.serves(url):  # s3:// on obstore when installed: a tenth of s3fs's CPU per GET
+    if objstore.serves(url, forks=policy.forks):  # s3:// on obstore when installed: a tenth of s3fs's CPU per GET
         fs = objstore.Client(url, policy.timeout, lambda: filesystem(url, policy)[0])
         path = fs._strip_protocol(url)
     else:
