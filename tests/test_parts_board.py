@@ -32,17 +32,17 @@ def blob(tmp_path, monkeypatch):
     store.close()
 
 
-def _own(url, dest, sha, done):
+def _own(url, dest, sha, done, policy):
     """The owner: download with one connection, in a process of its own; done=1 when it ended whole."""
     with ThreadPoolExecutor(1) as pool:
-        dl.download(url, dest, sha, SIZE, RemotePolicy(timeout=5, retries=2), pool=pool, ranges=True)
+        dl.download(url, dest, sha, SIZE, policy, pool=pool, ranges=True)
     done.value = 1
 
 
-def _start_owner(store, dest, sha):
+def _start_owner(store, dest, sha, policy=RemotePolicy(timeout=5, retries=2)):
     ctx = multiprocessing.get_context("fork")
     done = ctx.Value("i", 0)
-    owner = ctx.Process(target=_own, args=(f"{store.url}/big.bin", dest, sha, done))
+    owner = ctx.Process(target=_own, args=(f"{store.url}/big.bin", dest, sha, done, policy))
     owner.start()
     deadline = time.monotonic() + 10
     while not os.path.exists(parts_board.board_path(dest)):  # the owner posted its parts
@@ -65,13 +65,18 @@ def test_a_second_process_takes_parts_of_a_download_and_the_file_is_whole(blob):
     assert sorted(os.listdir(cache)) == ["big.bin"]  # no temp file, no board left
 
 
-def test_a_helper_whose_gets_fail_leaves_its_parts_to_the_owner(blob):
+def test_a_helper_whose_gets_fail_leaves_its_parts_to_the_owner(blob, monkeypatch):
     store, data, sha, cache = blob
     cache.mkdir()
     dest = str(cache / "big.bin")
     owner, done = _start_owner(store, dest, sha)
+    tries, real = [], dl.read_range
+    monkeypatch.setattr(dl, "read_range", lambda url, *a, **k: tries.append(url) or real(url, *a, **k))  # here only
     with ThreadPoolExecutor(4) as pool:  # every GET of the helper answers 404
         helped = dl.help_with(dest, f"{store.url}/missing.bin", SIZE, RemotePolicy(timeout=5, retries=0), pool)
+    # It stopped at its first failures: a part it gave back is not its own next take (at most one
+    # try per connection), so the owner is not kept waiting on parts the helper keeps failing.
+    assert 1 <= len(tries) <= 4
     owner.join(30)
     assert helped == 0 and done.value == 1 and open(dest, "rb").read() == data
 
@@ -114,3 +119,82 @@ def test_no_board_of_other_parts_is_joined(blob, tmp_path):
     finally:
         owner.join(20)
     assert done.value == 1 and open(dest, "rb").read() == data
+
+
+def test_a_helper_stuck_on_a_part_holds_the_owner_no_longer_than_a_parts_tries(blob):
+    """A helper stopped (or stuck) with a part taken: past the time a part's GET may take with every
+    try (reader.download._patience), the owner fetches that part itself."""
+    store, data, sha, cache = blob
+    cache.mkdir()
+    dest = str(cache / "big.bin")
+    policy = RemotePolicy(timeout=0.5, retries=0)  # patience: 0.5 + 64 KiB at 64 KiB/s + 1 = 2.5 s
+    owner, done = _start_owner(store, dest, sha, policy)
+    ctx = multiprocessing.get_context("fork")
+    held = ctx.Value("i", -1)
+    helper = ctx.Process(target=_hold_a_part, args=(dest, held))
+    helper.start()
+    try:
+        owner.join(15)
+        assert done.value == 1 and open(dest, "rb").read() == data and helper.is_alive()
+    finally:
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.join()
+
+
+def test_a_helper_stops_when_the_owner_is_gone(blob):
+    store, data, sha, cache = blob
+    cache.mkdir()
+    dest = str(cache / "big.bin")
+    owner, done = _start_owner(store, dest, sha)
+    os.kill(owner.pid, signal.SIGKILL)  # its board and temp file stay behind until the next owner
+    owner.join()
+    before = store.gets["/big.bin"]
+    with ThreadPoolExecutor(4) as pool:
+        assert dl.help_with(dest, f"{store.url}/big.bin", SIZE, RemotePolicy(timeout=5, retries=0), pool) == 0
+    assert store.gets["/big.bin"] == before  # nothing fetched into a temp file that no one will rename
+    assert not done.value and not os.path.exists(dest)
+
+
+def test_one_process_never_helps_with_its_own_download(blob, monkeypatch):
+    """Two caches of one root in one process (a mixture naming a dataset twice): the second, finding
+    the file claimed, would share the process's record locks with the first, and fetch every part
+    again."""
+    import threading
+
+    from shardkit.reader import cache as cache_module
+    from shardkit.reader.cache import ShardCache
+
+    store, data, sha, cache = blob
+    policy = RemotePolicy(timeout=5, retries=1)
+    with ThreadPoolExecutor(4) as one, ThreadPoolExecutor(4) as two:
+        first = ShardCache(store.url, cache_dir=str(cache), policy=policy, pool=one)
+        second = ShardCache(store.url, cache_dir=str(cache), policy=policy, pool=two)
+        first.ranges = second.ranges = True
+        got = {}
+        owner = threading.Thread(target=lambda: got.update(first=first.pin("big.bin", sha, SIZE)))
+        monkeypatch.setattr(cache_module, "PART", PART)
+        owner.start()
+        deadline = time.monotonic() + 10
+        while not list(cache.rglob("*.tmp-parts")):
+            assert time.monotonic() < deadline, "the owner never posted a board"
+            time.sleep(0.002)
+        assert second.pin("big.bin", sha, SIZE, wait=False) is None
+        owner.join(20)
+    assert open(got["first"][0], "rb").read() == data
+    assert store.range_gets["/big.bin"] == -(-SIZE // PART)  # each part once
+
+
+def test_a_helper_that_meets_a_store_ignoring_range_tells_its_cache(blob, monkeypatch, tmp_path):
+    from shardkit.reader import cache as cache_module
+    from shardkit.store.remote import RangeIgnored
+
+    store, data, sha, cache = blob
+
+    def refused(*args):
+        raise RangeIgnored("asked bytes 0-65535, the store sends the whole file")
+
+    monkeypatch.setattr(cache_module, "help_with", refused)
+    monkeypatch.setattr(cache_module, "PART", PART)
+    with ThreadPoolExecutor(1) as pool:
+        c = cache_module.ShardCache(store.url, cache_dir=str(cache), pool=pool)
+        assert c._help("big.bin", str(tmp_path / "big.bin"), SIZE) is None and c.ranges is False

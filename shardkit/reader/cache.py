@@ -22,7 +22,7 @@ import uuid
 
 from shardkit.contract import ShardInfo
 from shardkit.errors import ShardError
-from shardkit.store.remote import RemotePolicy
+from shardkit.store.remote import RangeIgnored, RemotePolicy
 from shardkit.store.local import is_url, join, local_path, sha256_file
 from shardkit.identity import pid_alive
 from shardkit.reader.download import PART, download, help_with
@@ -165,7 +165,10 @@ class ShardCache:
         """Another process is fetching `rel`: when it comes in parts, take those this process's
         connections have room for (reader.download.help_with); then None, as pin(wait=False) says."""
         if self.pool is not None and nbytes and nbytes > PART and self.ranges is not False:
-            help_with(dest, join(self.root, rel), nbytes, self.policy, self.pool)
+            try:
+                help_with(dest, join(self.root, rel), nbytes, self.policy, self.pool)
+            except RangeIgnored:  # the store sends whole files: this process reads them whole from now on
+                self.ranges = False
         return None
 
     def _fill(self, fd: int, rel: str, expect: tuple, direct: bool) -> tuple[str, Pin] | None:

@@ -149,7 +149,7 @@ def _parts(url: str, into: Into, dest: str, nbytes: int, pool, policy: RemotePol
     _track(board.path)
     try:
         _own_parts(board, get, pool, failed)
-        board.wait_for_others(get, failed)
+        board.wait_for_others(get, failed, _patience(policy))
     finally:
         board.remove()
         _ACTIVE.discard(board.path)
@@ -180,41 +180,63 @@ def _own_parts(board: parts_board.Owned, get, pool, failed: threading.Event) -> 
             raise f.exception()
 
 
+def _patience(policy: RemotePolicy) -> float:
+    """The longest a helper's part may take with every try: each try's timeout plus a PART body at
+    FLOOR_RATE (http_ranges's floor), and the backoffs between them."""
+    tries = policy.retries + 1
+    return tries * (policy.timeout + PART / FLOOR_RATE) + policy.backoff * (2 ** policy.retries - 1) + 1.0
+
+
 def help_with(dest: str, url: str, nbytes: int, policy: RemotePolicy, pool) -> int:
     """Parts of another process's download of `url` into `dest` (reader.parts_board), fetched on
     `pool` (this process's connections) and written into its temp file; returns the bytes written.
-    Parts are taken as this pool's threads come free, so a busy process takes none. A part that
-    fails is left to the owner, which fetches it itself and reports what fails there."""
+    Parts are taken as this pool's threads come free, so a busy process takes none. At its first
+    part that fails (left to the owner, which fetches it and reports what fails there), or once
+    the owner is gone, it takes no more: a failed part given back would be its own next take.
+    RangeIgnored is raised once its tasks ended: the store sends whole files."""
     joined = parts_board.join(dest, nbytes, PART)
     if joined is None:
         return 0
-    board, fd = joined
+    helping = _Helping(*joined, url, policy)
+    try:
+        helping.futures.extend(pool.submit(helping.one) for _ in helping.board.parts)
+        wait(helping.futures)
+    finally:
+        helping.board.close()
+        os.close(helping.fd)
+    if helping.refused:
+        raise helping.refused[0]
+    return sum(f.result() for f in helping.futures if not f.cancelled() and f.exception() is None)
 
-    def one() -> int:
-        i = board.take()
-        if i is None:  # every part is taken or done: the tasks still queued need not wait for a connection
-            for f in futures:
+
+class _Helping:
+    """One process's help with another's download: `one()`, run on a connection, takes a part."""
+
+    def __init__(self, board, fd: int, url: str, policy: RemotePolicy):
+        self.board, self.fd, self.url, self.policy = board, fd, url, policy
+        self.stop, self.futures, self.refused = threading.Event(), [], []
+
+    def one(self) -> int:
+        board = self.board
+        i = None if self.stop.is_set() or not board.owner_alive() else board.take()
+        if i is None:  # nothing left to take, or no reason to: the tasks still queued need not wait
+            self.stop.set()
+            for f in self.futures:
                 f.cancel()
             return 0
         start, end = board.parts[i]
         try:
-            _pwrite_all(fd, read_range(url, start, end, policy, _buffer(end - start)), start)
+            _pwrite_all(self.fd, read_range(self.url, start, end, self.policy, _buffer(end - start)), start)
         except Exception as e:  # noqa: BLE001 — the owner fetches the part again and reports its own error
-            log.debug("helping with %s: bytes %d-%d failed (left to the process fetching it): %s", url, start,
+            log.debug("helping with %s: bytes %d-%d failed (left to the process fetching it): %s", self.url, start,
                       end - 1, e)
             board.give_back(i)
+            self.stop.set()
+            if isinstance(e, RangeIgnored):
+                self.refused.append(e)
             return 0
         board.done(i)
         return end - start
-
-    futures: list = []
-    try:
-        futures.extend(pool.submit(one) for _ in board.parts)
-        wait(futures)
-        return sum(f.result() for f in futures if not f.cancelled() and f.exception() is None)
-    finally:
-        board.close()
-        os.close(fd)
 
 
 def download(url: str, dest: str, sha256: str, nbytes: int | None, policy: RemotePolicy | None = None,

@@ -12,9 +12,11 @@ of a killed fetch's temp files removes it too): a header naming the temp file an
 one byte per part, 1 once the part is written. A part is taken with a POSIX record lock on its
 byte (fcntl.lockf), which the kernel drops when its holder dies, so a helper killed mid-part leaves
 nothing stuck: the owner takes the part back and downloads it itself. A helper's part that fails
-is left undone the same way. Record locks belong to a process, not a thread, so a process's own
-threads share them through `_Board.taken`, and each process keeps one descriptor of the board
-open for as long as it uses it (closing any descriptor of a file drops the process's locks on it).
+is left undone the same way, and a helper stops at its first failure (it would take the same part
+again) or once the owner is gone (the owner holds byte 0 for as long as it runs). Record locks
+belong to a process, not a thread, so a process's own threads share them through `_Board.taken`,
+a process is owner or helper of a board, never both (_enter), and it keeps one descriptor of the
+board open for as long as it uses it (closing any descriptor of a file drops the process's locks).
 The owner checks the whole file when it is complete (size, and sha256 or every value's checksum),
 so a helper's bytes are trusted no more than its own.
 """
@@ -31,9 +33,13 @@ import time
 log = logging.getLogger(__name__)
 
 SUFFIX = ".tmp-parts"
-HEADER = 256  # bytes before the part bytes: "temp-file-name first nbytes part\n"
+# Bytes before the part bytes: "temp-file-name first nbytes part\n" (a name is at most 255 bytes on
+# Linux, each number at most 20 digits: 319 at most); byte 0 is also the owner's lock.
+HEADER = 512
 POLL_S = 0.005  # how often the owner looks again at a part a helper holds
 NO_BOARD_S = 0.02  # how long a helper looks for the board of a download that has just been claimed
+_HERE: dict = {"pid": None, "boards": {}}  # board path -> holders in this process (its owner, or one helper)
+_HERE_LOCK = threading.Lock()
 
 
 def board_path(dest: str) -> str:
@@ -44,11 +50,34 @@ def spans(first: int, nbytes: int, part: int) -> list[tuple[int, int]]:
     return [(start, min(start + part, nbytes)) for start in range(first, nbytes, part)]
 
 
-class _Board:
-    """One process's handle on a board: take(), done(i), give_back(i), pending()."""
+def _enter(path: str, owner: bool = False) -> bool:
+    """Count board `path` as this process's; False (not counted) when a helper would join a board
+    this process already owns or helps with. Two roles in one process would share its record locks
+    (they do not exclude the process's own threads, and closing either's descriptor drops both's):
+    every part would be fetched twice. An owner is always counted (a helper of the owner it
+    replaces may still be leaving)."""
+    with _HERE_LOCK:
+        if _HERE["pid"] != os.getpid():  # a forked child: its parent's boards are not its own
+            _HERE.update(pid=os.getpid(), boards={})
+        if not owner and _HERE["boards"].get(path):
+            return False
+        _HERE["boards"][path] = _HERE["boards"].get(path, 0) + 1
+        return True
 
-    def __init__(self, fd: int, parts: list[tuple[int, int]]):
-        self.fd, self.parts = fd, parts
+
+def _leave(path: str) -> None:
+    with _HERE_LOCK:
+        if _HERE["pid"] == os.getpid() and _HERE["boards"].get(path):
+            _HERE["boards"][path] -= 1
+            if not _HERE["boards"][path]:
+                del _HERE["boards"][path]
+
+
+class _Board:
+    """One process's handle on a board: take(), done(i), give_back(i)."""
+
+    def __init__(self, fd: int, parts: list[tuple[int, int]], path: str):
+        self.fd, self.parts, self.path = fd, parts, path
         self.taken: set[int] = set()  # parts this process's threads hold (record locks do not tell them apart)
         self._lock = threading.Lock()
 
@@ -82,35 +111,58 @@ class _Board:
             fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, HEADER + i)
             self.taken.discard(i)
 
+    def owner_alive(self) -> bool:
+        """Whether the download's owner still runs (it holds byte 0 for as long as it does): a
+        helper of an owner killed mid-download stops, instead of fetching the rest for nothing."""
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)
+        except (BlockingIOError, PermissionError):
+            return True
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+        return False
+
     def close(self) -> None:
         os.close(self.fd)
+        _leave(self.path)
 
 
 class Owned(_Board):
     """The board of a download this process claimed: made with every part undone."""
 
     def __init__(self, dest: str, temp: str, first: int, nbytes: int, part: int):
-        self.path = board_path(dest)
+        path = board_path(dest)
         parts = spans(first, nbytes, part)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        header = f"{os.path.basename(temp)} {first} {nbytes} {part}\n".encode()
+        _enter(path, owner=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            header = f"{os.path.basename(temp)} {first} {nbytes} {part}\n".encode()
             os.pwrite(fd, header.ljust(HEADER, b" ") + bytes(len(parts)), 0)
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)  # held until the board goes: helpers see the owner alive
         except BaseException:
             os.close(fd)
+            _leave(path)
             raise
-        super().__init__(fd, parts)
+        super().__init__(fd, parts, path)
 
-    def wait_for_others(self, fetch, failed: threading.Event) -> None:
+    def wait_for_others(self, fetch, failed: threading.Event, patience: float) -> None:
         """Once this process's own tasks ended: each part still undone is a helper's in progress
-        (waited for), or a helper's that failed or died (fetched here: fetch(start, end))."""
+        (waited for), or a helper's that failed or died (fetched here: fetch(start, end)). A part a
+        helper holds for longer than `patience` seconds (more than its GET may take with every
+        retry: a helper stopped or stuck) is fetched here as well; a late write of the helper's
+        carries the same bytes."""
         for i, (start, end) in enumerate(self.parts):
+            deadline = time.monotonic() + patience
             while not failed.is_set():
                 try:
                     fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, HEADER + i)
                 except (BlockingIOError, PermissionError):
-                    time.sleep(POLL_S)  # not a blocking lock: the kernel may call two processes helping each other a deadlock
-                    continue
+                    if time.monotonic() < deadline:
+                        time.sleep(POLL_S)  # not a blocking lock: the kernel may call two processes helping each other a deadlock
+                        continue
+                    log.debug("a helper held bytes %d-%d for over %.0f s: fetched here", start, end - 1, patience)
+                    fetch(start, end)
+                    os.pwrite(self.fd, b"\x01", HEADER + i)
+                    break
                 try:
                     if not self.is_done(i):
                         fetch(start, end)
@@ -120,32 +172,40 @@ class Owned(_Board):
                 break
 
     def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)  # before its lock goes: a helper that opens it after finds none
         with contextlib.suppress(OSError):
             self.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.path)
 
 
 def join(dest: str, nbytes: int | None, part: int) -> tuple[_Board, int] | None:
     """(board, descriptor of the temp file to write into) of another process's download of `dest`
     whose parts match this process's (`nbytes`, `part`); None when there is none, it is not split
-    in parts, or it ended meanwhile. Looks for NO_BOARD_S for a board that is about to be made."""
-    deadline = time.monotonic() + NO_BOARD_S
+    in parts, it ended meanwhile, its owner died, or this process already owns or helps with it.
+    Looks for NO_BOARD_S for a board that is about to be made."""
+    path, deadline = board_path(dest), time.monotonic() + NO_BOARD_S
+    if not _enter(path):
+        return None
     while True:
         try:
-            fd = os.open(board_path(dest), os.O_RDWR)
+            fd = os.open(path, os.O_RDWR)
             break
         except FileNotFoundError:
             if time.monotonic() >= deadline or os.path.exists(dest):
+                _leave(path)
                 return None
             time.sleep(POLL_S)
+    board = _Board(fd, [], path)
     try:
         name, first, total, size = os.pread(fd, HEADER, 0).split(b"\n", 1)[0].decode().split(" ")
         if int(total) != nbytes or int(size) != part or os.sep in name:
             raise ValueError(f"a board for {total} bytes in parts of {size}")
+        if not board.owner_alive():  # a killed owner's board, before the next owner removes it
+            raise ValueError("its owner is gone")
         out = os.open(os.path.join(os.path.dirname(dest), name), os.O_WRONLY)
     except (OSError, ValueError) as e:  # the download ended (its temp file gone) or is not ours to join
         log.debug("not helping with %s: %s", dest, e)
-        os.close(fd)
+        board.close()
         return None
-    return _Board(fd, spans(int(first), nbytes, part)), out
+    board.parts = spans(int(first), nbytes, part)
+    return board, out

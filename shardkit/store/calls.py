@@ -48,7 +48,7 @@ def client(url: str, policy: RemotePolicy | None = None):
     (store.objstore), else the fsspec filesystem."""
     from shardkit.store import objstore
 
-    if objstore.serves(url):
+    if objstore.serves(url, forks=_policy(policy).forks):
         fs = objstore.Client(url, _policy(policy).timeout, lambda: filesystem(url, policy)[0])
         return fs, fs._strip_protocol(url)
     return filesystem(url, policy)
