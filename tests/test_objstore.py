@@ -262,3 +262,24 @@ def test_a_training_scripts_workers_read_s3_through_obstore_its_main_process_nev
     local_alone = [k for b in make_loader(StreamingDataset(root, seed=1), batch_size=4, num_workers=0)
                    for k in b["__key__"]]
     assert got["keys_alone"] == local_alone
+
+
+def test_an_upload_takes_the_part_size_and_concurrency_it_is_given(s3, tmp_path, monkeypatch):
+    """store._upload passes s3fs's keywords (chunksize, max_concurrency): obstore's client uses them,
+    so one bound on an upload's memory holds on both clients."""
+    import obstore
+
+    asked, real = [], obstore.put_async
+
+    async def put_async(store_, key, data, **kwargs):
+        asked.append((kwargs.get("chunk_size"), kwargs.get("max_concurrency")))
+        return await real(store_, key, data, **kwargs)
+
+    monkeypatch.setattr(obstore, "put_async", put_async)
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(6 << 20))
+    fs = objstore.Client(s3.url("up/big.bin"), 15.0, lambda: None)
+    fs.put_file(str(source), s3.url("up/big.bin"), chunksize=5 << 20, max_concurrency=2)
+    fs.put_file(str(source), s3.url("up/again.bin"))
+    assert asked == [(5 << 20, 2), (store.UPLOAD_PART, store.UPLOAD_CONCURRENCY)]
+    assert store.read(s3.url("up/big.bin")) == source.read_bytes() == store.read(s3.url("up/again.bin"))

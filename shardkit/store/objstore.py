@@ -253,7 +253,7 @@ class Client:
     async_impl = False  # store.calls.bound: the waits are bounded here, not by fsspec keywords
     # store._upload asks for this (s3fs's) before passing a part size and concurrency: a lookup that
     # fell through to the fsspec filesystem would build it (s3fs, botocore: 0.24 CPU-s a process)
-    # for an upload that never uses it. Uploads here take UPLOAD_PART and UPLOAD_CONCURRENCY.
+    # for an upload that never uses it. put_file takes the part size and concurrency it is given.
     max_concurrency = UPLOAD_CONCURRENCY
 
     def __init__(self, url: str, timeout: float, fallback):
@@ -313,17 +313,19 @@ class Client:
             return
         self._put(path, data, len(data))
 
-    def put_file(self, source: str, path: str, **_) -> None:
+    def put_file(self, source: str, path: str, chunksize: int = UPLOAD_PART,
+                 max_concurrency: int = UPLOAD_CONCURRENCY, **_) -> None:
+        """`source` uploaded to `path` in parts of `chunksize`, `max_concurrency` at once (s3fs's
+        keywords, as store._upload passes them)."""
         from pathlib import Path
 
-        self._put(path, Path(source), os.path.getsize(source))
+        self._put(path, Path(source), os.path.getsize(source), chunksize, max_concurrency)
 
-    def _put(self, path: str, data, nbytes: int) -> None:
+    def _put(self, path: str, data, nbytes: int, part: int = UPLOAD_PART, concurrency: int = UPLOAD_CONCURRENCY) -> None:
         import obstore
 
         store, key = self._store(path)
-        run(_guard(lambda: obstore.put_async(store, key, data, chunk_size=UPLOAD_PART,
-                                                 max_concurrency=UPLOAD_CONCURRENCY),
+        run(_guard(lambda: obstore.put_async(store, key, data, chunk_size=part, max_concurrency=concurrency),
                    2 * self.timeout + nbytes / MIN_RATE))
 
     def get_file(self, path: str, local: str, **_) -> None:
