@@ -2,6 +2,7 @@
 file being downloaded takes the parts its connections have room for; the file is the same bytes
 whoever fetched them, and a helper that fails or is killed mid-part leaves its part to the owner."""
 
+import fcntl
 import hashlib
 import multiprocessing
 import os
@@ -81,11 +82,27 @@ def test_a_helper_whose_gets_fail_leaves_its_parts_to_the_owner(blob, monkeypatc
     assert helped == 0 and done.value == 1 and open(dest, "rb").read() == data
 
 
-def _hold_a_part(dest, held):
+def _hold_a_part(dest, held, parts=1):
     board, fd = parts_board.join(dest, SIZE, PART)
-    i = board.take()
-    held.value = i
-    time.sleep(60)  # killed here, its part's lock held
+    for _ in range(parts):
+        held.value = board.take()
+    time.sleep(60)  # killed here, its parts' locks held
+
+
+def _seen_alive_from_another_process(board: str) -> bool:
+    """Whether another process finds the board's owner alive (its lock on byte 0 held)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fd = os.open(board, os.O_RDWR)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)
+            except OSError:
+                code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def test_a_helper_killed_mid_part_leaves_it_to_the_owner(blob):
@@ -131,10 +148,10 @@ def test_a_helper_stuck_on_a_part_holds_the_owner_no_longer_than_a_parts_tries(b
     owner, done = _start_owner(store, dest, sha, policy)
     ctx = multiprocessing.get_context("fork")
     held = ctx.Value("i", -1)
-    helper = ctx.Process(target=_hold_a_part, args=(dest, held))
+    helper = ctx.Process(target=_hold_a_part, args=(dest, held, 4))  # 4 parts: one patience for all
     helper.start()
     try:
-        owner.join(15)
+        owner.join(9)  # ~1 s alone, + 2.5 s of patience once (four times: ~11 s)
         assert done.value == 1 and open(dest, "rb").read() == data and helper.is_alive()
     finally:
         os.kill(helper.pid, signal.SIGKILL)
@@ -166,19 +183,22 @@ def test_one_process_never_helps_with_its_own_download(blob, monkeypatch):
 
     store, data, sha, cache = blob
     policy = RemotePolicy(timeout=5, retries=1)
-    with ThreadPoolExecutor(4) as one, ThreadPoolExecutor(4) as two:
-        first = ShardCache(store.url, cache_dir=str(cache), policy=policy, pool=one)
-        second = ShardCache(store.url, cache_dir=str(cache), policy=policy, pool=two)
+    with ThreadPoolExecutor(1) as one, ThreadPoolExecutor(4) as two:
+        first = ShardCache(store.url, cache_dir=str(cache), policy=policy, pool=one)  # ~1 s on one connection
+        second = ShardCache(store.url, cache_dir=str(cache) + "/.", policy=policy, pool=two)  # the folder spelled apart
         first.ranges = second.ranges = True
         got = {}
         owner = threading.Thread(target=lambda: got.update(first=first.pin("big.bin", sha, SIZE)))
         monkeypatch.setattr(cache_module, "PART", PART)
         owner.start()
         deadline = time.monotonic() + 10
-        while not list(cache.rglob("*.tmp-parts")):
+        while not (boards := list(cache.rglob("*.tmp-parts"))):
             assert time.monotonic() < deadline, "the owner never posted a board"
             time.sleep(0.002)
         assert second.pin("big.bin", sha, SIZE, wait=False) is None
+        # The second cache neither took parts nor opened the board: closing a descriptor of it here
+        # would have dropped the owner's locks, and other processes would take the owner for dead.
+        assert _seen_alive_from_another_process(str(boards[0]))
         owner.join(20)
     assert open(got["first"][0], "rb").read() == data
     assert store.range_gets["/big.bin"] == -(-SIZE // PART)  # each part once
@@ -198,3 +218,29 @@ def test_a_helper_that_meets_a_store_ignoring_range_tells_its_cache(blob, monkey
     with ThreadPoolExecutor(1) as pool:
         c = cache_module.ShardCache(store.url, cache_dir=str(cache), pool=pool)
         assert c._help("big.bin", str(tmp_path / "big.bin"), SIZE) is None and c.ranges is False
+
+
+def test_a_forked_child_does_not_remove_its_parents_downloads_at_its_exit(blob):
+    """A DataLoader worker forked while its parent downloads: the parent's temp file and board are
+    not the child's to remove when it leaves."""
+    import threading
+
+    store, data, sha, cache = blob
+    cache.mkdir()
+    dest = str(cache / "big.bin")
+    got = {}
+
+    def own():
+        with ThreadPoolExecutor(1) as pool:
+            got["ok"] = dl.download(f"{store.url}/big.bin", dest, sha, SIZE, RemotePolicy(), pool=pool, ranges=True)
+
+    owner = threading.Thread(target=own)
+    owner.start()
+    while not os.path.exists(parts_board.board_path(dest)):
+        time.sleep(0.002)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not dl._ACTIVE else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    owner.join(20)
+    assert open(dest, "rb").read() == data

@@ -53,6 +53,14 @@ def _at_exit() -> None:
             os.remove(path)
 
 
+def _forget_active() -> None:
+    """A forked child's exit must not remove its parent's downloads in progress."""
+    _ACTIVE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_active)
+
+
 def _track(path: str) -> None:
     if _EXIT_HOOK["pid"] != os.getpid():  # a forked child starts without its parent's finalizers
         import multiprocessing.util

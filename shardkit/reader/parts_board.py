@@ -15,8 +15,9 @@ nothing stuck: the owner takes the part back and downloads it itself. A helper's
 is left undone the same way, and a helper stops at its first failure (it would take the same part
 again) or once the owner is gone (the owner holds byte 0 for as long as it runs). Record locks
 belong to a process, not a thread, so a process's own threads share them through `_Board.taken`,
-a process is owner or helper of a board, never both (_enter), and it keeps one descriptor of the
-board open for as long as it uses it (closing any descriptor of a file drops the process's locks).
+a process is owner or helper of a board, never both, and never two helpers (_open_owned,
+_open_helped), and it keeps one descriptor of the board open for as long as it uses it (closing
+any descriptor of a file drops the process's locks on it).
 The owner checks the whole file when it is complete (size, and sha256 or every value's checksum),
 so a helper's bytes are trusted no more than its own.
 """
@@ -38,8 +39,21 @@ SUFFIX = ".tmp-parts"
 HEADER = 512
 POLL_S = 0.005  # how often the owner looks again at a part a helper holds
 NO_BOARD_S = 0.02  # how long a helper looks for the board of a download that has just been claimed
-_HERE: dict = {"pid": None, "boards": {}}  # board path -> holders in this process (its owner, or one helper)
+# This process's boards, by real path: those it owns (path -> count) and those it helps with. A
+# process opens a board it owns only through Owned: any other descriptor of the file closed in it
+# would drop the owner's record locks (they belong to the process, and close() drops them all).
+_HERE: dict = {"owned": {}, "helped": set()}
 _HERE_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child: its parent's boards are not its own, and the lock may have been copied held."""
+    global _HERE_LOCK
+    _HERE_LOCK = threading.Lock()
+    _HERE.update(owned={}, helped=set())
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def board_path(dest: str) -> str:
@@ -50,27 +64,49 @@ def spans(first: int, nbytes: int, part: int) -> list[tuple[int, int]]:
     return [(start, min(start + part, nbytes)) for start in range(first, nbytes, part)]
 
 
-def _enter(path: str, owner: bool = False) -> bool:
-    """Count board `path` as this process's; False (not counted) when a helper would join a board
-    this process already owns or helps with. Two roles in one process would share its record locks
-    (they do not exclude the process's own threads, and closing either's descriptor drops both's):
-    every part would be fetched twice. An owner is always counted (a helper of the owner it
-    replaces may still be leaving)."""
+def _open_owned(path: str) -> int:
+    """A fresh board at `path`, counted as owned here, its byte 0 locked (the owner is alive),
+    in one step under the registry's lock: a helper thread of this process never opens it."""
+    key = os.path.realpath(path)
     with _HERE_LOCK:
-        if _HERE["pid"] != os.getpid():  # a forked child: its parent's boards are not its own
-            _HERE.update(pid=os.getpid(), boards={})
-        if not owner and _HERE["boards"].get(path):
-            return False
-        _HERE["boards"][path] = _HERE["boards"].get(path, 0) + 1
-        return True
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # a new inode: a descriptor of an old board held here is not this one's
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)  # held until the board goes: helpers see the owner alive
+        except BaseException:
+            os.close(fd)
+            raise
+        _HERE["owned"][key] = _HERE["owned"].get(key, 0) + 1
+    return fd
 
 
-def _leave(path: str) -> None:
+def _open_helped(path: str) -> int | None:
+    """A descriptor of another process's board at `path`, counted as helped here; None when this
+    process owns it or helps with it already (two helpers in one process would share their record
+    locks), or there is none."""
+    key = os.path.realpath(path)
     with _HERE_LOCK:
-        if _HERE["pid"] == os.getpid() and _HERE["boards"].get(path):
-            _HERE["boards"][path] -= 1
-            if not _HERE["boards"][path]:
-                del _HERE["boards"][path]
+        if key in _HERE["owned"] or key in _HERE["helped"]:
+            return None
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        _HERE["helped"].add(key)
+    return fd
+
+
+def _close(fd: int, path: str, owned: bool) -> None:
+    key = os.path.realpath(path)
+    with _HERE_LOCK:
+        os.close(fd)
+        if not owned:
+            _HERE["helped"].discard(key)
+        elif _HERE["owned"].get(key, 0) > 1:
+            _HERE["owned"][key] -= 1
+        else:
+            _HERE["owned"].pop(key, None)
 
 
 class _Board:
@@ -122,8 +158,7 @@ class _Board:
         return False
 
     def close(self) -> None:
-        os.close(self.fd)
-        _leave(self.path)
+        _close(self.fd, self.path, isinstance(self, Owned))
 
 
 class Owned(_Board):
@@ -133,16 +168,13 @@ class Owned(_Board):
         path = board_path(dest)
         parts = spans(first, nbytes, part)
         header = f"{os.path.basename(temp)} {first} {nbytes} {part}\n".encode()
-        _enter(path, owner=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = _open_owned(path)
+        super().__init__(fd, parts, path)
         try:
             os.pwrite(fd, header.ljust(HEADER, b" ") + bytes(len(parts)), 0)
-            fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)  # held until the board goes: helpers see the owner alive
         except BaseException:
-            os.close(fd)
-            _leave(path)
+            self.remove()
             raise
-        super().__init__(fd, parts, path)
 
     def wait_for_others(self, fetch, failed: threading.Event, patience: float) -> None:
         """Once this process's own tasks ended: each part still undone is a helper's in progress
@@ -150,8 +182,8 @@ class Owned(_Board):
         helper holds for longer than `patience` seconds (more than its GET may take with every
         retry: a helper stopped or stuck) is fetched here as well; a late write of the helper's
         carries the same bytes."""
+        deadline = time.monotonic() + patience  # one for the whole wait: a stopped helper may hold many parts
         for i, (start, end) in enumerate(self.parts):
-            deadline = time.monotonic() + patience
             while not failed.is_set():
                 try:
                     fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, HEADER + i)
@@ -181,20 +213,13 @@ class Owned(_Board):
 def join(dest: str, nbytes: int | None, part: int) -> tuple[_Board, int] | None:
     """(board, descriptor of the temp file to write into) of another process's download of `dest`
     whose parts match this process's (`nbytes`, `part`); None when there is none, it is not split
-    in parts, it ended meanwhile, its owner died, or this process already owns or helps with it.
+    in parts, it ended meanwhile, its owner died, or this process owns it or helps with it already.
     Looks for NO_BOARD_S for a board that is about to be made."""
     path, deadline = board_path(dest), time.monotonic() + NO_BOARD_S
-    if not _enter(path):
-        return None
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR)
-            break
-        except FileNotFoundError:
-            if time.monotonic() >= deadline or os.path.exists(dest):
-                _leave(path)
-                return None
-            time.sleep(POLL_S)
+    while (fd := _open_helped(path)) is None:
+        if time.monotonic() >= deadline or os.path.exists(dest) or os.path.realpath(path) in _HERE["owned"]:
+            return None
+        time.sleep(POLL_S)
     board = _Board(fd, [], path)
     try:
         name, first, total, size = os.pread(fd, HEADER, 0).split(b"\n", 1)[0].decode().split(" ")
