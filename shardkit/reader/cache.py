@@ -134,7 +134,7 @@ class ShardCache:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         evicted, pause = 0, 0.005
         while evicted < ATTEMPTS:
-            # Shared: waits while another process fetches the file (or, not waiting, leaves it to it).
+            # Shared: waits while another process fetches the file (or, not waiting, helps and leaves it to it).
             fd = _flock(lock, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
             if fd is None:
                 return self._help(rel, dest, nbytes)

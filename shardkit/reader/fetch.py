@@ -6,7 +6,8 @@ first batch: a planner thread walks the worker's batches and starts each shard a
 keeping at most `fetch_ahead` shards started and not yet opened (within `cache_limit`); a batch's
 own shards start at once whatever the window (`want`). Each fetch runs in a thread of its own and
 its GETs on the cache's connection pool (reader.cache), so a large shard arrives as parallel
-ranged GETs. A shard that another process is fetching is left to it: the reader then waits on
+ranged GETs. A shard that another process is fetching is left to it, once this process has taken
+the parts of it its connections have room for (reader.parts_board): the reader then waits on
 that fetch's lock (one download per node).
 """
 

@@ -41,9 +41,10 @@ RANGED_SHARE = 0.1
 RANGED_MAX = 256 << 20
 RANGE_THREADS = 8  # threads for rows read by range, per connection
 # Whole-shard GETs a process may have queued on its connections, per connection: what it fetches is
-# claimed (other processes wait for it, their own connections idle), so it claims little more than
-# it downloads; twice, so that a connection finds its next GET queued as a shard ends (the next
-# shard's index and claim take a round trip).
+# claimed (other processes take only the parts their connections have room for, reader.parts_board),
+# so it claims little more than it downloads; twice, so that a connection finds its next GET queued
+# as a shard ends (the next shard's index and claim take a round trip). Once (each process claims
+# only what its connections start at once) was slower: JPEG 3,190/s against 3,804/s in one run.
 FETCH_QUEUE = 2
 
 
