@@ -189,7 +189,9 @@ class Owned(_Board):
                     fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, HEADER + i)
                 except (BlockingIOError, PermissionError):
                     if time.monotonic() < deadline:
-                        time.sleep(POLL_S)  # not a blocking lock: the kernel may call two processes helping each other a deadlock
+                        # Polled, not a blocking lock: the kernel may take two processes that help
+                        # each other for a deadlock (EDEADLK), though neither waits on the other.
+                        time.sleep(POLL_S)
                         continue
                     log.debug("a helper held bytes %d-%d for over %.0f s: fetched here", start, end - 1, patience)
                     fetch(start, end)
