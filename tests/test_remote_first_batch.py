@@ -37,6 +37,7 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
         loader = make_loader(ds, batch_size=4, num_workers=2)
+        store.quiet()
         store.spans.clear()  # the manifest's GET
         plan = ds.epoch_plan(0, (), 4)
         firsts = np.concatenate(list(plan.batches(0, 0, 1))[:2])  # each worker's first batch
@@ -70,8 +71,9 @@ def test_a_batch_reads_its_rows_by_range_before_its_whole_shards_start(data, tmp
     store = Store(root, latency=0.1, rate=None)
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        store.quiet()
+        store.spans.clear()  # the manifest's GET
         it = iter(make_loader(ds, batch_size=4, num_workers=1))
-        store.spans.clear()
         first = next(it)
         arrived = time.monotonic()
         rest = sum(len(b["__key__"]) for b in it)

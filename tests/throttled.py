@@ -44,6 +44,8 @@ class Store:
         self.trickling = ""  # GETs of paths starting so send their body a byte a second (`trickle`)
         self.closed = threading.Event()
         self._lock = threading.Lock()
+        self._answering = 0  # GETs being answered (their span is recorded after the last byte is sent)
+        self._answered = threading.Condition(self._lock)
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -58,6 +60,12 @@ class Store:
     def count_sent(self, path: str, nbytes: int) -> None:
         with self._lock:
             self.sent[path] += nbytes
+
+    def quiet(self, timeout: float = 10.0) -> None:
+        """Wait until every GET begun is recorded in `spans`: a client may have a whole body before the
+        store's thread records it, and a span recorded late would land in the next step's log."""
+        with self._answered:
+            self._answered.wait_for(lambda: not self._answering, timeout)
 
     def requests(self) -> int:
         """Requests answered so far (GETs with their bodies, and HEADs): the store's round trips."""
@@ -133,7 +141,14 @@ class Store:
                 self._answer(body=False)
 
             def do_GET(self):
-                self._answer(body=True)
+                with store._lock:
+                    store._answering += 1
+                try:
+                    self._answer(body=True)
+                finally:
+                    with store._answered:
+                        store._answering -= 1
+                        store._answered.notify_all()
 
             def _answer(self, body: bool):
                 received = time.monotonic()
