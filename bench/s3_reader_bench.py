@@ -23,17 +23,6 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 BUCKET = "reader-bench"
-KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
-
-SERVE = """
-import logging, sys
-logging.getLogger("werkzeug").setLevel(logging.WARNING)
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print("http://%s:%d" % server.get_host_and_port(), flush=True)
-sys.stdin.read()
-"""
 
 EPOCH = """
 import json, resource, shutil, sys, time
@@ -62,16 +51,14 @@ def main() -> None:
     args = ap.parse_args()
     import boto3
     from remote_bench import checkout, prepare
+    from store_client_bench import start_server
 
     root = prepare(args.work, 0, 6000, ["16MB"])[("jpeg", "16MB")]
     codes = {"current": os.path.abspath(os.path.join(HERE, "..")), args.baseline: checkout(args.baseline, args.work)}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | KEYS | {"TOKENIZERS_PARALLELISM": "false"}
-    server = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env)
+    server, endpoint = start_server(tempfile.mkdtemp(prefix="s3-reader-bench-"))  # sets this process's AWS_*
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     try:
-        env["AWS_ENDPOINT_URL"] = server.stdout.readline().strip()
-        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+        client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket=BUCKET)
         for folder, _, names in os.walk(root):
             for name in names:
