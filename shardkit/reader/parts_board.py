@@ -115,6 +115,7 @@ class _Board:
     def __init__(self, fd: int, parts: list[tuple[int, int]], path: str):
         self.fd, self.parts, self.path = fd, parts, path
         self.taken: set[int] = set()  # parts this process's threads hold (record locks do not tell them apart)
+        self.written: set[int] = set()  # parts seen done: a done part stays done, so take() skips it unlocked
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
@@ -122,13 +123,14 @@ class _Board:
         every part is done or held."""
         with self._lock:
             for i in range(len(self.parts)):
-                if i in self.taken:
+                if i in self.taken or i in self.written:
                     continue
                 try:
                     fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, HEADER + i)
                 except (BlockingIOError, PermissionError):  # another process holds it
                     continue
                 if self.is_done(i):
+                    self.written.add(i)
                     fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, HEADER + i)
                     continue
                 self.taken.add(i)
@@ -140,6 +142,8 @@ class _Board:
 
     def done(self, i: int) -> None:
         os.pwrite(self.fd, b"\x01", HEADER + i)
+        with self._lock:
+            self.written.add(i)
         self.give_back(i)
 
     def give_back(self, i: int) -> None:
