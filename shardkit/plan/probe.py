@@ -163,8 +163,8 @@ def _requality(ds, name: str, stored_bytes: float, budget_s: float = 3.0) -> dic
     images. The stored blobs are read from a local shard where they can be (their quality is the
     one whose re-encode carries the same quantization tables, else the one closest in size); else
     they are re-encoded at the quality whose size comes closest to `stored_bytes`, the dataset's
-    bytes per sample. None where
-    the stored quality is not above REQUALITY, or the images cannot be had within `budget_s`."""
+    bytes per sample. None where the stored quality is not above REQUALITY, or the images cannot be
+    had within `budget_s`."""
     from PIL import Image
 
     end = time.perf_counter() + budget_s

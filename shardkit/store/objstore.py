@@ -321,7 +321,8 @@ class Client:
 
         self._put(path, Path(source), os.path.getsize(source), chunksize, max_concurrency)
 
-    def _put(self, path: str, data, nbytes: int, part: int = UPLOAD_PART, concurrency: int = UPLOAD_CONCURRENCY) -> None:
+    def _put(self, path: str, data, nbytes: int, part: int = UPLOAD_PART,
+             concurrency: int = UPLOAD_CONCURRENCY) -> None:
         import obstore
 
         store, key = self._store(path)
