@@ -389,3 +389,34 @@ def _shutdown_without_the_private_call(iterator):
         q.put(None)
     for w in iterator._workers:
         w.join(timeout=30)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_dropped_loader_leaves_no_queue_thread_to_free_its_semaphores_at_exit(datasets, monkeypatch, context):
+    """The workers' index queues each have a feeder thread (a daemon). Dropped with the loader, such a
+    thread could hold a queue's last reference and free its semaphores while the interpreter exits:
+    stopped half-way, it left multiprocessing's resource tracker warning of a "leaked semaphore" after
+    a preempted run's last line (tests/test_preempt_workers.py). Once the loader is gone, its feeder
+    threads have ended, in the thread that dropped it."""
+    import gc
+    import threading
+    import time
+    from multiprocessing import queues
+
+    feed = queues.Queue._feed
+
+    def slow_to_end(*args):  # a feeder thread that lingers after its queue closed, as under load
+        feed(*args)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(queues.Queue, "_feed", staticmethod(slow_to_end))
+    root, expected = datasets["few"]
+    ds, loader = loader_for(root, monkeypatch, workers=2, multiprocessing_context=context)
+    it = iter(loader)
+    next(it)
+    feeders = [q._thread for q in loader._iterator._index_queues]
+    assert len(feeders) == 2 and all(t is not None and t.is_alive() for t in feeders)
+    del it, loader, ds
+    gc.collect()
+    assert not any(t.is_alive() for t in feeders)
+    assert not [t for t in threading.enumerate() if t in feeders]

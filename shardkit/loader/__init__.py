@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import threading
 
 from torch.utils.data import DataLoader
 
@@ -90,6 +91,10 @@ class StreamingLoader(DataLoader):
             self.warming = self.source.warm_up(self.dataset.batch_size, self.dataset.drop_last, self.num_workers)
         self._transport.reclaim()
         return self._count(batches, sizes, (pos.epoch, pos.layers))
+
+    def _get_iterator(self):
+        iterator = super()._get_iterator()
+        return _feeders_joined(iterator) if self.num_workers else iterator
 
     def close(self) -> None:
         """Stop the workers and let go of their shared slots now: they are persistent (they keep their
@@ -230,6 +235,32 @@ def stop_workers(loader: DataLoader) -> None:
         shutdown()
     del iterator
     gc.collect()
+
+
+def _feeders_joined(iterator):
+    """`iterator` (torch's, over worker processes) made to wait, once its shutdown closed the index
+    queues, for each queue's feeder thread. Left to itself, a feeder thread can hold a queue's last
+    reference and free its semaphores as the interpreter exits: a daemon thread stopped between
+    unlinking a semaphore and telling multiprocessing's resource tracker, which then warns of a
+    "leaked semaphore" on the user's screen (spawn and forkserver workers)."""
+    cls = type(iterator)
+    if not hasattr(cls, "_shutdown_workers"):  # a torch without it: its iterator as it is
+        return iterator
+    if cls not in _JOINING:
+        def shutdown_and_join(self, timeout: float = 2.0) -> None:
+            cls._shutdown_workers(self)
+            for q in getattr(self, "_index_queues", ()):
+                feeder = getattr(q, "_thread", None)
+                # Closed: its thread ends on its own (torch's shutdown returns early as Python exits).
+                if getattr(q, "_closed", False) and feeder is not None and feeder is not threading.current_thread():
+                    feeder.join(timeout)
+
+        _JOINING[cls] = type(cls.__name__, (cls,), {"_shutdown_workers": shutdown_and_join})
+    iterator.__class__ = _JOINING[cls]
+    return iterator
+
+
+_JOINING: dict[type, type] = {}  # torch's iterator class -> the same, joining its feeder threads
 
 
 def _check_workers(num_workers, prefetch_factor, multiprocessing_context) -> None:
