@@ -137,6 +137,41 @@ def test_a_copy_cached_before_stamps_is_hashed_once_and_kept_when_it_is_the_mani
     assert store_.gets["/f.bin"] == 2 and not os.path.exists(path)
 
 
+def test_a_disk_too_full_for_the_stamp_keeps_the_file_and_hashes_it_when_next_pinned(tmp_path, store, monkeypatch):
+    """The stamp (a few bytes in the lock file) is the one write after a fetch: a disk that fills up
+    just then must not turn into a raw OSError (the next write that matters names the disk), and a
+    stamp cut short must not be read as another build's."""
+    import errno
+
+    import shardkit.reader.cache as cache_mod
+    from shardkit.reader.cache import LOCK, ShardCache
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "f.bin").write_bytes(b"a" * 1000)
+    sha = hashlib.sha256(b"a" * 1000).hexdigest()
+    store_ = store(served)
+    cache = ShardCache(store_.url, cache_dir=str(tmp_path / "cache"))
+
+    pwrite = os.pwrite
+
+    def full(fd, data, offset):  # the disk fills up once the shard is in: at the lock file's stamp
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(LOCK):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return pwrite(fd, data, offset)
+
+    with monkeypatch.context() as m:
+        m.setattr(cache_mod.os, "pwrite", full)
+        path, pin = cache.pin("f.bin", sha, 1000)
+    pin.release()
+    assert open(path, "rb").read() == b"a" * 1000 and open(path + LOCK).read() == ""
+    with open(path + LOCK, "w") as f:
+        f.write(sha[:10])  # a stamp the disk cut short
+    path, pin = cache.pin("f.bin", sha, 1000)
+    pin.release()
+    assert store_.gets["/f.bin"] == 1 and open(path + LOCK).read() == sha  # hashed, kept, stamped
+
+
 def test_a_remote_parquet_shard_whose_sums_the_manifest_records_is_not_hashed_again(tmp_path, store, monkeypatch):
     """One integrity check per byte: its values against checksums the manifest vouches for."""
     import shardkit.reader.download as download

@@ -11,6 +11,7 @@ reader or fetcher leaves nothing stuck.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -335,16 +336,22 @@ def _evicted_too_often(url: str, limit: int | None) -> ShardError:
 
 
 def _stamp(fd: int, sha256: str) -> None:
-    """Record in lock fd that its file was fetched (and checked) for `sha256`."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, sha256.encode(), 0)
+    """Record in lock fd that its file was fetched (and checked) for `sha256`. A disk too full for
+    the stamp leaves it empty or short: the file, already checked, is hashed again when next pinned
+    (`_stale`), and the full disk is reported by the next write that matters (a DiskError)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, sha256.encode(), 0)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def _stale(fd: int, dest: str, sha256: str) -> str | None:
     """None when cached file `dest` (lock fd held) is the copy the manifest's `sha256` names, else
     the sha256 it was fetched for. A copy cached before stamps were written is hashed once."""
     stamp = os.pread(fd, 128, 0).decode("ascii", "replace").strip()
-    if not stamp:
+    if len(stamp) != len(sha256):  # none (or one cut short by a full disk)
         stamp = sha256_file(dest)
         if stamp == sha256:  # every holder of the lock writes the same bytes
             _stamp(fd, stamp)
