@@ -420,3 +420,34 @@ def test_a_dropped_loader_leaves_no_queue_thread_to_free_its_semaphores_at_exit(
     gc.collect()
     assert not any(t.is_alive() for t in feeders)
     assert not [t for t in threading.enumerate() if t in feeders]
+
+
+EXIT_LATE = """
+import os, sys
+from shardkit import StreamingDataset, make_loader
+ds = StreamingDataset(sys.argv[1])
+loader = make_loader(ds, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[2])
+it = iter(loader)
+next(it)
+loader.close()
+os._held = it  # kept by a module Python empties late, after threading's: freed as the interpreter ends
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_iterator_that_outlives_the_modules_ends_without_a_traceback(datasets, context):
+    """An iterator whose workers were stopped (close) and that is freed only while the interpreter
+    tears its modules down: torch's shutdown runs again from its finalizer and the wait for the
+    queues' threads must not meet the emptied modules (it printed "Exception ignored ... TypeError")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, _ = datasets["few"]
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", EXIT_LATE, str(root), context], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(here.parent)})
+    assert done.returncode == 0 and done.stdout == "closed\n", done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]

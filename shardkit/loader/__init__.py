@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import sys
 import threading
 
 from torch.utils.data import DataLoader
@@ -247,12 +248,16 @@ def _feeders_joined(iterator):
     if not hasattr(cls, "_shutdown_workers"):  # a torch without it: its iterator as it is
         return iterator
     if cls not in _JOINING:
-        def shutdown_and_join(self, timeout: float = 2.0) -> None:
+        # Bound now: an iterator freed while the interpreter tears its modules down finds them emptied.
+        def shutdown_and_join(self, timeout: float = 2.0, finalizing=sys.is_finalizing,
+                              current=threading.current_thread) -> None:
             cls._shutdown_workers(self)
+            if finalizing():  # torch's shutdown returned early too; threads are being stopped
+                return
             for q in getattr(self, "_index_queues", ()):
                 feeder = getattr(q, "_thread", None)
                 # Closed: its thread ends on its own (torch's shutdown returns early as Python exits).
-                if getattr(q, "_closed", False) and feeder is not None and feeder is not threading.current_thread():
+                if getattr(q, "_closed", False) and feeder is not None and feeder is not current():
                     feeder.join(timeout)
 
         _JOINING[cls] = type(cls.__name__, (cls,), {"_shutdown_workers": shutdown_and_join})
