@@ -70,7 +70,7 @@ def take_in_worker(main_pid: int) -> None:
 
 def _take(main_pid: int, parent: int) -> None:
     while True:
-        info = signal.sigtimedwait(STOP_SIGNALS, POLL_SECONDS)
+        info = _waited(signal.sigtimedwait(STOP_SIGNALS, POLL_SECONDS))
         if os.getppid() != parent:  # the main process (or fork server) is gone: nothing reads our batches
             os._exit(0)
         if info is None:
@@ -80,6 +80,13 @@ def _take(main_pid: int, parent: int) -> None:
         if info.si_pid != main_pid and outlives(main_pid, info.si_signo):
             continue  # the main process finishes its step and stops the workers itself
         _as_without_us(info.si_signo)
+
+
+def _waited(info):
+    """sigtimedwait's answer, None for none. CPython (3.11) answers with a siginfo it never filled when
+    the wait was interrupted (EINTR: the worker was stopped, then continued) after its timeout had
+    passed: a signal number out of range, which raised in this thread. Only a stop signal is one."""
+    return info if info is not None and info.si_signo in STOP_SIGNALS else None
 
 
 def outlives(pid: int, signum: int) -> bool:
