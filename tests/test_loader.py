@@ -410,7 +410,7 @@ def test_a_dropped_loader_leaves_no_queue_thread_to_free_its_semaphores_at_exit(
         time.sleep(0.5)
 
     monkeypatch.setattr(queues.Queue, "_feed", staticmethod(slow_to_end))
-    root, expected = datasets["few"]
+    root, _ = datasets["few"]
     ds, loader = loader_for(root, monkeypatch, workers=2, multiprocessing_context=context)
     it = iter(loader)
     next(it)

@@ -175,4 +175,3 @@ def test_a_wait_answered_with_an_unfilled_siginfo_is_no_signal():
     garbage = signal.struct_siginfo((1647669736, 0, 0, 0, 0, 0, 0))
     term = signal.struct_siginfo((int(signal.SIGTERM), 0, 0, os.getpid(), 0, 0, 0))
     assert _waited(garbage) is None and _waited(None) is None and _waited(term) is term
-

@@ -256,7 +256,7 @@ def _feeders_joined(iterator):
                 return
             for q in getattr(self, "_index_queues", ()):
                 feeder = getattr(q, "_thread", None)
-                # Closed: its thread ends on its own (torch's shutdown returns early as Python exits).
+                # Only a closed queue's thread ends on its own, and soon.
                 if getattr(q, "_closed", False) and feeder is not None and feeder is not current():
                     feeder.join(timeout)
 

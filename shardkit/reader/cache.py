@@ -349,7 +349,8 @@ def _stamp(fd: int, sha256: str) -> None:
 
 def _stale(fd: int, dest: str, sha256: str) -> str | None:
     """None when cached file `dest` (lock fd held) is the copy the manifest's `sha256` names, else
-    the sha256 it was fetched for. A copy cached before stamps were written is hashed once."""
+    the sha256 it was fetched for. A copy without a whole stamp (cached before stamps were written,
+    or its stamp refused or cut short by a full disk) is hashed."""
     stamp = os.pread(fd, 128, 0).decode("ascii", "replace").strip()
     if len(stamp) != len(sha256):  # none (or one cut short by a full disk)
         stamp = sha256_file(dest)
