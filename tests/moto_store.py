@@ -118,7 +118,7 @@ def s3(tmp_path, monkeypatch):
 @pytest.fixture
 def answers(monkeypatch):
     """The store answers the next GETs of a path with the statuses in `answers[path]` (a list);
-    "stall": no answer until the test ends."""
+    "stall": no answer until the test ends; None: the usual answer."""
     import threading
 
     from moto.server import DomainDispatcherApplication
@@ -129,6 +129,8 @@ def answers(monkeypatch):
         queue = planned.get(environ.get("PATH_INFO", ""))
         if environ["REQUEST_METHOD"] == "GET" and queue:
             status = queue.pop(0)
+            if status is None:  # this one answered as usual
+                return real(self, environ, start_response)
             if status == "stall":
                 release.wait(60)
                 return real(self, environ, start_response)

@@ -93,13 +93,26 @@ class _Columns:
     """Column lists flushed into Arrow batches every FLUSH_ROWS rows."""
 
     def __init__(self):
-        self.batches, self.cols = [], {name: [] for name in schema().names}
+        self.batches, self.cols, self.rows = [], {name: [] for name in schema().names}, 0
 
     def add(self, **row) -> None:
         for name, col in self.cols.items():
             col.append(row.get(name, -1))
+        self.rows += 1
         if len(self.cols["key"]) >= FLUSH_ROWS:
             self.flush()
+
+    def truncate(self, rows: int) -> None:
+        """Forget every row after the first `rows`."""
+        self.flush()
+        kept, n = [], 0
+        for batch in self.batches:
+            if n + batch.num_rows > rows:
+                batch = batch.slice(0, rows - n)
+            if batch.num_rows:
+                kept.append(batch)
+            n += batch.num_rows
+        self.batches, self.rows = kept, min(self.rows, rows)
 
     def flush(self) -> None:
         import pyarrow as pa
@@ -241,43 +254,54 @@ def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
 
 
 def walk(root: str, out: str | None = None, policy=None) -> Listing:
-    """List SRC (a local folder or a URL): file samples (unsorted Arrow table), row files, rejections.
-    OUT, when inside SRC, and shardkit datasets below SRC are left out (counted rejections). A folder
-    is read entry by entry in name order and each stem's files become a sample as soon as the names
-    pass them, so a folder of a million objects on a store costs the client its columns only. `policy`:
-    the job's RemotePolicy, for a store."""
-    remote = is_url(root)
-    real_root = None if remote else os.path.realpath(root)
-    listing = Listing(None, [])
-    cols, todo = _Columns(), [""]
+    """List SRC (a local folder or a URL): file samples (unsorted Arrow table), row files (in path
+    order), rejections. OUT, when inside SRC, and shardkit datasets below SRC are left out (counted
+    rejections). A folder is read entry by entry in name order and each stem's files become a sample
+    as soon as the names pass them, so a folder of a million objects on a store costs the client its
+    columns only. `policy`: the job's RemotePolicy, for a store."""
+    listing, cols = Listing(None, []), _Columns()
+    if is_url(root):
+        _walk_store(root, out, policy, listing, cols)
+    else:
+        _walk_disk(root, out, listing, cols)
+    listing.files = cols.table()
+    listing.row_files.sort(key=lambda rf: rf.rel)  # the same ids whatever order the walk met them in
+    for i, rf in enumerate(listing.row_files):
+        rf.id = i
+    return listing
+
+
+def _walk_disk(root: str, out: str | None, listing: Listing, cols: _Columns) -> None:
+    """A local folder, folder by folder: its files in name order, then its subfolders."""
+    real_root, todo = os.path.realpath(root), [""]
     while todo:
         rel_dir = todo.pop()
         subdirs: list[str] = []
-        if remote:
-            entries = _remote_entries(root, rel_dir, listing, subdirs, out, policy)
-        else:
-            entries = _entries(root, rel_dir, real_root, listing, subdirs, out)
         stems = _Stems(cols, listing)
-        for rel, st in entries:
-            stem, ext = os.path.splitext(rel)
-            ext = ext.lower()
-            if ext not in KNOWN_EXTS:
-                listing.rejections.append(Rejection(rel, "source", f"unsupported extension: {ext or '(none)'!r}"))
-                continue
-            if rel_dir:
-                listing.tops.add(rel.split("/", 1)[0])
-            if ext in ROW_EXTS:
-                listing.row_files.append(RowFile(len(listing.row_files), rel, _ROW_KIND[ext], st.st_size,
-                                                 st.st_mtime_ns, make_key(stem), top_folder(rel)))
-                continue
-            if ext in IMAGE_EXTS:
-                listing.images += 1
-                listing.top_images += not rel_dir
-            stems.add(stem, (rel, ext, st))
+        for rel, st in _entries(root, rel_dir, real_root, listing, subdirs, out):
+            _add_file(rel, bool(rel_dir), st, stems, listing)
         stems.close()
         todo.extend(reversed(sorted(subdirs)))
-    listing.files = cols.table()
-    return listing
+
+
+def _add_file(rel: str, below: bool, st, stems: "_Stems", listing: Listing) -> None:
+    """One readable file met in the walk: a row file, a file of a sample (to its stem), or rejected.
+    `below`: the file is in a subfolder of SRC (its first folder may be a label)."""
+    stem, ext = os.path.splitext(rel)
+    ext = ext.lower()
+    if ext not in KNOWN_EXTS:
+        listing.rejections.append(Rejection(rel, "source", f"unsupported extension: {ext or '(none)'!r}"))
+        return
+    if below:
+        listing.tops.add(rel.split("/", 1)[0])
+    if ext in ROW_EXTS:
+        listing.row_files.append(RowFile(len(listing.row_files), rel, _ROW_KIND[ext], st.st_size,
+                                         st.st_mtime_ns, make_key(stem), top_folder(rel)))
+        return
+    if ext in IMAGE_EXTS:
+        listing.images += 1
+        listing.top_images += not below
+    stems.add(stem, (rel, ext, st))
 
 
 class _Stems:
@@ -309,37 +333,103 @@ class _Stat(NamedTuple):
     st_mtime_ns: int
 
 
-def _remote_entries(root: str, rel_dir: str, listing: Listing, subdirs: list[str], out: str | None, policy=None):
-    """(relpath, _Stat) of the files of one folder on a store, page by page, in name order; subfolders
-    to visit go to `subdirs`, the rest is counted as the local walk counts it."""
-    from shardkit.store import join
-    from shardkit.store.listing import list_folder, version_number
+class _Mark(NamedTuple):
+    """The listing as it stood when the walk entered a folder: what to go back to if the folder
+    turns out to be a shardkit dataset (seen only once its `.shardkit/` or `shards/` comes by)."""
 
-    for entry in list_folder(join(root, rel_dir) if rel_dir else root, policy):
-        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-        if entry.is_dir:
-            if entry.name.startswith("."):
-                listing.rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
-            elif reason := _not_input_remote(join(root, rel), out, policy):
-                listing.rejections.append(Rejection(rel + "/", "source", reason))
-            else:
-                if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
-                    listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
-                subdirs.append(rel)
-        elif entry.name.startswith("."):
+    rows: int
+    row_files: int
+    rejections: int
+    notes: int
+    images: int
+    top_images: int
+    image_exts: frozenset
+    had_top: bool
+
+
+class _Open:
+    """A folder of the store the walk is in: its stems, its mark, and whether its manifest.json came."""
+
+    __slots__ = ("rel", "stems", "mark", "manifest")
+
+    def __init__(self, rel: str, stems: "_Stems", mark: _Mark | None):
+        self.rel, self.stems, self.mark, self.manifest = rel, stems, mark, False
+
+
+def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Columns) -> None:
+    """A folder on a store, as one stream of keys in key order (store.listing.Keys): no request per
+    folder. The keys of a folder's subfolders come between its own files, so each folder on the way
+    down keeps its stems open (_Open) until the keys leave it. A hidden folder and OUT are skipped
+    where they start; a shardkit dataset is known by its `.shardkit/`, or by `shards/` after a
+    `manifest.json`: what the walk took from it is taken back (_Mark) and the rest skipped. The
+    rejections are the local walk's, but for keys a disk has no name for (empty, '.' or '..' folder
+    names) and folder markers (empty objects without an extension: counted in a note)."""
+    from shardkit.store.listing import Keys, version_number
+
+    keys, path, markers = Keys(root, policy), [_Open("", _Stems(cols, listing), None)], 0
+    out_rel = out.rstrip("/")[len(root.rstrip("/")) + 1:] + "/" if out and out.startswith(root.rstrip("/") + "/") else None
+    for rel, size, version in keys:
+        folder, _, name = rel.rpartition("/")
+        if (folder + "/" if folder else "") != path[-1].rel and not _enter(rel, path, keys, listing, cols, out_rel):
+            continue
+        if size == 0 and not os.path.splitext(name)[1]:
+            markers += 1
+        elif name.startswith("."):
             listing.rejections.append(Rejection(rel, "source", "hidden file: not read"))
         else:
-            yield rel, _Stat(entry.size, version_number(entry.version))
+            path[-1].manifest |= name == "manifest.json"
+            _add_file(rel, bool(folder), _Stat(size, version_number(version)), path[-1].stems, listing)
+    for open_ in reversed(path):
+        open_.stems.close()
+    if markers:
+        listing.notes.append(f"{markers} folder markers (empty objects without an extension) passed over")
 
 
-def _not_input_remote(url: str, out: str | None, policy=None) -> str | None:
-    """not_input for a folder on a store."""
-    from shardkit.store import join
-    from shardkit.store.listing import has_any
+def _enter(key: str, path: list, keys, listing: Listing, cols: _Columns, out_rel: str | None) -> bool:
+    """Move the walk's open folders to the folder of `key` (relative): leave those the keys left,
+    enter the new ones. False when the key is not read: rejected, skipped, or its folder a dataset."""
+    folder = key.rpartition("/")[0]
+    target = folder + "/" if folder else ""
+    while not target.startswith(path[-1].rel):
+        path.pop().stems.close()
+    for name in target[len(path[-1].rel):-1].split("/") if target != path[-1].rel else ():
+        parent = path[-1]
+        rel = parent.rel + name + "/"
+        if name in ("", ".", ".."):
+            listing.rejections.append(Rejection(key, "source", "a key with an empty, '.' or '..' folder "
+                                                "name: not read (a disk has no such path; rename the objects)"))
+            return False
+        if parent.rel and (name == ".shardkit" or (name == "shards" and parent.manifest)):
+            _dataset(parent, path, keys, listing, cols)
+            return False
+        if name.startswith("."):
+            listing.rejections.append(Rejection(rel, "source", "hidden folder: not read"))
+        elif rel == out_rel:
+            listing.rejections.append(Rejection(rel, "source", "the build's output folder (OUT): not read"))
+        else:
+            mark = _Mark(cols.rows, len(listing.row_files), len(listing.rejections), len(listing.notes),
+                         listing.images, listing.top_images, frozenset(listing.image_exts),
+                         rel.split("/", 1)[0] in listing.tops)
+            if os.path.splitext(name)[1].lower() in KNOWN_EXTS:
+                listing.notes.append(f"folder {rel!r} is named like a file: read as a folder")
+            path.append(_Open(rel, _Stems(cols, listing), mark))
+            continue
+        keys.skip(rel)
+        return False
+    return True
 
-    if out is not None and url.rstrip("/") == out.rstrip("/"):
-        return "the build's output folder (OUT): not read"
-    if has_any(join(url, ".shardkit") + "/", policy) or (has_any(join(url, "manifest.json"), policy)
-                                                         and has_any(join(url, "shards") + "/", policy)):
-        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
-    return None
+
+def _dataset(found: _Open, path: list, keys, listing: Listing, cols: _Columns) -> None:
+    """`found` is a shardkit dataset: the walk forgets what it took from it and skips the rest."""
+    while path[-1] is not found:
+        path.pop()
+    path.pop()
+    mark = found.mark
+    cols.truncate(mark.rows)
+    del listing.row_files[mark.row_files:], listing.rejections[mark.rejections:], listing.notes[mark.notes:]
+    listing.images, listing.top_images, listing.image_exts = mark.images, mark.top_images, set(mark.image_exts)
+    if not mark.had_top:
+        listing.tops.discard(found.rel.split("/", 1)[0])
+    listing.rejections.append(Rejection(found.rel, "source", "a shardkit dataset (manifest.json, shards/ or "
+                                        ".shardkit/): not read"))
+    keys.skip(found.rel)

@@ -34,6 +34,7 @@ UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_C
 SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a larger one costs less CPU
 #                 on the loop: 4.5 against 7.6 ms per 4 MB, bench/store_client_bench.py)
 WINDOW = 32  # requests of a batch in flight at once
+LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
 _STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None}
 _LOCK = threading.Lock()
 
@@ -349,6 +350,43 @@ class Client:
 
         store, key = self._store(path)
         run(_guard(lambda: obstore.delete_async(store, key), self.timeout))
+
+
+class UnnamedKey(ValueError):
+    """A listing met a key object_store cannot name ('a//b', 'a/./b'): the caller reads that stretch
+    of keys through fsspec. `after`: the last key this listing gave before it."""
+
+    def __init__(self, after: str | None):
+        super().__init__(f"a key after {after!r} is not a path object_store can name")
+        self.after = after
+
+
+def list_pages(url: str, after: str | None, timeout: float):
+    """Pages of (key, size, ETag) of every object below the folder `url`, in key order, after the
+    key `after` (bucket-relative; None: from the start): obstore's streamed recursive listing, in the
+    caller's thread, each request bounded as a whole. A key that ends in '/' (a folder marker)
+    comes without it: object_store drops it. UnnamedKey where a key cannot be named."""
+    import obstore
+    import obstore.exceptions as ox
+
+    store, prefix = _store(url.rstrip("/") + "/", timeout, bounded=True)
+    stream = None
+    while True:
+        try:
+            if stream is None:  # an offset it cannot name fails here
+                stream = obstore.list(store, prefix or None, offset=after, chunk_size=LIST_CHUNK)
+            batch = next(stream)
+        except StopIteration:
+            return
+        except ox.InvalidPathError:
+            raise UnnamedKey(after) from None
+        except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
+            if type(e).__module__.startswith("obstore"):
+                raise translate(e) from None
+            raise
+        if batch:
+            after = batch[-1]["path"]
+            yield [(m["path"], m["size"], m["e_tag"] or "") for m in batch]
 
 
 def fetch_many(urls: list[str], timeout: float):
