@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV", help="also time the walk of this revision (e.g. the last main)")
     ap.add_argument("--work", default="/tmp/shardkit-listing-bench", help="where a baseline's code is exported")
     a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
     clients = {name: (body, None) for name, body in CLIENTS.items()}
     if a.baseline:
         clients[f"walk at {a.baseline}"] = (WALK, checkout(a.baseline, a.work))
@@ -59,8 +60,9 @@ def main() -> None:
         for r in range(a.rounds):
             for name, (body, code) in clients.items():
                 run_env = env if code is None else {**env, "PYTHONPATH": code}
+                # run outside the repository: `-c` puts the working folder first on sys.path
                 done = subprocess.run([sys.executable, "-c", TIMED.format(body=body)], capture_output=True,
-                                      text=True, env=run_env)
+                                      text=True, env=run_env, cwd=a.work)
                 if done.returncode:
                     print(f"round {r + 1} {name}: failed: {done.stderr.strip().splitlines()[-1]}", flush=True)
                     continue
