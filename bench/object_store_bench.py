@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/object_store_bench.py [--images 6000] [--rounds 2] [--objects 200000]
     .venv/bin/python bench/object_store_bench.py --images 1500 --rounds 3 --skip-listing --pools auto,processes
+    PYTHONPATH=$PWD .venv/bin/python bench/object_store_bench.py --images 1500 --rounds 2 --skip-listing \
+        --pools processes --baseline 612231e   # the previous main's code built in the same rounds
 
 The store is a local S3 server (moto's server mode) in a process of its own on 127.0.0.1.
 
@@ -157,8 +159,9 @@ def _run_build(src: str, out: str, env: dict, pool: str = "auto") -> dict:
     import psutil
 
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # not pipes: a full pipe would stall it
+    # cwd outside the repository: `python -c` puts the working folder first on sys.path, ahead of PYTHONPATH
     proc = subprocess.Popen([sys.executable, "-c", child, src, out, pool], stdout=logs[0], stderr=logs[1], text=True,
-                            env=env)
+                            env=env, cwd=tempfile.gettempdir())
     cpu: dict = {}  # pid -> its last user+system seconds, sampled from /proc every 0.1 s (the issue's measure)
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
@@ -182,7 +185,9 @@ def _run_build(src: str, out: str, env: dict, pool: str = "auto") -> dict:
     return json.loads(stdout.strip().splitlines()[-1]) | {"cpu_seconds": sum(cpu.values())}
 
 
-def bench_build(images: int, rounds: int, work: str, pools=("auto",)) -> dict:
+def bench_build(images: int, rounds: int, work: str, pools=("auto",), codes: dict | None = None) -> dict:
+    """`codes`: {name: the folder to put on PYTHONPATH (None: this process's)}, each built in turn
+    within a round (the previous main beside this one, in the same run)."""
     import s3fs
 
     from shardkit.demo.datagen import image_folder
@@ -190,35 +195,36 @@ def bench_build(images: int, rounds: int, work: str, pools=("auto",)) -> dict:
     raw = os.path.join(work, "raw")
     image_folder(raw, n=images, classes=10, size=(480, 360), seed=1)
     server, endpoint = serve(0, _env())
-    env = _env(endpoint)
+    codes = codes or {"this checkout": None}
     try:
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="bench", secret="bench")
         fs.mkdir("bench")
         start = time.perf_counter()
         fs.put(raw + "/", "bench/raw/", recursive=True)
         upload = time.perf_counter() - start
-        runs: dict = {pool: [] for pool in pools}
+        runs: dict = {(code, pool): [] for code in codes for pool in pools}
         for r in range(rounds):
-            for pool in pools:
+            for (code, pool), got in runs.items():
+                env = _env(endpoint) | ({"PYTHONPATH": codes[code]} if codes[code] else {})
                 shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
                 fs.rm("bench/out", recursive=True) if fs.exists("bench/out") else None
                 local = _build(raw, os.path.join(work, "out"), env, server, pool)
                 remote = _build("s3://bench/raw", "s3://bench/out", env, server, pool)
-                runs[pool].append({"local": local, "s3": remote, "ratio": (remote["samples"] / remote["seconds"])
-                                   / (local["samples"] / local["seconds"]),
-                                   "cpu_ratio": local["cpu_seconds"] / remote["cpu_seconds"]})
-                print(f"round {r}, --worker-pool {pool}: local {local['samples'] / local['seconds']:.0f} images/s, s3 "
-                      f"{remote['samples'] / remote['seconds']:.0f} images/s, ratio {runs[pool][-1]['ratio']:.2f}; "
+                got.append({"local": local, "s3": remote, "ratio": (remote["samples"] / remote["seconds"])
+                            / (local["samples"] / local["seconds"]),
+                            "cpu_ratio": local["cpu_seconds"] / remote["cpu_seconds"]})
+                print(f"round {r}, {code}, --worker-pool {pool}: local {local['samples'] / local['seconds']:.0f} "
+                      f"images/s, s3 {remote['samples'] / remote['seconds']:.0f} images/s, ratio {got[-1]['ratio']:.2f}; "
                       f"shardkit's CPU (the build's process and every descendant) local {local['cpu_seconds']:.1f} s, "
-                      f"s3 {remote['cpu_seconds']:.1f} s, local/s3 {runs[pool][-1]['cpu_ratio']:.2f} (target >= 0.8); "
+                      f"s3 {remote['cpu_seconds']:.1f} s, local/s3 {got[-1]['cpu_ratio']:.2f} (target >= 0.8); "
                       f"the store's CPU during the s3 build: {1000 * remote['store_cpu_seconds'] / images:.1f} ms per "
                       "image", flush=True)
-        out = {"images": images, "upload_seconds": upload, "runs": runs}
-        for pool, got in runs.items():
-            out[pool] = {"median_ratio": statistics.median(r["ratio"] for r in got),
-                         "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in got)}
-            print(f"--worker-pool {pool}: median rate ratio {out[pool]['median_ratio']:.2f}, median CPU local/s3 "
-                  f"{out[pool]['median_cpu_ratio']:.2f}", flush=True)
+        out = {"images": images, "upload_seconds": upload, "runs": {f"{c} {p}": got for (c, p), got in runs.items()}}
+        for (code, pool), got in runs.items():
+            out[f"{code} {pool}"] = {"median_ratio": statistics.median(r["ratio"] for r in got),
+                                     "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in got)}
+            print(f"{code}, --worker-pool {pool}: median rate ratio {out[f'{code} {pool}']['median_ratio']:.2f}, "
+                  f"median CPU local/s3 {out[f'{code} {pool}']['median_cpu_ratio']:.2f}", flush=True)
         return out
     finally:
         server.kill()
@@ -229,7 +235,7 @@ def bench_listing(objects: int) -> dict:
     server, endpoint = serve(objects, _env())
     try:
         done = subprocess.run([sys.executable, "-c", LIST], capture_output=True, text=True, env=_env(endpoint),
-                              check=True)
+                              check=True, cwd=tempfile.gettempdir())
         got = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         server.kill()
@@ -253,13 +259,19 @@ def main() -> None:
     parser.add_argument("--skip-listing", action="store_true")
     parser.add_argument("--pools", default="auto", help="--worker-pool of both builds, comma-separated: auto, "
                         "processes (the issue's comparison), threads")
+    parser.add_argument("--baseline", metavar="REV", help="build with this revision's code too, in the same rounds")
     args = parser.parse_args()
     result = {"load_before": os.getloadavg()}
     if not args.skip_listing:
         result["listing"] = bench_listing(args.objects)
     if not args.skip_build:
         with tempfile.TemporaryDirectory(prefix="shardkit-osbench-") as work:
-            result["build"] = bench_build(args.images, args.rounds, work, args.pools.split(","))
+            codes = None
+            if args.baseline:
+                from remote_bench import checkout
+
+                codes = {"HEAD": None, args.baseline: checkout(args.baseline, work)}
+            result["build"] = bench_build(args.images, args.rounds, work, args.pools.split(","), codes)
     result["load_after"] = os.getloadavg()
     print(json.dumps(result, indent=1))
 

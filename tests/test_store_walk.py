@@ -116,3 +116,15 @@ def test_a_failing_listing_page_is_retried_from_the_key_after_the_last_one(s3, a
     answers[f"/{BUCKET}"] = [503, 503, 503]
     with pytest.raises(RemoteError, match="tried 3 time"):
         walk(src, policy=policy)
+
+
+@pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
+def test_both_clients_give_the_same_stamps_so_a_rerun_on_the_other_rebuilds_nothing(s3, tmp_path, monkeypatch):
+    src = s3.upload(_write(tmp_path / "src", TREE), "src")
+    stamps = {}
+    for client in ("obstore", "fsspec"):
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+        listing = walk(src, s3.url("src/out"))
+        stamps[client] = (listing.files.select(["key", "stamp"]).sort_by("key").to_pylist(),
+                          [rf.stamp() for rf in listing.row_files])
+    assert stamps["obstore"] == stamps["fsspec"]
