@@ -95,11 +95,13 @@ class _Columns:
     def __init__(self):
         self.batches, self.cols, self.rows = [], {name: [] for name in schema().names}, 0
 
-    def add(self, **row) -> None:
-        for name, col in self.cols.items():
-            col.append(row.get(name, -1))
+    def add(self, key: str, files: list, top: str | None, size: int, kinds: int, stamp: int) -> None:
+        """One file sample (its row_file and row: -1)."""
+        c = self.cols
+        c["key"].append(key), c["files"].append(files), c["top"].append(top), c["size"].append(size)
+        c["kinds"].append(kinds), c["stamp"].append(stamp), c["row_file"].append(-1), c["row"].append(-1)
         self.rows += 1
-        if len(self.cols["key"]) >= FLUSH_ROWS:
+        if len(c["key"]) >= FLUSH_ROWS:
             self.flush()
 
     def truncate(self, rows: int) -> None:
@@ -233,6 +235,14 @@ def _file_type(mode: int) -> str:
 
 def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
     """One stem's files → one file sample (image first, then text, then the rest), or rejections."""
+    if len(files) == 1:  # most stems: the rule below, without its counting and sorting
+        rel, ext, st = files[0]
+        if ext in IMAGE_EXTS:
+            listing.image_exts.add(ext[1:])
+        key = make_key(stem)
+        cols.add(key, [rel], top_folder(rel), st.st_size, _kind_bit(ext),
+                 stamp_digest(f"{key}|{rel}|{((st.st_size, st.st_mtime_ns),)}"))
+        return
     exts = [e for _, e, _ in files]
     n_img, n_txt, n_arr = (sum(e in s for e in exts) for s in (IMAGE_EXTS, TEXT_EXTS, ARRAY_EXTS))
     if n_img > 1 or n_txt > 1 or n_arr > 1:
@@ -249,8 +259,8 @@ def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
     kinds = 0
     for e in exts:
         kinds |= _kind_bit(e)
-    cols.add(key=key, files=rels, top=top_folder(rels[0]), size=sum(st.st_size for _, _, st in files),
-             kinds=kinds, stamp=stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
+    cols.add(key, rels, top_folder(rels[0]), sum(st.st_size for _, _, st in files), kinds,
+             stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
 
 
 def walk(root: str, out: str | None = None, policy=None) -> Listing:
