@@ -128,3 +128,15 @@ def test_both_clients_give_the_same_stamps_so_a_rerun_on_the_other_rebuilds_noth
         stamps[client] = (listing.files.select(["key", "stamp"]).sort_by("key").to_pylist(),
                           [rf.stamp() for rf in listing.row_files])
     assert stamps["obstore"] == stamps["fsspec"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_walk_tells_its_progress_as_it_goes(s3, tmp_path, monkeypatch, client):
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    monkeypatch.setattr(W, "SEEN_EVERY", 7)
+    src = _write(tmp_path / "src", {f"c{i % 3}/{i}.jpg": b"1" for i in range(30)})
+    on_disk, on_store = [], []
+    walk(src, seen=on_disk.append)
+    walk(s3.upload(src, "src"), seen=on_store.append)
+    assert sorted(on_disk) == [0, 10, 10, 10]  # a folder at a time (SRC itself holds no file)
+    assert on_store == [7, 7, 7, 7, 2]  # SEEN_EVERY keys at a time, then the rest

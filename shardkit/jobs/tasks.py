@@ -58,11 +58,13 @@ class _Task:
             raise
 
 
-def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0):
-    """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False)."""
+def progress_bar(total: int | None, *, desc: str, unit: str, enabled: bool = True, initial: int = 0,
+                 delay: float = 0):
+    """A tqdm bar on stderr (hidden when not a terminal unless forced, off when `enabled` is False);
+    `total` None: a count and a rate; `delay`: shown only once the work has taken that many seconds."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=None if enabled else True)
+    return tqdm(total=total, initial=initial, unit=unit, desc=desc, disable=None if enabled else True, delay=delay)
 
 
 @dataclass(frozen=True)

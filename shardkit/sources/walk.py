@@ -34,6 +34,7 @@ _ROW_KIND = {".jsonl": "jsonl", ".parquet": "parquet", ".tar": "tar"}
 IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
 KIND_NAMES = {IMAGE: "image", TXT: "txt", JSON: "json", ARRAY: "array"}
 FLUSH_ROWS = 8192  # file samples per Arrow batch: bounds the Python objects alive while listing (~4 MB)
+SEEN_EVERY = 1000  # keys of a store between two reports of the walk's progress
 
 
 @dataclass
@@ -263,17 +264,18 @@ def _group(stem: str, files: list, cols: _Columns, listing: "Listing") -> None:
              stamp_digest(f"{key}|{'|'.join(rels)}|{stamps}"))
 
 
-def walk(root: str, out: str | None = None, policy=None) -> Listing:
+def walk(root: str, out: str | None = None, policy=None, seen=None) -> Listing:
     """List SRC (a local folder or a URL): file samples (unsorted Arrow table), row files (in path
     order), rejections. OUT, when inside SRC, and shardkit datasets below SRC are left out (counted
     rejections). A folder is read entry by entry in name order and each stem's files become a sample
     as soon as the names pass them, so a folder of a million objects on a store costs the client its
-    columns only. `policy`: the job's RemotePolicy, for a store."""
-    listing, cols = Listing(None, []), _Columns()
+    columns only. `policy`: the job's RemotePolicy, for a store; `seen(n)`: told of the entries
+    met, a folder (on a disk) or SEEN_EVERY keys (on a store) at a time (a progress bar)."""
+    listing, cols, seen = Listing(None, []), _Columns(), seen or (lambda n: None)
     if is_url(root):
-        _walk_store(root, out, policy, listing, cols)
+        _walk_store(root, out, policy, listing, cols, seen)
     else:
-        _walk_disk(root, out, listing, cols)
+        _walk_disk(root, out, listing, cols, seen)
     listing.files = cols.table()
     listing.row_files.sort(key=lambda rf: rf.rel)  # the same ids whatever order the walk met them in
     for i, rf in enumerate(listing.row_files):
@@ -281,16 +283,18 @@ def walk(root: str, out: str | None = None, policy=None) -> Listing:
     return listing
 
 
-def _walk_disk(root: str, out: str | None, listing: Listing, cols: _Columns) -> None:
+def _walk_disk(root: str, out: str | None, listing: Listing, cols: _Columns, seen) -> None:
     """A local folder, folder by folder: its files in name order, then its subfolders."""
     real_root, todo = os.path.realpath(root), [""]
     while todo:
         rel_dir = todo.pop()
         subdirs: list[str] = []
         stems = _Stems(cols, listing)
-        for rel, st in _entries(root, rel_dir, real_root, listing, subdirs, out):
+        entries = _entries(root, rel_dir, real_root, listing, subdirs, out)
+        for rel, st in entries:
             _add_file(rel, bool(rel_dir), st, stems, listing)
         stems.close()
+        seen(len(entries))
         todo.extend(reversed(sorted(subdirs)))
 
 
@@ -366,7 +370,7 @@ class _Open:
         self.rel, self.stems, self.mark, self.manifest = rel, stems, mark, False
 
 
-def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Columns) -> None:
+def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Columns, seen) -> None:
     """A folder on a store, as one stream of keys in key order (store.listing.Keys): no request per
     folder. The keys of a folder's subfolders come between its own files, so each folder on the way
     down keeps its stems open (_Open) until the keys leave it. A hidden folder and OUT are skipped
@@ -378,7 +382,10 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
 
     keys, path, markers = Keys(root, policy), [_Open("", _Stems(cols, listing), None)], 0
     out_rel = out.rstrip("/")[len(root.rstrip("/")) + 1:] + "/" if out and out.startswith(root.rstrip("/") + "/") else None
-    for rel, size, version in keys:
+    n = 0
+    for n, (rel, size, version) in enumerate(keys, 1):
+        if not n % SEEN_EVERY:
+            seen(SEEN_EVERY)
         folder, _, name = rel.rpartition("/")
         if (folder + "/" if folder else "") != path[-1].rel and not _enter(rel, path, keys, listing, cols, out_rel):
             continue
@@ -391,6 +398,7 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
             _add_file(rel, bool(folder), _Stat(size, version_number(version)), path[-1].stems, listing)
     for open_ in reversed(path):
         open_.stems.close()
+    seen(n % SEEN_EVERY)
     if markers:
         listing.notes.append(f"{markers} folder markers (empty objects without an extension) passed over")
 

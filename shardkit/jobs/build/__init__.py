@@ -41,6 +41,7 @@ from shardkit.errors import redact
 from shardkit.store.lease import out_lock
 
 log = logging.getLogger("shardkit.build")
+LIST_BAR_DELAY = 2.0  # seconds of listing before its bar shows (a small SRC lists without one)
 
 
 @dataclass
@@ -75,7 +76,8 @@ def _scan(cfg: BuildConfig, pending, start: bool) -> Inventory:
     if not store.is_url(cfg.src) and not os.path.isdir(cfg.src):
         raise FileNotFoundError(f"source folder {cfg.src!r} does not exist or is not a folder")
     policy = remote_policy(cfg)
-    listing = W.walk(cfg.src, cfg.out, policy)
+    with progress_bar(None, desc="list SRC", unit=" files", enabled=cfg.progress, delay=LIST_BAR_DELAY) as bar:
+        listing = W.walk(cfg.src, cfg.out, policy, seen=bar.update)
     choice = build_pool(cfg, listing)
     pending.use_threads(choice.threads, choice.head_threads)
     if start:
