@@ -88,16 +88,64 @@ def test_any_other_fsspec_store_walks_as_the_disk(tmp_path):
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_keys_a_disk_cannot_name_and_folder_markers_are_counted_not_fatal(s3, monkeypatch, client):
+@pytest.mark.parametrize("page", [1000, 2])
+def test_keys_a_disk_cannot_name_and_folder_markers_are_counted_not_fatal(s3, monkeypatch, client, page):
+    import shardkit.store.listing as listing_module
+
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
-    for key, data in {"src/a.jpg": b"1", "src/odd//e.jpg": b"1", "src/odd/./f.jpg": b"1", "src/odd/g.jpg": b"1",
-                      "src/empty/": b"", "src/cat/": b"", "src/cat/1.jpg": b"1", "src/z.jpg": b"1"}.items():
+    monkeypatch.setattr(listing_module, "PAGE", page)  # pages that end on a key obstore cannot name
+    keys = {"src/": b"", "src/a.jpg": b"1", "src/b/.gitkeep": b"", "src/b/README": b"", "src/b/c.jpg": b"1",
+            "src/odd//e.jpg": b"1", "src/odd//f.jpg": b"1", "src/odd/./f.jpg": b"1", "src/odd/g.jpg": b"1",
+            "src/empty/": b"", "src/cat/": b"", "src/cat/1.jpg": b"1", "src/old/": b"", "src/old/_SUCCESS": b"",
+            "src/old/manifest.json": b"{}", "src/old/sub/": b"", "src/old/shards/0.tar": b"1", "src/z.jpg": b"1"}
+    for key, data in keys.items():
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=data)
     listing = walk(s3.url("src"))
-    assert sorted(listing.files.column("key").to_pylist()) == ["a", "cat/1", "odd/g", "z"]
-    odd = {r.path: r.reason for r in listing.rejections}
-    assert set(odd) == {"odd//e.jpg", "odd/./f.jpg"} and all("empty, '.' or '..' folder name" in r for r in odd.values())
-    assert listing.notes == ["2 folder markers (empty objects without an extension) passed over"]
+    assert sorted(listing.files.column("key").to_pylist()) == ["a", "b/c", "cat/1", "odd/g", "z"]
+    reasons = {r.path: r.reason for r in listing.rejections}
+    assert sorted(reasons) == sorted(["b/.gitkeep", "b/README", "odd//e.jpg", "odd//f.jpg", "odd/./f.jpg", "old/"])
+    assert reasons["b/.gitkeep"].startswith("hidden file") and reasons["b/README"].startswith("unsupported extension")
+    assert all("empty, '.' or '..' folder name" in reasons[k] for k in ("odd//e.jpg", "odd//f.jpg", "odd/./f.jpg"))
+    # SRC's own marker is not counted, and those of a dataset are taken back with it
+    assert listing.notes == ["2 folder markers (keys that end in '/') passed over"]
+
+
+KEYS_ROUND_A_MARKER = {"src/cat-dog/1.jpg": b"1", "src/cat.jpg": b"1", "src/cat/": b"", "src/cat/3.jpg": b"1",
+                       "src/z.jpg": b"1"}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_listing_restarted_after_a_folder_marker_gives_each_key_once(s3, answers, monkeypatch, client):
+    """object_store drops a marker's '/': `cat` would be the resume point, and `cat-dog/…` and
+    `cat.jpg` (between `cat` and `cat/`) would come twice."""
+    import shardkit.store.listing as listing_module
+    from shardkit.store.remote import RemotePolicy
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    monkeypatch.setattr(listing_module, "PAGE", 3)
+    monkeypatch.setattr(objstore, "LIST_CHUNK", 3)
+    keys = {**KEYS_ROUND_A_MARKER, **({"src/a//x.jpg": b"1"} if client == "obstore" else {})}  # obstore: s3fs's page
+    for key, data in keys.items():
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    answers[f"/{BUCKET}"] = [None, 503]  # the second listing request fails once: a restart
+    listing = walk(s3.url("src"), policy=RemotePolicy(retries=2, backoff=0.01, fix="x"))
+    assert sorted(listing.files.column("key").to_pylist()) == ["cat", "cat-dog/1", "cat/3", "z"]
+    assert [r.path for r in listing.rejections] == (["a//x.jpg"] if client == "obstore" else [])
+    assert listing.notes == ["1 folder markers (keys that end in '/') passed over"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_skipped_folder_with_keys_past_its_end_point_ends(s3, monkeypatch, client):
+    import shardkit.store.listing as listing_module
+
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    monkeypatch.setattr(listing_module, "PAGE", 1)
+    monkeypatch.setattr(objstore, "LIST_CHUNK", 1)
+    for key in ("src/z/.h/\U0010ffff.jpg", "src/z/.h/\U0010ffffb.jpg", "src/z/y.jpg"):
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=b"1")
+    listing = walk(s3.url("src"))
+    assert listing.files.column("key").to_pylist() == ["z/y"] and [r.path for r in listing.rejections] == ["z/.h/"]
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -140,3 +188,24 @@ def test_the_walk_tells_its_progress_as_it_goes(s3, tmp_path, monkeypatch, clien
     walk(s3.upload(src, "src"), seen=on_store.append)
     assert sorted(on_disk) == [0, 10, 10, 10]  # a folder at a time (SRC itself holds no file)
     assert on_store == [7, 7, 7, 7, 2]  # SEEN_EVERY keys at a time, then the rest
+
+
+def test_taking_rows_back_keeps_the_rest_and_costs_what_it_takes_back(monkeypatch):
+    import random
+
+    monkeypatch.setattr(W, "FLUSH_ROWS", 5)
+    rng = random.Random(7)
+    for trial in range(200):
+        cols, kept = W._Columns(), []
+        for step in range(60):
+            if rng.random() < 0.8:
+                key = f"k{step}"
+                cols.add(key, [key], None, 1, 1, step)
+                kept.append(key)
+            else:
+                n = rng.randint(max(0, len(kept) - 7), len(kept))
+                batches = len(cols.batches)
+                cols.truncate(n)
+                del kept[n:]
+                assert len(cols.batches) <= batches  # no batch made to take rows back
+        assert cols.table().column("key").to_pylist() == kept and cols.rows == len(kept)

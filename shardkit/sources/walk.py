@@ -66,6 +66,7 @@ class Listing:
     images: int = 0  # image files seen
     top_images: int = 0  # … of them directly in SRC (not in a class folder)
     image_exts: set[str] = field(default_factory=set)  # extensions of the file samples' images ('jpg', …)
+    markers: int = 0  # keys on a store that end in '/' (folder markers): passed over, counted in a note
 
 
 def schema():
@@ -106,16 +107,18 @@ class _Columns:
             self.flush()
 
     def truncate(self, rows: int) -> None:
-        """Forget every row after the first `rows`."""
-        self.flush()
-        kept, n = [], 0
-        for batch in self.batches:
-            if n + batch.num_rows > rows:
-                batch = batch.slice(0, rows - n)
-            if batch.num_rows:
-                kept.append(batch)
-            n += batch.num_rows
-        self.batches, self.rows = kept, min(self.rows, rows)
+        """Forget every row after the first `rows`: the cost of what is forgotten, not of what is kept."""
+        flushed = self.rows - len(self.cols["key"])
+        keep = max(0, rows - flushed)
+        for col in self.cols.values():
+            del col[keep:]
+        while flushed > rows:
+            last = self.batches.pop()
+            flushed -= last.num_rows
+            if flushed < rows:
+                self.batches.append(last.slice(0, rows - flushed))
+                flushed = rows
+        self.rows = min(self.rows, rows)
 
     def flush(self) -> None:
         import pyarrow as pa
@@ -355,6 +358,7 @@ class _Mark(NamedTuple):
     row_files: int
     rejections: int
     notes: int
+    markers: int
     images: int
     top_images: int
     image_exts: frozenset
@@ -377,10 +381,10 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
     where they start; a shardkit dataset is known by its `.shardkit/`, or by `shards/` after a
     `manifest.json`: what the walk took from it is taken back (_Mark) and the rest skipped. The
     rejections are the local walk's, but for keys a disk has no name for (empty, '.' or '..' folder
-    names) and folder markers (empty objects without an extension: counted in a note)."""
+    names) and folder markers (keys that end in '/': counted in a note)."""
     from shardkit.store.listing import Keys, version_number
 
-    keys, path, markers = Keys(root, policy), [_Open("", _Stems(cols, listing), None)], 0
+    keys, path = Keys(root, policy), [_Open("", _Stems(cols, listing), None)]
     out_rel = out.rstrip("/")[len(root.rstrip("/")) + 1:] + "/" if out and out.startswith(root.rstrip("/") + "/") else None
     n = 0
     for n, (rel, size, version) in enumerate(keys, 1):
@@ -389,8 +393,8 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
         folder, _, name = rel.rpartition("/")
         if (folder + "/" if folder else "") != path[-1].rel and not _enter(rel, path, keys, listing, cols, out_rel):
             continue
-        if size == 0 and not os.path.splitext(name)[1]:
-            markers += 1
+        if not name:
+            listing.markers += 1
         elif name.startswith("."):
             listing.rejections.append(Rejection(rel, "source", "hidden file: not read"))
         else:
@@ -399,8 +403,8 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
     for open_ in reversed(path):
         open_.stems.close()
     seen(n % SEEN_EVERY)
-    if markers:
-        listing.notes.append(f"{markers} folder markers (empty objects without an extension) passed over")
+    if listing.markers:
+        listing.notes.append(f"{listing.markers} folder markers (keys that end in '/') passed over")
 
 
 def _enter(key: str, path: list, keys, listing: Listing, cols: _Columns, out_rel: str | None) -> bool:
@@ -426,7 +430,7 @@ def _enter(key: str, path: list, keys, listing: Listing, cols: _Columns, out_rel
             listing.rejections.append(Rejection(rel, "source", "the build's output folder (OUT): not read"))
         else:
             mark = _Mark(cols.rows, len(listing.row_files), len(listing.rejections), len(listing.notes),
-                         listing.images, listing.top_images, frozenset(listing.image_exts),
+                         listing.markers, listing.images, listing.top_images, frozenset(listing.image_exts),
                          rel.split("/", 1)[0] in listing.tops)
             if os.path.splitext(name)[1].lower() in KNOWN_EXTS:
                 listing.notes.append(f"folder {rel!r} is named like a file: read as a folder")
@@ -446,6 +450,7 @@ def _dataset(found: _Open, path: list, keys, listing: Listing, cols: _Columns) -
     cols.truncate(mark.rows)
     del listing.row_files[mark.row_files:], listing.rejections[mark.rejections:], listing.notes[mark.notes:]
     listing.images, listing.top_images, listing.image_exts = mark.images, mark.top_images, set(mark.image_exts)
+    listing.markers = mark.markers
     if not mark.had_top:
         listing.tops.discard(found.rel.split("/", 1)[0])
     listing.rejections.append(Rejection(found.rel, "source", "a shardkit dataset (manifest.json, shards/ or "

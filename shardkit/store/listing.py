@@ -11,6 +11,7 @@ client CPU per object against ~43 through s3fs's pages: bench/listing_cpu_bench.
 from __future__ import annotations
 
 import hashlib
+import os
 import heapq
 from typing import Iterator, NamedTuple
 
@@ -112,13 +113,15 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
 class Keys:
     """Every object below the folder `url`, in S3's key order (the UTF-8 bytes, which is Python's
     str order), as (relative key, size, version): one stream of pages on S3 (obstore's, else s3fs's
-    ListObjectsV2 without a delimiter), a walk of list_folder's folders on any other store. The
-    consumer may call skip(prefix) for a folder it will not read: the stream moves past it (a new
-    request from the key after it, where the folder runs past the page in hand). A page that
-    fails is retried alone, from the key after the last one given."""
+    ListObjectsV2 without a delimiter), a walk of list_folder's folders on any other store. A key
+    ends in '/' where the store holds one (a folder marker), on both clients. The consumer may call
+    skip(prefix) for a folder it will not read: the stream moves past it (a new request from the key
+    after it, where the folder runs past the page in hand). A page that fails is retried alone,
+    from the key after the last one given (the store's own key: the resume point)."""
 
     def __init__(self, url: str, policy: RemotePolicy | None = None):
         self.url, self.policy = url.rstrip("/"), policy
+        self.folder = self.url.split("://", 1)[1].partition("/")[2]  # bucket-relative, '' at the root
         self.after: str | None = None  # the stream continues with the keys after this one (relative)
         self._skip: str | None = None  # a folder being skipped: its keys left in the page are dropped
 
@@ -155,6 +158,7 @@ class Keys:
             for rel, size, version in page:
                 if self._skip is not None:
                     if rel.startswith(self._skip):
+                        self.after = max(self.after, rel)  # keys may sort after the folder + LAST
                         continue
                     self._skip = None
                 self.after = rel
@@ -163,36 +167,56 @@ class Keys:
                 pages = None
 
     def _obstore_pages(self, after: str | None):
-        """obstore's pages; a stretch of keys it cannot name ('a//b') read through s3fs."""
+        """obstore's pages, their folder markers told apart (_markers). Where obstore cannot name a
+        key ('a//b', 'a/./b') or start after one (a marker's 'a/'), a page of s3fs's."""
         from shardkit.store import objstore
 
-        fs = None
+        fs = last = None
         while True:
-            try:
-                for page in objstore.list_pages(self.url, self._key(after), _timeout(self.policy)):
-                    after = self._rel(page[-1][0])
-                    yield [(self._rel(k), n, v) for k, n, v in page]
-                return
-            except objstore.UnnamedKey:
-                if fs is None:
-                    fs, path = filesystem(self.url, self.policy)
-                page, more = next(self._s3_pages(fs, path, after, pages=1))
-                if page:
-                    after = page[-1][0]
-                    yield page
-                if not more:
+            if after is None or _nameable(after):
+                try:
+                    for page in objstore.list_pages(self.url, self._key(after), _timeout(self.policy)):
+                        page = self._markers(page, last)
+                        if page:
+                            after = last = page[-1][0]
+                            yield page
                     return
+                except objstore.UnnamedKey:
+                    pass
+            if fs is None:
+                fs, path = filesystem(self.url, self.policy)
+            page, more = next(self._s3_pages(fs, path, after, pages=1))
+            if page:
+                after = last = page[-1][0]
+                yield page
+            if not more:
+                return
+
+    def _markers(self, page: list, last: str | None) -> list:
+        """obstore's keys relative, with the '/' object_store drops from a folder marker put back:
+        an empty object without an extension is a marker where it sorts before the key given before
+        it (`a/` comes after `a-b/x` and `a.jpg`), else where a HEAD of its name finds nothing. SRC's
+        own marker is left out, as s3fs's pages leave it out."""
+        from shardkit.store import objstore
+
+        out, n = [], len(self.folder) + 1 if self.folder else 0
+        for key, size, version in page:
+            if key == self.folder:
+                continue
+            rel = key[n:]
+            if size == 0 and not os.path.splitext(rel.rpartition("/")[2])[1] and (
+                    (last is not None and rel <= last)
+                    or not objstore.is_object(f"{self.url}/{rel}", _timeout(self.policy))):
+                rel += "/"
+            out.append((rel, size, version))
+            last = rel
+        return out
 
     def _key(self, rel: str | None) -> str | None:
         """A relative key as obstore's offset (bucket-relative)."""
         if rel is None:
             return None
-        folder = self.url.split("://", 1)[1].partition("/")[2]
-        return f"{folder}/{rel}" if folder else rel
-
-    def _rel(self, key: str) -> str:
-        folder = self.url.split("://", 1)[1].partition("/")[2]
-        return key[len(folder) + 1:] if folder else key
+        return f"{self.folder}/{rel}" if self.folder else rel
 
     def _s3_pages(self, fs, path: str, after: str | None, pages: int | None = None):
         """s3fs's ListObjectsV2 pages, no delimiter; with `pages`, (page, whether more follow) that
@@ -207,7 +231,7 @@ class Keys:
         while True:
             call = getattr(fs, S3_CALL)
             answer = sync(fs.loop, call, "list_objects_v2", **args, **bound(fs, 0, self.policy))
-            page = [(c["Key"][len(prefix):].rstrip("/"), int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
+            page = [(c["Key"][len(prefix):], int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
                     for c in answer.get("Contents", []) if len(c["Key"]) > len(prefix)]
             more = bool(answer.get("IsTruncated"))
             if pages is not None:
@@ -240,6 +264,12 @@ class Keys:
                 while stack[-1][0].startswith(self._skip):
                     stack.pop()
                 self._skip = None
+
+
+def _nameable(key: str) -> bool:
+    """Whether obstore can start a listing after this key: object_store's paths have no empty, '.' or
+    '..' segment and no trailing '/'."""
+    return not key.endswith("/") and all(part not in ("", ".", "..") for part in key.split("/"))
 
 
 def _timeout(policy: RemotePolicy | None) -> float:

@@ -361,6 +361,25 @@ class UnnamedKey(ValueError):
         self.after = after
 
 
+def is_object(url: str, timeout: float) -> bool:
+    """Whether an object of exactly this key exists (a HEAD in the caller's thread)."""
+    import obstore
+
+    store, key = _store(url, timeout, bounded=True)
+    try:
+        obstore.head(store, key)
+    except FileNotFoundError:  # what obstore raises for a 404 here
+        return False
+    except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
+        if type(e).__module__.startswith("obstore"):
+            error = translate(e)
+            if isinstance(error, FileNotFoundError):
+                return False
+            raise error from None
+        raise
+    return True
+
+
 def list_pages(url: str, after: str | None, timeout: float):
     """Pages of (key, size, ETag) of every object below the folder `url`, in key order, after the
     key `after` (bucket-relative; None: from the start): obstore's streamed recursive listing, in the
@@ -370,11 +389,12 @@ def list_pages(url: str, after: str | None, timeout: float):
     import obstore.exceptions as ox
 
     store, prefix = _store(url.rstrip("/") + "/", timeout, bounded=True)
-    stream = None
+    try:
+        stream = obstore.list(store, prefix or None, offset=after, chunk_size=LIST_CHUNK)
+    except (ox.InvalidPathError, ValueError):  # an offset it cannot name
+        raise UnnamedKey(after) from None
     while True:
         try:
-            if stream is None:  # an offset it cannot name fails here
-                stream = obstore.list(store, prefix or None, offset=after, chunk_size=LIST_CHUNK)
             batch = next(stream)
         except StopIteration:
             return
