@@ -209,3 +209,29 @@ def test_taking_rows_back_keeps_the_rest_and_costs_what_it_takes_back(monkeypatc
                 del kept[n:]
                 assert len(cols.batches) <= batches  # no batch made to take rows back
         assert cols.table().column("key").to_pylist() == kept and cols.rows == len(kept)
+
+
+@pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
+def test_a_restart_on_obstore_tells_a_marker_from_a_file_of_its_name(s3, monkeypatch):
+    """`cat` (an empty file) and `cat/` (a marker) both exist; a skip of `cat-a/.h/` restarts the
+    stream between them: the marker, which object_store gives as `cat`, is still a marker."""
+    monkeypatch.setattr(objstore, "LIST_CHUNK", 1)
+    for key, data in {"src/cat": b"", "src/cat-a/.h/1.jpg": b"1", "src/cat-a/.h/2.jpg": b"1", "src/cat/": b"",
+                      "src/cat/1.jpg": b"1", "src/v1.0/": b"", "src/sub.jpg/": b"", "src/sub.jpg/x.jpg": b"1"}.items():
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    listing = walk(s3.url("src"))
+    assert sorted(listing.files.column("key").to_pylist()) == ["cat/1", "sub_jpg/x_9d6c9ff8"]
+    assert sorted(r.path for r in listing.rejections) == ["cat", "cat-a/.h/"]
+    assert listing.notes[-1] == "3 folder markers (keys that end in '/') passed over"  # cat/, v1.0/, sub.jpg/
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not objstore.available(), reason="pip install 'shardkit[obstore]'")
+def test_a_page_of_s3fs_holding_only_src_s_own_marker_moves_on(s3, monkeypatch):
+    import shardkit.store.listing as listing_module
+
+    monkeypatch.setattr(listing_module, "PAGE", 1)
+    for key, data in {"src/": b"", "src/a//b.jpg": b"1", "src/c.jpg": b"1"}.items():
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    listing = walk(s3.url("src"))
+    assert listing.files.column("key").to_pylist() == ["c"] and [r.path for r in listing.rejections] == ["a//b.jpg"]

@@ -11,7 +11,6 @@ client CPU per object against ~43 through s3fs's pages: bench/listing_cpu_bench.
 from __future__ import annotations
 
 import hashlib
-import os
 import heapq
 from typing import Iterator, NamedTuple
 
@@ -171,7 +170,7 @@ class Keys:
         key ('a//b', 'a/./b') or start after one (a marker's 'a/'), a page of s3fs's."""
         from shardkit.store import objstore
 
-        fs = last = None
+        fs, last = None, after  # a restart compares with the key given last, as the stream before it did
         while True:
             if after is None or _nameable(after):
                 try:
@@ -185,18 +184,19 @@ class Keys:
                     pass
             if fs is None:
                 fs, path = filesystem(self.url, self.policy)
-            page, more = next(self._s3_pages(fs, path, after, pages=1))
+            page, more, after = next(self._s3_pages(fs, path, after, pages=1))
             if page:
-                after = last = page[-1][0]
+                last = page[-1][0]
                 yield page
             if not more:
                 return
 
     def _markers(self, page: list, last: str | None) -> list:
         """obstore's keys relative, with the '/' object_store drops from a folder marker put back:
-        an empty object without an extension is a marker where it sorts before the key given before
-        it (`a/` comes after `a-b/x` and `a.jpg`), else where a HEAD of its name finds nothing. SRC's
-        own marker is left out, as s3fs's pages leave it out."""
+        an empty object is a marker where it sorts before the key given before it (`a/` comes after
+        `a-b/x` and `a.jpg`), else where a HEAD of its name finds nothing (one HEAD per empty object,
+        none for the others). SRC's own marker is left out, as s3fs's pages leave it out. A marker
+        with a body (not what consoles and tools write) reads as a file here."""
         from shardkit.store import objstore
 
         out, n = [], len(self.folder) + 1 if self.folder else 0
@@ -204,9 +204,8 @@ class Keys:
             if key == self.folder:
                 continue
             rel = key[n:]
-            if size == 0 and not os.path.splitext(rel.rpartition("/")[2])[1] and (
-                    (last is not None and rel <= last)
-                    or not objstore.is_object(f"{self.url}/{rel}", _timeout(self.policy))):
+            if size == 0 and ((last is not None and rel <= last)
+                              or not objstore.is_object(f"{self.url}/{rel}", _timeout(self.policy))):
                 rel += "/"
             out.append((rel, size, version))
             last = rel
@@ -219,8 +218,8 @@ class Keys:
         return f"{self.folder}/{rel}" if self.folder else rel
 
     def _s3_pages(self, fs, path: str, after: str | None, pages: int | None = None):
-        """s3fs's ListObjectsV2 pages, no delimiter; with `pages`, (page, whether more follow) that
-        many times."""
+        """s3fs's ListObjectsV2 pages, no delimiter; with `pages`, (page, whether more follow, the
+        key to go on after: the answer's last, SRC's own marker included) that many times."""
         from fsspec.asyn import sync
 
         bucket, _, key = path.partition("/")
@@ -235,7 +234,8 @@ class Keys:
                     for c in answer.get("Contents", []) if len(c["Key"]) > len(prefix)]
             more = bool(answer.get("IsTruncated"))
             if pages is not None:
-                yield page, more
+                contents = answer.get("Contents", [])  # none but more: no progress to make, taken as the end
+                yield page, more and bool(contents), contents[-1]["Key"][len(prefix):] if contents else after
                 pages -= 1
                 if not pages:
                     return
