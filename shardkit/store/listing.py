@@ -108,7 +108,6 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
     return bool(retry(url, lambda: fs.exists(path), policy=policy))
 
 
-
 class Keys:
     """Every object below the folder `url`, in S3's key order (the UTF-8 bytes, which is Python's
     str order), as (relative key, size, version): one stream of pages on S3 (obstore's, else s3fs's
