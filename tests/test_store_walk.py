@@ -44,7 +44,8 @@ def _seen(listing) -> dict:
     table = listing.files.drop_columns(["stamp"]).sort_by("key").to_pylist()
     return {"files": table, "row_files": [(rf.id, rf.rel, rf.kind, rf.size, rf.stem_key, rf.top)
                                           for rf in listing.row_files],
-            "rejections": sorted((r.path, r.stage, r.reason) for r in listing.rejections), "notes": sorted(listing.notes), "tops": listing.tops,
+            "rejections": sorted((r.path, r.stage, r.reason) for r in listing.rejections),
+            "notes": sorted(listing.notes), "tops": listing.tops,
             "images": (listing.images, listing.top_images, listing.image_exts)}
 
 

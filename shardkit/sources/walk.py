@@ -385,7 +385,8 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
     from shardkit.store.listing import Keys, version_number
 
     keys, path = Keys(root, policy), [_Open("", _Stems(cols, listing), None)]
-    out_rel = out.rstrip("/")[len(root.rstrip("/")) + 1:] + "/" if out and out.startswith(root.rstrip("/") + "/") else None
+    base = root.rstrip("/") + "/"
+    out_rel = out.rstrip("/")[len(base):] + "/" if out and out.startswith(base) else None  # OUT inside SRC
     n = 0
     for n, (rel, size, version) in enumerate(keys, 1):
         if not n % SEEN_EVERY:
