@@ -5,6 +5,7 @@ s3fs spends ~5 ms of client CPU on a 40 KB GET (botocore's request building and 
 fsspec methods the store's calls use (cat_file, pipe_file, put_file, get_file, info, rm_file); any
 other method (ls, open, rm, ...) is the fsspec filesystem's, so fsspec stays the long tail and the
 fallback: without the `obstore` extra, or with SHARDKIT_OBJECT_CLIENT=fsspec, nothing changes.
+`list_pages` and `is_object` serve the walk of SRC (store.listing.Keys).
 
 One obstore store (its connection pool, kept alive) per process and (bucket, endpoint, region,
 credentials). A whole object or a range of up to SMALL, and a PUT of up to WHOLE, is a sync call in
