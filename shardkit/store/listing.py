@@ -54,17 +54,31 @@ def _pages_s3(fs) -> bool:
     return type(fs).__name__ == "S3FileSystem" and callable(getattr(fs, S3_CALL, None))
 
 
-def _s3_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
+def _list_objects(fs, policy: RemotePolicy | None, **args) -> dict:
+    """One ListObjectsV2 answer through s3fs's private `_call_s3` (its one caller), its wait bounded."""
     from fsspec.asyn import sync
 
+    return sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", **args, **bound(fs, 0, policy))
+
+
+def _bucket_prefix(path: str) -> tuple[str, str]:
+    """(bucket, the key prefix of the folder: '' or ending in '/') of an s3fs path."""
     bucket, _, key = path.partition("/")
-    prefix = key.strip("/") + "/" if key.strip("/") else ""
+    return bucket, key.strip("/") + "/" if key.strip("/") else ""
+
+
+def _version(content: dict) -> str:
+    """An object's version as a listing gives it: its ETag, else its mtime."""
+    return str(content.get("ETag", content.get("LastModified", "")))
+
+
+def _s3_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
+    bucket, prefix = _bucket_prefix(path)
     args = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
     while True:
-        call = getattr(fs, S3_CALL)
-        page = retry(url, lambda: sync(fs.loop, call, "list_objects_v2", **args, **bound(fs, 0, policy)), policy=policy)
+        page = retry(url, lambda: _list_objects(fs, policy, **args), policy=policy)
         dirs = [Entry(p["Prefix"][len(prefix):-1], True, 0, "") for p in page.get("CommonPrefixes", [])]
-        files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
+        files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), _version(c))
                  for c in page.get("Contents", []) if len(c["Key"]) > len(prefix)]
         yield from heapq.merge(dirs, files, key=lambda e: e.name + "/" if e.is_dir else e.name)
         if not page.get("IsTruncated"):
@@ -99,11 +113,8 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
     """Whether anything lies at or below `url` (a file, or a folder holding one): one small request."""
     fs, path = filesystem(url, policy)
     if _pages_s3(fs):
-        from fsspec.asyn import sync
-
         bucket, _, key = path.partition("/")
-        page = retry(url, lambda: sync(fs.loop, getattr(fs, S3_CALL), "list_objects_v2", Bucket=bucket, Prefix=key,
-                                       MaxKeys=1, **bound(fs, 0, policy)), policy=policy)
+        page = retry(url, lambda: _list_objects(fs, policy, Bucket=bucket, Prefix=key, MaxKeys=1), policy=policy)
         return bool(page.get("KeyCount") or page.get("Contents"))
     return bool(retry(url, lambda: fs.exists(path), policy=policy))
 
@@ -219,17 +230,13 @@ class Keys:
     def _s3_pages(self, fs, path: str, after: str | None, pages: int | None = None):
         """s3fs's ListObjectsV2 pages, no delimiter; with `pages`, (page, whether more follow, the
         key to go on after: the answer's last, SRC's own marker included) that many times."""
-        from fsspec.asyn import sync
-
-        bucket, _, key = path.partition("/")
-        prefix = key.strip("/") + "/" if key.strip("/") else ""
+        bucket, prefix = _bucket_prefix(path)
         args = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": PAGE}
         if after is not None:
             args["StartAfter"] = prefix + after
         while True:
-            call = getattr(fs, S3_CALL)
-            answer = sync(fs.loop, call, "list_objects_v2", **args, **bound(fs, 0, self.policy))
-            page = [(c["Key"][len(prefix):], int(c["Size"]), str(c.get("ETag", c.get("LastModified", ""))))
+            answer = _list_objects(fs, self.policy, **args)
+            page = [(c["Key"][len(prefix):], int(c["Size"]), _version(c))
                     for c in answer.get("Contents", []) if len(c["Key"]) > len(prefix)]
             more = bool(answer.get("IsTruncated"))
             if pages is not None:
