@@ -21,6 +21,7 @@ reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, Connect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -213,17 +214,26 @@ def translate(error: BaseException) -> BaseException:
     return ConnectionError(text)
 
 
-async def _guard(make, seconds: float):
-    """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
-    called here, on the loop: obstore's async calls bind to the running loop when made."""
+@contextlib.contextmanager
+def _translated():
+    """obstore's errors in the block raised as the builtin errors fsspec would raise (translate);
+    any other error as it is."""
     try:
-        return await asyncio.wait_for(make(), seconds)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"no answer within {seconds:g} s") from None
+        yield
     except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
         if type(e).__module__.startswith("obstore"):
             raise translate(e) from None
         raise
+
+
+async def _guard(make, seconds: float):
+    """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
+    called here, on the loop: obstore's async calls bind to the running loop when made."""
+    try:
+        with _translated():
+            return await asyncio.wait_for(make(), seconds)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no answer within {seconds:g} s") from None
 
 
 async def _get(store, key: str, start, end, timeout: float, sink=None):
@@ -292,26 +302,18 @@ class Client:
             options["range"] = (start or 0, end)
         elif start:
             options["range"] = {"offset": start}
-        try:
+        with _translated():
             result = obstore.get(store, key, options=options)
             lo, hi = result.range
             return bytes(result.bytes()) if hi - lo <= WHOLE else None
-        except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
-            if type(e).__module__.startswith("obstore"):
-                raise translate(e) from None
-            raise
 
     def pipe_file(self, path: str, data: bytes, **_) -> None:
         if len(data) <= WHOLE:  # one PUT in the caller's thread, bounded as a whole
             import obstore
 
             store, key = _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=True)
-            try:
+            with _translated():
                 obstore.put(store, key, data, use_multipart=False)
-            except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
-                if type(e).__module__.startswith("obstore"):
-                    raise translate(e) from None
-                raise
             return
         self._put(path, data, len(data))
 
@@ -354,12 +356,11 @@ class Client:
 
 
 class UnnamedKey(ValueError):
-    """A listing met a key object_store cannot name ('a//b', 'a/./b'): the caller reads that stretch
-    of keys through fsspec. `after`: the last key this listing gave before it."""
+    """A listing met a key object_store cannot name ('a//b', 'a/./b'), or was asked to start after
+    one: the caller reads that stretch of keys through fsspec."""
 
     def __init__(self, after: str | None):
         super().__init__(f"a key after {after!r} is not a path object_store can name")
-        self.after = after
 
 
 def is_object(url: str, timeout: float) -> bool:
@@ -368,16 +369,10 @@ def is_object(url: str, timeout: float) -> bool:
 
     store, key = _store(url, timeout, bounded=True)
     try:
-        obstore.head(store, key)
-    except FileNotFoundError:  # what obstore raises for a 404 here
+        with _translated():
+            obstore.head(store, key)
+    except FileNotFoundError:  # a 404, as obstore raises it or as translated
         return False
-    except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
-        if type(e).__module__.startswith("obstore"):
-            error = translate(e)
-            if isinstance(error, FileNotFoundError):
-                return False
-            raise error from None
-        raise
     return True
 
 
@@ -395,16 +390,13 @@ def list_pages(url: str, after: str | None, timeout: float):
     except (ox.InvalidPathError, ValueError):  # an offset it cannot name
         raise UnnamedKey(after) from None
     while True:
-        try:
-            batch = next(stream)
-        except StopIteration:
-            return
-        except ox.InvalidPathError:
-            raise UnnamedKey(after) from None
-        except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
-            if type(e).__module__.startswith("obstore"):
-                raise translate(e) from None
-            raise
+        with _translated():
+            try:
+                batch = next(stream)
+            except StopIteration:
+                return
+            except ox.InvalidPathError:
+                raise UnnamedKey(after) from None
         if batch:
             after = batch[-1]["path"]
             yield [(m["path"], m["size"], m["e_tag"] or "") for m in batch]
