@@ -35,6 +35,10 @@ IMAGE, TXT, JSON, ARRAY = 1, 2, 4, 8
 KIND_NAMES = {IMAGE: "image", TXT: "txt", JSON: "json", ARRAY: "array"}
 FLUSH_ROWS = 8192  # file samples per Arrow batch: bounds the Python objects alive while listing (~4 MB)
 SEEN_EVERY = 1000  # keys of a store between two reports of the walk's progress
+# Why a file or folder below SRC is passed over: the same words from the walk of a disk and of a store.
+HIDDEN_FILE, HIDDEN_FOLDER = "hidden file: not read", "hidden folder: not read"
+OUT_FOLDER = "the build's output folder (OUT): not read"
+DATASET = "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
 
 
 @dataclass
@@ -138,10 +142,10 @@ def not_input(folder: str, out: str | None) -> str | None:
     """Why `folder` (below SRC) holds no input, or None: it is OUT, or a shardkit dataset. Reading
     either would feed a build's output back into the next build."""
     if out is not None and os.path.realpath(folder) == os.path.realpath(out):
-        return "the build's output folder (OUT): not read"
+        return OUT_FOLDER
     if os.path.isdir(os.path.join(folder, ".shardkit")) or (
             os.path.isfile(os.path.join(folder, "manifest.json")) and os.path.isdir(os.path.join(folder, "shards"))):
-        return "a shardkit dataset (manifest.json, shards/ or .shardkit/): not read"
+        return DATASET
     return None
 
 
@@ -160,15 +164,20 @@ def _folder(entry, rel: str, listing: Listing, subdirs: list[str], out: str | No
     """A subfolder met in the walk: to visit (appended to `subdirs`), or rejected with the reason."""
     rejections = listing.rejections
     if entry.name.startswith("."):
-        rejections.append(Rejection(rel + "/", "source", "hidden folder: not read"))
+        rejections.append(Rejection(rel + "/", "source", HIDDEN_FOLDER))
     elif entry.is_symlink():
         rejections.append(Rejection(rel + "/", "source", "symlinked folder: not followed"))
     elif reason := not_input(entry.path, out):
         rejections.append(Rejection(rel + "/", "source", reason))
     else:
-        if os.path.splitext(entry.name)[1].lower() in KNOWN_EXTS:
-            listing.notes.append(f"folder {rel + '/'!r} is named like a file: read as a folder")
+        _note_named_like_a_file(entry.name, rel + "/", listing)
         subdirs.append(rel)
+
+
+def _note_named_like_a_file(name: str, rel: str, listing: Listing) -> None:
+    """A folder read (`rel`, ending in '/') whose name looks like a file's: said in the summary."""
+    if os.path.splitext(name)[1].lower() in KNOWN_EXTS:
+        listing.notes.append(f"folder {rel!r} is named like a file: read as a folder")
 
 
 def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs: list[str], out: str | None):
@@ -190,7 +199,7 @@ def _entries(root: str, rel_dir: str, real_root: str, listing: Listing, subdirs:
             _folder(entry, rel, listing, subdirs, out)
             continue
         if entry.name.startswith("."):
-            rejections.append(Rejection(rel, "source", "hidden file: not read"))
+            rejections.append(Rejection(rel, "source", HIDDEN_FILE))
             continue
         if entry.is_symlink():
             target = os.path.realpath(entry.path)
@@ -397,7 +406,7 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
         if not name:
             listing.markers += 1
         elif name.startswith("."):
-            listing.rejections.append(Rejection(rel, "source", "hidden file: not read"))
+            listing.rejections.append(Rejection(rel, "source", HIDDEN_FILE))
         else:
             path[-1].manifest |= name == "manifest.json"
             _add_file(rel, bool(folder), _Stat(size, version_number(version)), path[-1].stems, listing)
@@ -426,15 +435,14 @@ def _enter(key: str, path: list, keys, listing: Listing, cols: _Columns, out_rel
             _dataset(parent, path, keys, listing, cols)
             return False
         if name.startswith("."):
-            listing.rejections.append(Rejection(rel, "source", "hidden folder: not read"))
+            listing.rejections.append(Rejection(rel, "source", HIDDEN_FOLDER))
         elif rel == out_rel:
-            listing.rejections.append(Rejection(rel, "source", "the build's output folder (OUT): not read"))
+            listing.rejections.append(Rejection(rel, "source", OUT_FOLDER))
         else:
             mark = _Mark(cols.rows, len(listing.row_files), len(listing.rejections), len(listing.notes),
                          listing.markers, listing.images, listing.top_images, frozenset(listing.image_exts),
                          rel.split("/", 1)[0] in listing.tops)
-            if os.path.splitext(name)[1].lower() in KNOWN_EXTS:
-                listing.notes.append(f"folder {rel!r} is named like a file: read as a folder")
+            _note_named_like_a_file(name, rel, listing)
             path.append(_Open(rel, _Stems(cols, listing), mark))
             continue
         keys.skip(rel)
@@ -454,6 +462,5 @@ def _dataset(found: _Open, path: list, keys, listing: Listing, cols: _Columns) -
     listing.markers = mark.markers
     if not mark.had_top:
         listing.tops.discard(found.rel.split("/", 1)[0])
-    listing.rejections.append(Rejection(found.rel, "source", "a shardkit dataset (manifest.json, shards/ or "
-                                        ".shardkit/): not read"))
+    listing.rejections.append(Rejection(found.rel, "source", DATASET))
     keys.skip(found.rel)
