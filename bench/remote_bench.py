@@ -334,8 +334,9 @@ def baseline_rounds(roots: dict, store, cache: str, rounds: int, codes: dict) ->
     for r in range(rounds):
         for (kind, size), root in roots.items():
             url = f"{store.url}/{os.path.basename(root)}"
-            variants = [("local", codes[next(iter(codes))], root, "-")] + \
-                [(f"http {name}", code, url, cache) for name, code in codes.items()]
+            https = [(f"http {name}", code, url, cache) for name, code in codes.items()]
+            https = https[r % len(https):] + https[:r % len(https)]  # each code first among them in turn
+            variants = [("local", codes[next(iter(codes))], root, "-")] + https
             k = r % len(variants)
             for name, code, src, c in variants[k:] + variants[:k]:  # rotate: no variant always first
                 seen = len(store.spans)
