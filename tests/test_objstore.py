@@ -283,3 +283,69 @@ def test_an_upload_takes_the_part_size_and_concurrency_it_is_given(s3, tmp_path,
     fs.put_file(str(source), s3.url("up/again.bin"))
     assert asked == [(5 << 20, 2), (store.UPLOAD_PART, store.UPLOAD_CONCURRENCY)]
     assert store.read(s3.url("up/big.bin")) == source.read_bytes() == store.read(s3.url("up/again.bin"))
+
+
+EXIT_AFTER_A_BATCH = r"""
+import gc, sys, threading, time
+from shardkit import store
+from shardkit.store import objstore
+
+url = sys.argv[1]
+store.write(url, b"x" * 100)
+loop = objstore._loop()
+
+
+def tick():  # the loop wakes every millisecond: a result handed to it runs before the hand-off's own wake-up
+    loop.call_later(0.001, tick)
+
+
+loop.call_soon_threadsafe(tick)
+real = loop._write_to_self
+
+
+def slow_wake_up():  # the runtime's thread that handed the result over is slow to leave (a loaded machine)
+    if threading.current_thread() is not threading.main_thread() and threading.current_thread().name != "shardkit-objstore":
+        time.sleep(0.3)
+    real()
+
+
+class SlowToCollect:  # the finalizing interpreter's last collection takes a while (a build's client: a large heap)
+    def __del__(self, _sleep=time.sleep):
+        _sleep(0.6)
+
+
+loop._write_to_self = slow_wake_up
+assert objstore.fetch_many([url], 15.0).result() == [b"x" * 100]
+gc.set_threshold(0)  # no collection until the finalizing interpreter's own
+slow = SlowToCollect()
+slow.cycle = slow
+del slow
+print("fetched", flush=True)
+"""
+
+
+def test_the_process_exits_cleanly_while_a_runtime_thread_is_still_handing_a_result_over(s3, tmp_path):
+    """A runtime (Rust) thread hands each async result to the loop holding the GIL, and lets go of it
+    in the loop's wake-up write; had the interpreter finalized meanwhile, that thread would have been
+    ended as it took the GIL back, and the process aborted (SIGABRT after its last line, seen once in
+    ~30 runs of a build under load). The exit waits for it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", EXIT_AFTER_A_BATCH, s3.url("exit/x.bin")], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (0, "fetched\n"), out.stderr[-2000:]
+
+
+def test_a_head_and_a_delete_are_made_in_the_caller_s_thread(s3, monkeypatch):
+    """Neither goes through the event loop: a process whose last call is a DELETE (the lease's
+    release) leaves no runtime thread on its way back to Python as it exits."""
+    def no_loop():
+        raise AssertionError("a HEAD or a DELETE went through the loop")
+
+    monkeypatch.setattr(objstore, "_loop", no_loop)
+    url = s3.url("sync/x.bin")
+    store.write(url, b"y" * 10)
+    assert store.size(url) == 10
+    store.remove(url)
+    assert store.size(url) is None

@@ -16,16 +16,21 @@ obstore's runtime does not survive a fork once it has made a request (a child's 
 hangs): a process forked after that (a DataLoader worker) uses fsspec; one forked before (or
 spawned) makes its own loop and stores (a pid check). obstore's own retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
 reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, ConnectionError).
+A HEAD and a DELETE are sync calls too. At the process's exit no new call starts and the exit waits
+(up to QUIET_WAIT) until no thread is in obstore's runtime or handing a result from it to the loop: a
+Rust thread that takes the GIL back while the interpreter finalizes aborts the process (_quiet).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import os
 import re
 import threading
+import time
 
 from shardkit.identity import worker_info
 
@@ -37,8 +42,10 @@ SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a l
 #                 on the loop: 4.5 against 7.6 ms per 4 MB, bench/store_client_bench.py)
 WINDOW = 32  # requests of a batch in flight at once
 LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
-_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None}
+QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into the runtime to end
+_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0}
 _LOCK = threading.Lock()
+_GATE = threading.Lock()  # taken by every call as it starts; held for good once the process exits
 
 
 def serves(url: str, forks: bool = False) -> bool:
@@ -75,7 +82,55 @@ def available() -> bool:
 def _fresh() -> None:
     """Forget the loop and stores of the parent after a fork (their threads are not in this process)."""
     if _STATE["pid"] != os.getpid():
-        _STATE.update(pid=os.getpid(), loop=None, stores={})
+        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0)
+
+
+@contextlib.contextmanager
+def _busy(gate: str | None = "wait"):
+    """A thread is in obstore's runtime (a call, or a runtime thread handing a result to the loop),
+    or on its way back from it: the process's exit waits for it (see _quiet). `gate`: a new call,
+    which once the exit has begun never starts: a thread of its own waits there ("wait") until the
+    process ends; on the loop, which must go on to end the calls in flight, it raises ("raise")."""
+    if gate is not None:
+        if not _GATE.acquire(blocking=gate == "wait"):
+            raise ConnectionError("not started: the process is exiting")
+    try:
+        with _LOCK:
+            _STATE["busy"] += 1
+    finally:
+        if gate is not None:
+            _GATE.release()
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STATE["busy"] -= 1
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    """The loop the runtime's threads hand results to. A runtime thread calls call_soon_threadsafe
+    holding the GIL, which the loop's wake-up write lets go of: were the interpreter to finalize
+    meanwhile, that thread would be ended as it takes the GIL back, and a Rust thread cannot be
+    (the process aborts). So the exit waits until no runtime thread is in here."""
+
+    def call_soon_threadsafe(self, callback, *args, context=None):
+        with _busy(gate=None):
+            return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+@atexit.register
+def _quiet() -> None:
+    """At the process's exit, before the interpreter finalizes: no new call starts, and the exit
+    waits (up to QUIET_WAIT, the GIL let go) for the calls in flight and the runtime's threads
+    inside Python to leave. A thread still in obstore's runtime when the interpreter finalizes is
+    ended as it takes the GIL back, which aborts the process (SIGABRT after the job's last line)."""
+    if _STATE["ran_in"] != os.getpid():
+        return
+    _GATE.acquire()
+    deadline = time.monotonic() + QUIET_WAIT
+    while _STATE["busy"] and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.01)  # a thread that has just left the count: back in its own frames
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -83,7 +138,7 @@ def _loop() -> asyncio.AbstractEventLoop:
         _fresh()
         if _STATE["loop"] is None:
             _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
-            loop = asyncio.new_event_loop()
+            loop = _Loop()
             threading.Thread(target=loop.run_forever, name="shardkit-objstore", daemon=True).start()
             _STATE["loop"] = loop
         return _STATE["loop"]
@@ -226,11 +281,18 @@ def _translated():
         raise
 
 
+@contextlib.contextmanager
+def _sync():
+    """A call into obstore in the caller's thread: counted for the exit (_busy), its errors translated."""
+    with _busy(), _translated():
+        yield
+
+
 async def _guard(make, seconds: float):
     """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
     called here, on the loop: obstore's async calls bind to the running loop when made."""
     try:
-        with _translated():
+        with _busy("raise"), _translated():
             return await asyncio.wait_for(make(), seconds)
     except asyncio.TimeoutError:
         raise TimeoutError(f"no answer within {seconds:g} s") from None
@@ -278,8 +340,9 @@ class Client:
     def _strip_protocol(self, url: str) -> str:
         return url.split("://", 1)[1] if "://" in url else url
 
-    def _store(self, path: str):
-        return _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout)
+    def _store(self, path: str, bounded: bool = False):
+        """`bounded`: the store for a call in the caller's thread, bounded as a whole (see _store)."""
+        return _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=bounded)
 
     def cat_file(self, path: str, start=None, end=None, **_) -> bytes:
         if (start or 0) < 0 or (end is not None and end < 0):  # from the end: fsspec knows the size
@@ -296,13 +359,13 @@ class Client:
         be larger than WHOLE (then read on the loop, its body's waits bounded chunk by chunk)."""
         import obstore
 
-        store, key = _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=True)
+        store, key = self._store(path, bounded=True)
         options = {}
         if end is not None:
             options["range"] = (start or 0, end)
         elif start:
             options["range"] = {"offset": start}
-        with _translated():
+        with _sync():
             result = obstore.get(store, key, options=options)
             lo, hi = result.range
             return bytes(result.bytes()) if hi - lo <= WHOLE else None
@@ -311,8 +374,8 @@ class Client:
         if len(data) <= WHOLE:  # one PUT in the caller's thread, bounded as a whole
             import obstore
 
-            store, key = _store(f"{self.protocol}://{self._strip_protocol(path)}", self.timeout, bounded=True)
-            with _translated():
+            store, key = self._store(path, bounded=True)
+            with _sync():
                 obstore.put(store, key, data, use_multipart=False)
             return
         self._put(path, data, len(data))
@@ -341,18 +404,20 @@ class Client:
     def info(self, path: str, **_) -> dict:
         import obstore
 
-        store, key = self._store(path)
+        store, key = self._store(path, bounded=True)  # a HEAD: in the caller's thread, bounded as a whole
         if not key or key.endswith("/"):  # a bucket or a folder: no object to HEAD; fsspec tells what it is
             return self._fallback().info(path)
-        meta = run(_guard(lambda: obstore.head_async(store, key), self.timeout))
+        with _sync():
+            meta = obstore.head(store, key)
         return {"name": self._strip_protocol(path), "type": "file", "size": meta["size"], "ETag": meta["e_tag"],
                 "LastModified": meta["last_modified"]}
 
     def rm_file(self, path: str, **_) -> None:
         import obstore
 
-        store, key = self._store(path)
-        run(_guard(lambda: obstore.delete_async(store, key), self.timeout))
+        store, key = self._store(path, bounded=True)  # a DELETE: in the caller's thread, bounded as a whole
+        with _sync():
+            obstore.delete(store, key)
 
 
 class UnnamedKey(ValueError):
@@ -369,7 +434,7 @@ def is_object(url: str, timeout: float) -> bool:
 
     store, key = _store(url, timeout, bounded=True)
     try:
-        with _translated():
+        with _sync():
             obstore.head(store, key)
     except FileNotFoundError:  # a 404, as obstore raises it or as translated
         return False
@@ -386,11 +451,12 @@ def list_pages(url: str, after: str | None, timeout: float):
 
     store, prefix = _store(url.rstrip("/") + "/", timeout, bounded=True)
     try:
-        stream = obstore.list(store, prefix or None, offset=after, chunk_size=LIST_CHUNK)
+        with _busy():
+            stream = obstore.list(store, prefix or None, offset=after, chunk_size=LIST_CHUNK)
     except (ox.InvalidPathError, ValueError):  # an offset it cannot name
         raise UnnamedKey(after) from None
     while True:
-        with _translated():
+        with _sync():
             try:
                 batch = next(stream)
             except StopIteration:
