@@ -16,6 +16,18 @@ from shardkit.errors import FolderLocked
 from shardkit.store import lease as L
 
 
+@pytest.fixture(autouse=True, params=["obstore", "fsspec"])
+def client(request, monkeypatch):
+    """Every test on both clients of s3://: obstore's (conditional PUTs of its own) and s3fs."""
+    from shardkit.store import objstore
+
+    if request.param == "obstore" and not objstore.available():
+        pytest.skip("pip install 'shardkit[obstore]'")
+    if request.param == "fsspec":
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    return request.param
+
+
 def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
@@ -116,16 +128,26 @@ def test_the_holder_refreshes_its_lease_and_says_so_once_it_lost_it(s3, monkeypa
     assert record(s3)["host"] == "elsewhere"  # the new holder's lease stays
 
 
-def test_a_store_without_conditional_writes_gets_one_warning(s3, monkeypatch, caplog):
-    import s3fs
+def test_a_store_without_conditional_writes_gets_one_warning(s3, monkeypatch, caplog, client):
+    if client == "fsspec":
+        import s3fs
 
-    plain = s3fs.S3FileSystem._pipe_file
+        plain = s3fs.S3FileSystem._pipe_file
 
-    async def unconditional(self, path, data, mode="overwrite", **kwargs):
-        kwargs.pop("IfMatch", None)
-        return await plain(self, path, data, **kwargs)  # drops mode="create": the store ignores it
+        async def unconditional(self, path, data, mode="overwrite", **kwargs):
+            kwargs.pop("IfMatch", None)
+            return await plain(self, path, data, **kwargs)  # drops mode="create": the store ignores it
 
-    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", unconditional)
+        monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", unconditional)
+    else:
+        import obstore
+
+        plain = obstore.put
+
+        def unconditional(store, key, data, mode=None, **kwargs):
+            return plain(store, key, data, **kwargs)  # drops the condition: the store ignores it
+
+        monkeypatch.setattr(obstore, "put", unconditional)
     lease = L.Lease(s3.url("out"), "shardkit build")
     with caplog.at_level("WARNING", logger="shardkit.store"):
         lease.take()

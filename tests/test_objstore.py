@@ -349,3 +349,22 @@ def test_a_head_and_a_delete_are_made_in_the_caller_s_thread(s3, monkeypatch):
     assert store.size(url) == 10
     store.remove(url)
     assert store.size(url) is None
+
+
+def test_a_build_and_its_reruns_on_obstore_never_make_the_fsspec_filesystem(raw, s3, monkeypatch):
+    """The client's own calls too: the check of SRC, the lease (conditional PUTs), OUT's listings and
+    clean-up, the reuse of a rerun. s3fs and botocore (~0.4 CPU-s of a process) are never built."""
+    from shardkit.store import calls
+
+    src, out = s3.upload(raw, "raw"), s3.url("out")
+
+    def refused(url, policy=None):
+        raise AssertionError(f"fsspec's filesystem made for {url}")
+
+    monkeypatch.setattr(calls, "_filesystem", refused)
+    first = build(BuildConfig(src, out, **OPTIONS))
+    assert build(BuildConfig(src, out, **OPTIONS)).reused_shards == len(first.shards)
+    with open(os.path.join(raw, "dog", "000002.jpg"), "rb") as f:
+        s3.fs.pipe(s3.url("raw/cat/000002.jpg").split("://", 1)[1], f.read())  # the test's own s3fs, not the build's
+    changed = build(BuildConfig(src, out, **OPTIONS))
+    assert changed.reused_shards == len(first.shards) - 1 and "lease" not in s3.keys("out/.shardkit")

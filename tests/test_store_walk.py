@@ -236,3 +236,31 @@ def test_a_page_of_s3fs_holding_only_src_s_own_marker_moves_on(s3, monkeypatch):
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=data)
     listing = walk(s3.url("src"))
     assert listing.files.column("key").to_pylist() == ["c"] and [r.path for r in listing.rejections] == ["a//b.jpg"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("page", [1000, 2])
+def test_a_folder_s_files_and_subfolders_and_its_removal_are_the_same_on_both_clients(s3, monkeypatch, client,
+                                                                                        page):
+    """OUT's clean-up calls (list_folder, has_any, remove_tree) on obstore as on s3fs: one level
+    of the folder (a subfolder once, a marker as a subfolder), a sibling that shares the prefix not
+    counted as inside, and every key below removed, a page per bulk DELETE."""
+    import shardkit.store.listing as L
+    from shardkit import store
+    from shardkit.store.listing import has_any, list_folder
+
+    monkeypatch.setattr(L, "PAGE", page)
+    monkeypatch.setattr(objstore, "LIST_CHUNK", page)
+    if client == "fsspec":
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    for key in ("f/a.json", "f/b/1", "f/b/2", "f/b/c/3", "f/b0.json", "f/m/", "f/z.json", "f-sibling/x", "solo"):
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=b"" if key.endswith("/") else key.encode())
+    assert [(e.name, e.is_dir, e.size) for e in list_folder(s3.url("f"))] == [
+        ("a.json", False, 8), ("b", True, 0), ("b0.json", False, 9), ("m", True, 0), ("z.json", False, 8)]
+    assert store.listdir(s3.url("f/b")) == {"1": 5, "2": 5}
+    assert list(list_folder(s3.url("none"))) == []
+    assert has_any(s3.url("f/b")) and has_any(s3.url("f/b/")) and has_any(s3.url("solo"))
+    assert not has_any(s3.url("f-s")) and not has_any(s3.url("f/b/c/3") + "/") and not has_any(s3.url("none"))
+    store.remove_tree(s3.url("f"))
+    store.remove_tree(s3.url("none"))  # nothing there: fine
+    assert s3.keys("f") == [] and s3.keys("f-sibling") == ["x"] and has_any(s3.url("solo"))

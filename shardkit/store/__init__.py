@@ -22,7 +22,7 @@ import tempfile
 
 from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import JOB_POLICY, _call, bound, filesystem, retry
+from shardkit.store.calls import JOB_POLICY, _call, _policy, bound, filesystem, retry
 from shardkit.store.urls import BadURL, check_location
 from shardkit.store.local import is_url, join
 
@@ -91,12 +91,17 @@ def read_many(urls: list[str], policy: RemotePolicy | None = None) -> dict[str, 
             except OSError:
                 out[url] = None
         return out
-    fs, _ = filesystem(urls[0], policy)
-    paths = {strip_protocol(fs, u): u for u in urls}
-    got = retry(urls[0], lambda: fs.cat(list(paths), on_error="return"), policy=policy)
+    from shardkit.store import objstore
+
+    if objstore.serves(urls[0], forks=_policy(policy).forks):  # its async GETs; a failed one read alone, retried
+        got = dict(zip(urls, fetch_sources(urls, policy).result()))
+    else:
+        fs, _ = filesystem(urls[0], policy)
+        paths = {strip_protocol(fs, u): u for u in urls}
+        answers = retry(urls[0], lambda: fs.cat(list(paths), on_error="return"), policy=policy)
+        got = {url: answers.get(path) for path, url in paths.items()}
     out = {}
-    for path, url in paths.items():
-        value = got.get(path)
+    for url, value in got.items():
         if isinstance(value, BaseException) and not _missing(value):
             raise RemoteError(url, f"{type(value).__name__}: {value}")
         out[url] = value if isinstance(value, bytes) else None
@@ -166,11 +171,40 @@ def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
 
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
+    from shardkit.store import objstore
+
+    if objstore.serves(url, forks=_policy(policy).forks):
+        _remove_keys(url, policy)
+        return
     try:
         _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True, policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
+
+
+def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
+    """On obstore: the folder's keys, a page at a time, each page one bulk DELETE; a folder marker
+    (a key ending in '/', which object_store cannot name) one DELETE of fsspec's."""
+    from shardkit.store import objstore
+    from shardkit.store.listing import PAGE, Keys
+
+    page: list[str] = []
+
+    def flush():
+        retry(url, lambda: objstore.delete_many(url, page, _policy(policy).timeout), write=True, policy=policy)
+        page.clear()
+
+    for rel, _, _ in Keys(url, policy):
+        if rel.endswith("/"):
+            fs, path = filesystem(url, policy)
+            retry(url, lambda: fs.rm_file(f"{path.rstrip('/')}/{rel}"), write=True, policy=policy)
+            continue
+        page.append(rel)
+        if len(page) == PAGE:
+            flush()
+    if page:
+        flush()
 
 
 # ----------------------------------------------------------------------------- staged writes, cached reads

@@ -28,7 +28,8 @@ from shardkit.store.remote import RemoteError, RemotePolicy
 from shardkit.store.locks import folder_lock, held
 from shardkit.errors import redact
 from shardkit.identity import pid_alive
-from shardkit.store import bound, filesystem, is_url, join, read, remove, retry
+from shardkit.store import bound, is_url, join, read, remove, retry
+from shardkit.store.calls import client
 
 log = logging.getLogger("shardkit.store")
 LEASE = ".shardkit/lease"
@@ -84,7 +85,7 @@ class Lease:
     def _put(self, **condition) -> str | None:
         """Write the record under `condition` (mode='create' or IfMatch=etag); its new ETag, or None
         when the condition failed."""
-        fs, path = filesystem(self.url, self.policy)
+        fs, path = client(self.url, self.policy)
         data = json.dumps(self.record, sort_keys=True).encode()
 
         def attempt():
@@ -102,7 +103,7 @@ class Lease:
 
     def _read(self) -> tuple[dict | None, str]:
         """(the lease's record, its ETag); (None, '') when there is none, {} when it is unreadable."""
-        fs, path = filesystem(self.url, self.policy)
+        fs, path = client(self.url, self.policy)
         try:
             refresh = {"refresh": True} if _s3(fs) else {}
             info = retry(self.url, lambda: fs.info(path, **bound(fs, 0, self.policy), **refresh), policy=self.policy)

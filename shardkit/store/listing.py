@@ -38,11 +38,29 @@ def version_number(version: str) -> int:
 def list_folder(url: str, policy: RemotePolicy | None = None) -> Iterator[Entry]:
     """The files and subfolders directly in `url`, in name order (a subfolder sorts as `name/`, as S3
     orders keys), page by page on S3; nothing when the folder does not exist."""
+    from shardkit.store import objstore
+
+    if objstore.serves(url, forks=policy is not None and policy.forks):
+        yield from _keys_folder(url, policy)
+        return
     fs, path = filesystem(url, policy)
     if _pages_s3(fs):
         yield from _s3_folder(fs, url, path, policy)
         return
     yield from _fsspec_folder(fs, url, path, policy)
+
+
+def _keys_folder(url: str, policy: RemotePolicy | None) -> Iterator[Entry]:
+    """On obstore (no delimiter there): the folder's one stream of keys (Keys), each subfolder one
+    entry and then passed over."""
+    keys = Keys(url, policy)
+    for rel, size, version in keys:
+        name, below, _ = rel.partition("/")
+        if below:
+            yield Entry(name, True, 0, "")
+            keys.skip(name + "/")
+        else:
+            yield Entry(rel, False, size, version)
 
 
 S3_CALL = "_call_s3"  # s3fs's private request call: see _pages_s3
@@ -110,12 +128,35 @@ def _fsspec_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iter
 
 
 def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
-    """Whether anything lies at or below `url` (a file, or a folder holding one): one small request."""
+    """Whether anything lies at or below `url` (a file, or a folder holding one; a key that only
+    shares the prefix, 'raw2/x' for 'raw', is not): one small listing of the folder, and for a URL
+    without a trailing '/' and nothing below it, one request for the object itself."""
+    from shardkit.store import objstore
+
+    if objstore.serves(url, forks=policy is not None and policy.forks):
+        key, seconds = url.split("://", 1)[1].partition("/")[2], _timeout(policy)
+
+        def probe() -> bool:
+            if next(objstore.list_pages(url, None, seconds), None) is not None:
+                return True
+            return bool(key.strip("/")) and not url.endswith("/") and objstore.is_object(url, seconds)
+
+        try:
+            return retry(url, probe, policy=policy)
+        except objstore.UnnamedKey:  # a first key object_store cannot name: fsspec's listing below
+            pass
     fs, path = filesystem(url, policy)
     if _pages_s3(fs):
         bucket, _, key = path.partition("/")
-        page = retry(url, lambda: _list_objects(fs, policy, Bucket=bucket, Prefix=key, MaxKeys=1), policy=policy)
-        return bool(page.get("KeyCount") or page.get("Contents"))
+
+        def first(prefix: str) -> str | None:  # the first key that starts with `prefix`
+            page = retry(url, lambda: _list_objects(fs, policy, Bucket=bucket, Prefix=prefix, MaxKeys=1),
+                         policy=policy)
+            return (page.get("Contents") or [{}])[0].get("Key")
+
+        if first(key.strip("/") + "/" if key.strip("/") else "") is not None:
+            return True  # a key below the folder ('raw2/x' is not below 'raw')
+        return bool(key.strip("/")) and not url.endswith("/") and first(key) == key  # the object itself
     return bool(retry(url, lambda: fs.exists(path), policy=policy))
 
 

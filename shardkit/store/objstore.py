@@ -254,6 +254,8 @@ def translate(error: BaseException) -> BaseException:
         return FileNotFoundError(text)
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
         return PermissionError(text)
+    if isinstance(error, (ox.AlreadyExistsError, ox.PreconditionError)):  # a conditional PUT's condition failed
+        return FileExistsError(text)
     found = _STATUS.search(str(error))
     if found:
         status = int(found.group(1) or found.group(2))
@@ -370,15 +372,21 @@ class Client:
             lo, hi = result.range
             return bytes(result.bytes()) if hi - lo <= WHOLE else None
 
-    def pipe_file(self, path: str, data: bytes, **_) -> None:
-        if len(data) <= WHOLE:  # one PUT in the caller's thread, bounded as a whole
+    def pipe_file(self, path: str, data: bytes, mode: str = "overwrite", IfMatch: str | None = None,  # noqa: N803
+                  **_) -> dict | None:
+        """`mode="create"` (If-None-Match: *) and `IfMatch=ETag` as s3fs takes them (the lease): a
+        conditional PUT whose failed condition raises FileExistsError; it answers {"ETag": ...}."""
+        conditional = mode == "create" or IfMatch is not None
+        if len(data) <= WHOLE or conditional:  # one PUT in the caller's thread, bounded as a whole
             import obstore
 
             store, key = self._store(path, bounded=True)
             with _sync():
-                obstore.put(store, key, data, use_multipart=False)
-            return
+                done = obstore.put(store, key, data, use_multipart=False,
+                                   mode="create" if mode == "create" else {"e_tag": IfMatch} if conditional else None)
+            return {"ETag": done["e_tag"]} if conditional else None
         self._put(path, data, len(data))
+        return None
 
     def put_file(self, source: str, path: str, chunksize: int = UPLOAD_PART,
                  max_concurrency: int = UPLOAD_CONCURRENCY, **_) -> None:
@@ -466,6 +474,16 @@ def list_pages(url: str, after: str | None, timeout: float):
         if batch:
             after = batch[-1]["path"]
             yield [(m["path"], m["size"], m["e_tag"] or "") for m in batch]
+
+
+def delete_many(folder: str, keys: list[str], timeout: float) -> None:
+    """The objects `keys` (relative to the folder URL `folder`) deleted in bulk (S3's DeleteObjects,
+    1,000 a request), in the caller's thread."""
+    import obstore
+
+    store, prefix = _store(folder.rstrip("/") + "/", timeout, bounded=True)
+    with _sync():
+        obstore.delete(store, [prefix + key for key in keys])
 
 
 def fetch_many(urls: list[str], timeout: float):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
-from shardkit.store.calls import _call, _policy, filesystem, retry
+from shardkit.store.calls import _call, _policy, client, filesystem, retry
 from shardkit.store.local import is_url
 
 
@@ -18,10 +18,14 @@ class ResumingFile(io.RawIOBase):
     def __init__(self, url: str, policy: RemotePolicy | None = None):
         super().__init__()
         self.url, self.pos, self.policy = url, 0, policy
-        self._fs, self._path = filesystem(url, policy)
+        self._fs, self._path = client(url, policy)  # obstore's where it serves s3://, else fsspec's
         self._f = retry(url, self._open, policy=policy)
 
     def _open(self):
+        from shardkit.store import objstore
+
+        if isinstance(self._fs, objstore.Client):
+            return _Ranged(self._fs, self._path)
         return self._fs.open(self._path, "rb")
 
     @property
@@ -74,6 +78,40 @@ class ResumingFile(io.RawIOBase):
             self._f.close()
             self._f = None
         super().close()
+
+
+class _Ranged:
+    """An object read by ranged GETs on obstore's client (ResumingFile's file there): a read within
+    the block in hand is served from it, else the next BLOCK bytes are fetched (a read larger than a
+    block is one GET of its own). s3fs's file reads ahead the same way (50 MiB blocks)."""
+
+    BLOCK = 8 << 20
+
+    def __init__(self, fs, path: str):
+        self.fs, self.path = fs, path
+        self.size = int(fs.info(path)["size"])
+        self._pos, self._at, self._block = 0, 0, b""
+
+    def seek(self, pos: int) -> int:
+        self._pos = pos
+        return pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if self._pos >= end:
+            return b""
+        if end - self._pos > self.BLOCK:
+            data = self.fs.cat_file(self.path, self._pos, end)
+        else:
+            if not self._at <= self._pos <= end <= self._at + len(self._block):
+                self._at = self._pos
+                self._block = self.fs.cat_file(self.path, self._pos, min(self.size, self._pos + self.BLOCK))
+            data = self._block[self._pos - self._at:end - self._at]
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._block = b""
 
 
 class Fetch:

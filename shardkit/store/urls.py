@@ -98,7 +98,9 @@ def check_location(value, what: str, *, write: bool = False) -> str:
     if protocol in ("s3", "s3a"):
         _check_bucket(protocol, rest, what, value)
     try:
-        if protocol not in OWN_CLIENT or what != "dataset":  # a build's SRC is listed through fsspec's client
+        if _lean(f"{protocol}://{rest}"):  # obstore carries its calls: fsspec's backend, the fallback, is only looked for
+            _find_backend(protocol)
+        elif protocol not in OWN_CLIENT or what != "dataset":  # a dataset on http(s) is read by shardkit's own client
             _import_backend(protocol)
             _check_backend(protocol, what, value)
     except ImportError as e:
@@ -166,6 +168,21 @@ def _check_backend(protocol: str, what: str, value: str) -> None:
 # again would not notice a package that went missing).
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "http": "aiohttp", "https": "aiohttp", "gs": "gcsfs", "gcs": "gcsfs",
             "az": "adlfs", "abfs": "adlfs", "adl": "adlfs", "hf": "huggingface_hub"}
+
+
+def _lean(url: str) -> bool:
+    from shardkit.store import objstore
+
+    return objstore.serves(url)
+
+
+def _find_backend(protocol: str) -> None:
+    """ImportError when the backend's package is not installed, without importing it (s3fs and
+    botocore: ~0.4 CPU-s of a process that may never call them)."""
+    import importlib.util
+
+    if protocol in PACKAGES and importlib.util.find_spec(PACKAGES[protocol]) is None:
+        raise ImportError(f"No module named {PACKAGES[protocol]!r}", name=PACKAGES[protocol])
 
 
 def _import_backend(protocol: str) -> None:
