@@ -155,3 +155,4 @@ def test_a_store_without_conditional_writes_gets_one_warning(s3, monkeypatch, ca
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "does not support conditional writes" in lines[0]
     assert not lease.guarded
+

@@ -368,3 +368,92 @@ def test_a_build_and_its_reruns_on_obstore_never_make_the_fsspec_filesystem(raw,
         s3.fs.pipe(s3.url("raw/cat/000002.jpg").split("://", 1)[1], f.read())  # the test's own s3fs, not the build's
     changed = build(BuildConfig(src, out, **OPTIONS))
     assert changed.reused_shards == len(first.shards) - 1 and "lease" not in s3.keys("out/.shardkit")
+
+
+def test_a_source_with_a_key_obstore_cannot_name_builds_as_on_fsspec(raw, s3):
+    """'raw/zz//odd.jpg' in the first page of SRC: the check that SRC holds anything reads that page
+    through fsspec, and the key is a counted rejection, as the walk counts it."""
+    src = s3.upload(raw, "raw")
+    s3.client.put_object(Bucket=s3.url("").split("/")[2], Key="raw/zz//odd.jpg", Body=b"not an image")
+    result = build(BuildConfig(src, s3.url("out"), **OPTIONS))
+    assert result.samples > 0 and any("zz//odd.jpg" in r.path for r in result.rejections)
+
+
+LATE_EXIT_HANDLER = r"""
+import atexit, sys
+from shardkit import store
+
+url = sys.argv[1]
+atexit.register(lambda: (store.write(url + ".bye", b"bye"), store.read(url + ".bye"), print("bye", flush=True)))
+store.write(url, b"x")
+"""
+
+
+def test_an_exit_handler_registered_before_the_client_may_still_call_the_store(s3, tmp_path):
+    """Exit handlers run in reverse order: one registered before objstore was imported runs after
+    the exit began (_quiet). The main thread's calls still go on; nothing hangs."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LATE_EXIT_HANDLER, s3.url("late/x")], capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (0, "bye\n"), out.stderr[-2000:]
+    assert store.read(s3.url("late/x.bye")) == b"bye"
+
+
+def test_calls_in_many_threads_never_refuse_each_other(s3):
+    """Counting the calls in (for the exit) never turns one away while the process runs: sync HEADs
+    and bare counted calls in 8 threads beside async batches on the loop."""
+    import threading
+
+    urls = [s3.url(f"race/{i}") for i in range(32)]
+    for u in urls:
+        store.write(u, b"x" * 100)
+    stop = threading.Event()
+
+    def heads(i):
+        while not stop.is_set():
+            objstore.is_object(urls[i], 15.0)
+
+    def entering():  # a call counted in and out as fast as can be: the narrowest window there is
+        while not stop.is_set():
+            with objstore._busy():
+                pass
+
+    threads = [threading.Thread(target=heads, args=(i,)) for i in range(6)]
+    threads += [threading.Thread(target=entering) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        got = [objstore.fetch_many(urls, 15.0).result() for _ in range(10)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert all(batch == [b"x" * 100] * len(urls) for batch in got)
+    assert objstore._STATE["busy"] == 0
+
+
+def test_a_store_that_answers_a_put_without_an_etag_is_told_to_use_fsspec(s3, monkeypatch):
+    """object_store refuses a PUT's answer without an ETag (an S3-compatible store may leave it
+    off): one error, not retried, that says how to go on (s3fs takes such a store)."""
+    from moto.server import DomainDispatcherApplication
+
+    real = DomainDispatcherApplication.__call__
+
+    def answer(self, environ, start_response):
+        if environ["REQUEST_METHOD"] != "PUT":
+            return real(self, environ, start_response)
+
+        def without_etag(status, headers, *rest):
+            return start_response(status, [(k, v) for k, v in headers if k.lower() != "etag"], *rest)
+
+        return real(self, environ, without_etag)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", answer)
+    with pytest.raises(store.RemoteError, match="SHARDKIT_OBJECT_CLIENT=fsspec") as e:
+        store.write(s3.url("no-etag/x"), b"x")
+    assert "not retried" in str(e.value)
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    store.write(s3.url("no-etag/x"), b"y")
+    assert store.read(s3.url("no-etag/x")) == b"y"

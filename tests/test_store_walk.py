@@ -264,3 +264,22 @@ def test_a_folder_s_files_and_subfolders_and_its_removal_are_the_same_on_both_cl
     store.remove_tree(s3.url("f"))
     store.remove_tree(s3.url("none"))  # nothing there: fine
     assert s3.keys("f") == [] and s3.keys("f-sibling") == ["x"] and has_any(s3.url("solo"))
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_what_obstore_cannot_name_is_checked_and_removed_through_fsspec(s3, monkeypatch, client):
+    """A first page holding a key object_store cannot name ('a//b'), a folder's own marker: has_any
+    answers and remove_tree leaves nothing, on both clients; a missing bucket is nothing to remove."""
+    from shardkit import store
+    from shardkit.store.listing import has_any
+
+    if client == "fsspec":
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    for key in ("u/a//b", "t/", "t/x", "t/sub/", "t/sub/y", "t/a//b", "t/c"):
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=b"" if key.endswith("/") else key.encode())
+    assert has_any(s3.url("u")) and has_any(s3.url("t"))
+    store.remove_tree(s3.url("t"))
+    store.remove_tree(s3.url("u"))
+    store.remove_tree("s3://no-such-bucket-here/t")
+    assert s3.client.list_objects_v2(Bucket=BUCKET).get("Contents", []) == []
+    assert not has_any(s3.url("t"))

@@ -184,10 +184,10 @@ def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
 
 
 def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
-    """On obstore: the folder's keys, a page at a time, each page one bulk DELETE; a folder marker
-    (a key ending in '/', which object_store cannot name) one DELETE of fsspec's."""
+    """On obstore: the folder's keys, a page at a time, each page one bulk DELETE; a key object_store
+    cannot name (a folder marker 'x/', 'a//b'), and the folder's own marker, one DELETE of fsspec's."""
     from shardkit.store import objstore
-    from shardkit.store.listing import PAGE, Keys
+    from shardkit.store.listing import PAGE, Keys, _nameable
 
     page: list[str] = []
 
@@ -195,16 +195,26 @@ def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
         retry(url, lambda: objstore.delete_many(url, page, _policy(policy).timeout), write=True, policy=policy)
         page.clear()
 
-    for rel, _, _ in Keys(url, policy):
-        if rel.endswith("/"):
-            fs, path = filesystem(url, policy)
-            retry(url, lambda: fs.rm_file(f"{path.rstrip('/')}/{rel}"), write=True, policy=policy)
-            continue
-        page.append(rel)
-        if len(page) == PAGE:
+    def one_by_fsspec(rel: str):
+        fs, path = filesystem(url, policy)
+        retry(url, lambda: fs.rm_file(f"{path.rstrip('/')}/{rel}"), write=True, policy=policy)
+
+    keys = Keys(url, policy)
+    try:
+        for rel, _, _ in keys:
+            if not _nameable(rel):
+                one_by_fsspec(rel)
+                continue
+            page.append(rel)
+            if len(page) == PAGE:
+                flush()
+        if page:
             flush()
-    if page:
-        flush()
+        if keys.own_marker:
+            one_by_fsspec("")
+    except (RemoteError, FileNotFoundError) as e:
+        if not _missing(e):
+            raise
 
 
 # ----------------------------------------------------------------------------- staged writes, cached reads

@@ -136,15 +136,17 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
     if objstore.serves(url, forks=policy is not None and policy.forks):
         key, seconds = url.split("://", 1)[1].partition("/")[2], _timeout(policy)
 
-        def probe() -> bool:
-            if next(objstore.list_pages(url, None, seconds), None) is not None:
-                return True
+        def probe() -> bool | None:
+            try:
+                if next(objstore.list_pages(url, None, seconds), None) is not None:
+                    return True
+            except objstore.UnnamedKey:  # a key in the first page object_store cannot name: fsspec's below
+                return None
             return bool(key.strip("/")) and not url.endswith("/") and objstore.is_object(url, seconds)
 
-        try:
-            return retry(url, probe, policy=policy)
-        except objstore.UnnamedKey:  # a first key object_store cannot name: fsspec's listing below
-            pass
+        found = retry(url, probe, policy=policy)
+        if found is not None:
+            return found
     fs, path = filesystem(url, policy)
     if _pages_s3(fs):
         bucket, _, key = path.partition("/")
@@ -174,6 +176,7 @@ class Keys:
         self.folder = self.url.split("://", 1)[1].partition("/")[2]  # bucket-relative, '' at the root
         self.after: str | None = None  # the stream continues with the keys after this one (relative)
         self._skip: str | None = None  # a folder being skipped: its keys left in the page are dropped
+        self.own_marker = False  # whether the listing held the folder's own marker (`folder/`), left out
 
     def skip(self, folder: str) -> None:
         """Pass over every key below `folder` (relative, ending in '/')."""
@@ -253,6 +256,7 @@ class Keys:
         out, n = [], len(self.folder) + 1 if self.folder else 0
         for key, size, version in page:
             if key == self.folder:
+                self.own_marker = True
                 continue
             rel = key[n:]
             if size == 0 and ((last is not None and rel <= last)
@@ -279,6 +283,7 @@ class Keys:
             answer = _list_objects(fs, self.policy, **args)
             page = [(c["Key"][len(prefix):], int(c["Size"]), _version(c))
                     for c in answer.get("Contents", []) if len(c["Key"]) > len(prefix)]
+            self.own_marker |= any(len(c["Key"]) == len(prefix) for c in answer.get("Contents", [])[:1])
             more = bool(answer.get("IsTruncated"))
             if pages is not None:
                 contents = answer.get("Contents", [])  # none but more: no progress to make, taken as the end

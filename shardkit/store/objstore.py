@@ -43,9 +43,8 @@ SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a l
 WINDOW = 32  # requests of a batch in flight at once
 LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
 QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into the runtime to end
-_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0}
+_STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0, "closing": None}
 _LOCK = threading.Lock()
-_GATE = threading.Lock()  # taken by every call as it starts; held for good once the process exits
 
 
 def serves(url: str, forks: bool = False) -> bool:
@@ -82,29 +81,37 @@ def available() -> bool:
 def _fresh() -> None:
     """Forget the loop and stores of the parent after a fork (their threads are not in this process)."""
     if _STATE["pid"] != os.getpid():
-        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0)
+        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None)
+
+
+def _enter(admit: bool) -> None:
+    """Count a call in: once the exit has begun (_quiet), a new call from a thread other than the
+    main one never starts (that daemon thread waits there for the process to end); the main
+    thread's own calls (later exit handlers) go on."""
+    with _LOCK:
+        refused = admit and _STATE["closing"] == os.getpid() and threading.current_thread() is not threading.main_thread()
+        if not refused:
+            _STATE["busy"] += 1
+    if refused:
+        threading.Event().wait()
+
+
+def _leave() -> None:
+    with _LOCK:
+        _STATE["busy"] -= 1
 
 
 @contextlib.contextmanager
-def _busy(gate: str | None = "wait"):
+def _busy(admit: bool = True):
     """A thread is in obstore's runtime (a call, or a runtime thread handing a result to the loop),
-    or on its way back from it: the process's exit waits for it (see _quiet). `gate`: a new call,
-    which once the exit has begun never starts: a thread of its own waits there ("wait") until the
-    process ends; on the loop, which must go on to end the calls in flight, it raises ("raise")."""
-    if gate is not None:
-        if not _GATE.acquire(blocking=gate == "wait"):
-            raise ConnectionError("not started: the process is exiting")
-    try:
-        with _LOCK:
-            _STATE["busy"] += 1
-    finally:
-        if gate is not None:
-            _GATE.release()
+    or on its way back from it: the process's exit waits for it (see _quiet). `admit`: a new call,
+    made in the caller's thread (see _enter); the loop's own steps and the runtime's hand-offs are
+    counted, never held."""
+    _enter(admit)
     try:
         yield
     finally:
-        with _LOCK:
-            _STATE["busy"] -= 1
+        _leave()
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -114,19 +121,25 @@ class _Loop(asyncio.SelectorEventLoop):
     (the process aborts). So the exit waits until no runtime thread is in here."""
 
     def call_soon_threadsafe(self, callback, *args, context=None):
-        with _busy(gate=None):
+        with _busy(admit=False):
             return super().call_soon_threadsafe(callback, *args, context=context)
 
 
 @atexit.register
 def _quiet() -> None:
-    """At the process's exit, before the interpreter finalizes: no new call starts, and the exit
-    waits (up to QUIET_WAIT, the GIL let go) for the calls in flight and the runtime's threads
-    inside Python to leave. A thread still in obstore's runtime when the interpreter finalizes is
-    ended as it takes the GIL back, which aborts the process (SIGABRT after the job's last line)."""
+    """At the process's exit, before the interpreter finalizes: no new call starts (but the main
+    thread's), and the exit waits for the calls in flight and the runtime's threads inside Python to
+    leave. A thread still in obstore's runtime when the interpreter finalizes is ended as it takes
+    the GIL back, which aborts the process (SIGABRT after the job's last line)."""
     if _STATE["ran_in"] != os.getpid():
         return
-    _GATE.acquire()
+    with _LOCK:
+        _STATE["closing"] = os.getpid()
+    _settle()
+
+
+def _settle() -> None:
+    """Wait (up to QUIET_WAIT, the GIL let go) until no call is counted in (_busy)."""
     deadline = time.monotonic() + QUIET_WAIT
     while _STATE["busy"] and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -145,8 +158,13 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 
 def run(coro):
-    """The coroutine's result, run on this process's loop (its waits bounded inside)."""
-    return asyncio.run_coroutine_threadsafe(coro, _loop()).result()
+    """The coroutine's result, run on this process's loop (its waits bounded inside): counted for
+    the exit from the call to the result (_busy)."""
+    with _busy():
+        got = asyncio.run_coroutine_threadsafe(coro, _loop()).result()
+    if _STATE["closing"] == os.getpid():  # a later exit handler's call: its hand-off ends before the exit
+        _settle()
+    return got
 
 
 def _s3_settings(bucket: str, timeout: float) -> tuple[dict, object]:
@@ -256,6 +274,9 @@ def translate(error: BaseException) -> BaseException:
         return PermissionError(text)
     if isinstance(error, (ox.AlreadyExistsError, ox.PreconditionError)):  # a conditional PUT's condition failed
         return FileExistsError(text)
+    if "ETag Header missing" in str(error):  # object_store needs one; a retry cannot bring it
+        return ValueError(f"{text}: this store answers without an ETag, which the lean client needs; set "
+                          "SHARDKIT_OBJECT_CLIENT=fsspec to use s3fs with it")
     found = _STATUS.search(str(error))
     if found:
         status = int(found.group(1) or found.group(2))
@@ -294,7 +315,7 @@ async def _guard(make, seconds: float):
     """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
     called here, on the loop: obstore's async calls bind to the running loop when made."""
     try:
-        with _busy("raise"), _translated():
+        with _busy(admit=False), _translated():
             return await asyncio.wait_for(make(), seconds)
     except asyncio.TimeoutError:
         raise TimeoutError(f"no answer within {seconds:g} s") from None
@@ -384,7 +405,7 @@ class Client:
             with _sync():
                 done = obstore.put(store, key, data, use_multipart=False,
                                    mode="create" if mode == "create" else {"e_tag": IfMatch} if conditional else None)
-            return {"ETag": done["e_tag"]} if conditional else None
+            return {"ETag": done.get("e_tag") or ""} if conditional else None  # a store may send none
         self._put(path, data, len(data))
         return None
 
@@ -501,7 +522,14 @@ def fetch_many(urls: list[str], timeout: float):
         gate = asyncio.Semaphore(WINDOW)
         return await asyncio.gather(*(one(url, gate) for url in urls))
 
-    return asyncio.run_coroutine_threadsafe(every(), _loop())
+    _enter(admit=True)  # counted until the last GET is done, or the batch is cancelled
+    try:
+        future = asyncio.run_coroutine_threadsafe(every(), _loop())
+    except BaseException:
+        _leave()
+        raise
+    future.add_done_callback(lambda _: _leave())
+    return future
 
 
 def forget() -> None:
