@@ -457,3 +457,35 @@ def test_a_store_that_answers_a_put_without_an_etag_is_told_to_use_fsspec(s3, mo
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
     store.write(s3.url("no-etag/x"), b"y")
     assert store.read(s3.url("no-etag/x")) == b"y"
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_a_source_file_reads_as_its_bytes_across_blocks_seeks_and_a_failed_get(s3, answers, monkeypatch, client):
+    """store.open_source on both clients (obstore: ranged GETs of a block at a time): reads that
+    span blocks, are larger than one, start past the end or at it (SEEK_END), give the object's
+    bytes; a GET answered 503 is retried where the read stopped, and the size stays known."""
+    import io
+    import random
+
+    from shardkit.store import source
+
+    if client == "fsspec":
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    monkeypatch.setattr(source._Ranged, "BLOCK", 1000)
+    data = random.Random(3).randbytes(10_007)
+    url = s3.url("src/blob.bin")
+    store.write(url, data)
+    want, rnd = io.BytesIO(data), random.Random(5)
+    with store.open_source(url) as got:
+        assert got.size == len(data)
+        for step in range(300):
+            whence = rnd.choice([io.SEEK_SET, io.SEEK_CUR, io.SEEK_END])
+            offset = rnd.randint(-1200, 1200) if whence != io.SEEK_SET else rnd.randint(0, 11_000)
+            if whence == io.SEEK_END:
+                offset = min(0, offset)
+            assert got.seek(offset, whence) == want.seek(max(0, {0: 0, 1: want.tell(), 2: len(data)}[whence] + offset))
+            n = rnd.choice([-1, 0, 1, 999, 1000, 1001, 2500])
+            if step == 150:
+                answers[f"/{url.split('://', 1)[1]}"] = [503]  # the next GET fails once
+            assert got.read(n) == want.read(n), step
+        assert got.size == len(data) and answers[f"/{url.split('://', 1)[1]}"] == []  # the 503 was met

@@ -20,6 +20,7 @@ class ResumingFile(io.RawIOBase):
         self.url, self.pos, self.policy = url, 0, policy
         self._fs, self._path = client(url, policy)  # obstore's where it serves s3://, else fsspec's
         self._f = retry(url, self._open, policy=policy)
+        self._size = self._f.size  # kept: after a failed read the file is reopened only by the next read
 
     def _open(self):
         from shardkit.store import objstore
@@ -30,7 +31,7 @@ class ResumingFile(io.RawIOBase):
 
     @property
     def size(self) -> int:
-        return self._f.size
+        return self._size
 
     def readable(self) -> bool:
         return True
