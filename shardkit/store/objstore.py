@@ -43,6 +43,7 @@ SMALL = 1 << 20  # bytes: a range up to this is read in the caller's thread (a l
 WINDOW = 32  # requests of a batch in flight at once
 LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
 QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into the runtime to end
+QUIET_FOR = 0.02  # seconds without a call in flight that the exit takes as quiet
 _STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0, "closing": None}
 _LOCK = threading.Lock()
 
@@ -139,11 +140,18 @@ def _quiet() -> None:
 
 
 def _settle() -> None:
-    """Wait (up to QUIET_WAIT, the GIL let go) until no call is counted in (_busy)."""
-    deadline = time.monotonic() + QUIET_WAIT
-    while _STATE["busy"] and time.monotonic() < deadline:
+    """Wait (up to QUIET_WAIT, the GIL let go) until no call has been counted in (_busy) for
+    QUIET_FOR: a thread that has just left the count is back in its own frames by then, and so is
+    a runtime thread that looks at a call cancelled on a timeout (it takes the GIL, uncounted)."""
+    deadline, quiet_since = time.monotonic() + QUIET_WAIT, None
+    while (now := time.monotonic()) < deadline:
+        if _STATE["busy"]:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= QUIET_FOR:
+            return
         time.sleep(0.002)
-    time.sleep(0.01)  # a thread that has just left the count: back in its own frames
 
 
 def _loop() -> asyncio.AbstractEventLoop:
