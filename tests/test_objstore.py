@@ -488,3 +488,40 @@ def test_a_source_file_reads_as_its_bytes_across_blocks_seeks_and_a_failed_get(s
             n = rnd.choice([-1, 0, 1, 999, 1000, 1001, 2500])
             assert got.read(n) == want.read(n), step
         assert got.size == len(data) and answers[f"/{url.split('://', 1)[1]}"] == []  # the 503 was met
+
+
+FIRST_CALL_A_BATCH = r"""
+import sys, time
+from shardkit.store import objstore
+
+assert objstore.fetch_many([sys.argv[1]], 15.0).result() == [b"first"]
+time.sleep(0.05)  # the batch's own count is given back by a callback
+print(objstore._STATE["busy"], flush=True)
+"""
+
+
+def test_a_batch_as_a_process_s_first_call_is_counted_in_and_out(s3, tmp_path):
+    """The count of calls in flight starts with the process (a fork's or a fresh one's), not after a
+    batch was counted in: it was reset under it, ended at -1, and every exit waited 5 s."""
+    import subprocess
+    import sys
+
+    store.write(s3.url("first/x"), b"first")
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL_A_BATCH, s3.url("first/x")], capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (0, "0\n"), out.stderr[-2000:]
+
+
+def test_once_the_exit_began_a_batch_starts_no_more_requests(s3, answers, monkeypatch):
+    """A batch nobody waits for any more (a caller interrupted, an error elsewhere) must not go on
+    fetching while the process exits: the loop starts none of its remaining GETs."""
+    urls = [s3.url(f"late-batch/{i}") for i in range(4)]
+    for url in urls:
+        store.write(url, b"x")
+    answers[f"/{urls[0].split('://', 1)[1]}"] = ["stall"]
+    monkeypatch.setattr(objstore, "WINDOW", 1)
+    future = objstore.fetch_many(urls, 1.0)
+    monkeypatch.setitem(objstore._STATE, "closing", os.getpid())  # the exit begins (_quiet)
+    got = future.result(timeout=30)
+    assert isinstance(got[0], (TimeoutError, ConnectionError)), got  # stalled, or not started yet
+    assert all(isinstance(g, ConnectionError) and "exiting" in str(g) for g in got[1:]), got

@@ -202,7 +202,7 @@ def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
     keys = Keys(url, policy)
     try:
         for rel, _, _ in keys:
-            if not _nameable(rel):
+            if not _nameable(keys._key(rel)):  # the folder's own part too: obstore names the whole key
                 one_by_fsspec(rel)
                 continue
             page.append(rel)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import hashlib
 import os
 import re
@@ -46,6 +47,7 @@ QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into
 QUIET_FOR = 0.02  # seconds without a call in flight that the exit takes as quiet
 _STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0, "closing": None}
 _LOCK = threading.Lock()
+_LATE = contextvars.ContextVar("shardkit_objstore_late", default=False)  # see _late
 
 
 def serves(url: str, forks: bool = False) -> bool:
@@ -85,14 +87,22 @@ def _fresh() -> None:
         _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None)
 
 
-def _enter(admit: bool) -> None:
-    """Count a call in: once the exit has begun (_quiet), a new call from a thread other than the
-    main one never starts (that daemon thread waits there for the process to end); the main
-    thread's own calls (later exit handlers) go on."""
+def _enter(admit: str | None) -> None:
+    """Count a call in (see _busy). Once the exit has begun (_quiet), a new call never starts but
+    the main thread's own (later exit handlers), which go on: `admit="call"`, a call in the caller's
+    thread, which then waits there for the process to end (a daemon thread: the others have been
+    joined); `admit="loop"`, a request the loop is about to start for a caller, which raises unless
+    that caller was the main thread after the exit began (_LATE); None: counted whatever (a loop step
+    already counted, a runtime thread's hand-off)."""
     with _LOCK:
-        refused = admit and _STATE["closing"] == os.getpid() and threading.current_thread() is not threading.main_thread()
+        _fresh()
+        closing = _STATE["closing"] == os.getpid()
+        refused = closing and (admit == "call" and threading.current_thread() is not threading.main_thread()
+                               or admit == "loop" and not _LATE.get())
         if not refused:
             _STATE["busy"] += 1
+    if refused and admit == "loop":
+        raise ConnectionError("not started: the process is exiting")
     if refused:
         threading.Event().wait()
 
@@ -103,11 +113,9 @@ def _leave() -> None:
 
 
 @contextlib.contextmanager
-def _busy(admit: bool = True):
+def _busy(admit: str | None = "call"):
     """A thread is in obstore's runtime (a call, or a runtime thread handing a result to the loop),
-    or on its way back from it: the process's exit waits for it (see _quiet). `admit`: a new call,
-    made in the caller's thread (see _enter); the loop's own steps and the runtime's hand-offs are
-    counted, never held."""
+    or on its way back from it: the process's exit waits for it (see _quiet; `admit`: see _enter)."""
     _enter(admit)
     try:
         yield
@@ -122,7 +130,7 @@ class _Loop(asyncio.SelectorEventLoop):
     (the process aborts). So the exit waits until no runtime thread is in here."""
 
     def call_soon_threadsafe(self, callback, *args, context=None):
-        with _busy(admit=False):
+        with _busy(admit=None):
             return super().call_soon_threadsafe(callback, *args, context=context)
 
 
@@ -169,10 +177,23 @@ def run(coro):
     """The coroutine's result, run on this process's loop (its waits bounded inside): counted for
     the exit from the call to the result (_busy)."""
     with _busy():
-        got = asyncio.run_coroutine_threadsafe(coro, _loop()).result()
+        _late()
+        future = asyncio.run_coroutine_threadsafe(coro, _loop())
+        try:
+            got = future.result()
+        except BaseException:  # an interrupt too: the request does not go on behind the caller's back
+            future.cancel()
+            raise
     if _STATE["closing"] == os.getpid():  # a later exit handler's call: its hand-off ends before the exit
         _settle()
     return got
+
+
+def _late() -> None:
+    """A call the main thread makes after the exit began: its requests on the loop may start (the
+    loop's task copies this context)."""
+    if _STATE["closing"] == os.getpid():
+        _LATE.set(True)
 
 
 def _s3_settings(bucket: str, timeout: float) -> tuple[dict, object]:
@@ -323,7 +344,7 @@ async def _guard(make, seconds: float):
     """The result of the awaitable make() within `seconds`, an obstore error translated. make() is
     called here, on the loop: obstore's async calls bind to the running loop when made."""
     try:
-        with _busy(admit=False), _translated():
+        with _busy(admit="loop"), _translated():
             return await asyncio.wait_for(make(), seconds)
     except asyncio.TimeoutError:
         raise TimeoutError(f"no answer within {seconds:g} s") from None
@@ -530,13 +551,14 @@ def fetch_many(urls: list[str], timeout: float):
         gate = asyncio.Semaphore(WINDOW)
         return await asyncio.gather(*(one(url, gate) for url in urls))
 
-    _enter(admit=True)  # counted until the last GET is done, or the batch is cancelled
+    _enter("call")  # counted until the last GET is done, or the batch is cancelled
+    _late()
     try:
         future = asyncio.run_coroutine_threadsafe(every(), _loop())
+        future.add_done_callback(lambda _: _leave())
     except BaseException:
         _leave()
         raise
-    future.add_done_callback(lambda _: _leave())
     return future
 
 

@@ -140,8 +140,10 @@ class Fetch:
             p = _policy(self.policy)
             try:
                 got = self.future.result(timeout=2 * p.timeout + 4 * len(self.urls) * p.timeout / 64)
-            except Exception:  # noqa: BLE001 — every file is then read alone, its errors named
-                self.future.cancel()
+            except BaseException as e:  # noqa: BLE001 — every file is then read alone, its errors named
+                self.future.cancel()  # an interrupt too: the batch does not go on fetching
+                if not isinstance(e, Exception):
+                    raise
         out = []
         if isinstance(got, list):  # obstore's answers, in order
             got = dict(zip(self.paths, got))
