@@ -16,9 +16,10 @@ obstore's runtime does not survive a fork once it has made a request (a child's 
 hangs): a process forked after that (a DataLoader worker) uses fsspec; one forked before (or
 spawned) makes its own loop and stores (a pid check). obstore's own retries are off: fs.with_retries is the one loop, and errors are mapped onto what its classifier
 reads (FileNotFoundError, PermissionError, an HTTP status, TimeoutError, ConnectionError).
-A HEAD and a DELETE are sync calls too. At the process's exit no new call starts and the exit waits
-(up to QUIET_WAIT) until no thread is in obstore's runtime or handing a result from it to the loop: a
-Rust thread that takes the GIL back while the interpreter finalizes aborts the process (_quiet).
+A HEAD and a DELETE are sync calls too. At the process's exit the exit waits (up to QUIET_WAIT) until
+no thread has been in obstore's runtime, or handing a result from it to the loop, for QUIET_FOR: a Rust
+thread that takes the GIL back while the interpreter finalizes aborts the process (_quiet); from then
+on only the main thread's calls start (_enter).
 """
 
 from __future__ import annotations
