@@ -488,6 +488,12 @@ def test_a_source_file_reads_as_its_bytes_across_blocks_seeks_and_a_failed_get(s
             n = rnd.choice([-1, 0, 1, 999, 1000, 1001, 2500])
             assert got.read(n) == want.read(n), step
         assert got.size == len(data) and answers[f"/{url.split('://', 1)[1]}"] == []  # the 503 was met
+    ahead = []
+    real = objstore.fetch_range
+    monkeypatch.setattr(objstore, "fetch_range", lambda *a: ahead.append(a[1]) or real(*a))
+    with store.open_source(url) as got:  # a stream from the start, in reads across the blocks' ends
+        assert b"".join(iter(lambda: got.read(700), b"")) == data
+    assert client == "fsspec" or ahead == list(range(1000, 10_007, 1000))  # each next block read ahead
 
 
 FIRST_CALL_A_BATCH = r"""

@@ -552,10 +552,23 @@ def fetch_many(urls: list[str], timeout: float):
         gate = asyncio.Semaphore(WINDOW)
         return await asyncio.gather(*(one(url, gate) for url in urls))
 
-    _enter("call")  # counted until the last GET is done, or the batch is cancelled
+    return _submit(every)
+
+
+def fetch_range(url: str, start: int, end: int, timeout: float):
+    """Bytes [start, end) of an object fetched in the background on the loop: a concurrent Future
+    (a read ahead; its waits bounded as run()'s)."""
+    store, key = _store(url, timeout)
+    return _submit(lambda: _get(store, key, start, end, timeout))
+
+
+def _submit(make):
+    """The coroutine make() run on the loop: a concurrent Future, counted for the exit until it is
+    done or cancelled (_busy)."""
+    _enter("call")
     _late()
     try:
-        future = asyncio.run_coroutine_threadsafe(every(), _loop())
+        future = asyncio.run_coroutine_threadsafe(make(), _loop())
         future.add_done_callback(lambda _: _leave())
     except BaseException:
         _leave()
