@@ -84,17 +84,19 @@ class ResumingFile(io.RawIOBase):
 class _Ranged:
     """An object read by ranged GETs on obstore's client (ResumingFile's file there): a read within
     the block in hand is served from it, else the next BLOCK bytes are fetched (a read larger than a
-    block is one GET of its own). Read sequentially, the block after is fetched in the background
-    meanwhile, so a stream waits no round trip per block (s3fs's file reads ahead in 50 MiB blocks):
-    at most two blocks held per open file."""
+    block is one GET of its own). Read as a stream, the AHEAD blocks after are fetched in the
+    background meanwhile, so a stream waits no round trip per block (s3fs's file reads ahead in
+    50 MiB blocks): at most 1 + AHEAD blocks held per open file."""
 
-    BLOCK = 16 << 20
+    BLOCK, AHEAD = 16 << 20, 3  # bytes a GET; blocks of a stream fetched ahead of the one it reads
 
     def __init__(self, fs, path: str):
+        import collections
+
         self.fs, self.path = fs, path
         self.size = int(fs.info(path)["size"])
         self._pos, self._at, self._block = 0, 0, b""
-        self._ahead = None  # (offset, a concurrent Future of the block there)
+        self._ahead = collections.deque()  # (offset, a concurrent Future of the block there), in order
 
     def seek(self, pos: int) -> int:
         self._pos = pos
@@ -123,27 +125,33 @@ class _Ranged:
         from shardkit.store import objstore
 
         sequential = at == 0 or bool(self._block) and at == self._at + len(self._block)  # a stream's start, its next
-        ahead, self._ahead, block = self._ahead, None, None
-        if ahead is not None and ahead[0] == at:
+        while self._ahead and self._ahead[0][0] < at:  # passed over
+            self._ahead.popleft()[1].cancel()
+        block = None
+        if self._ahead and self._ahead[0][0] == at:
             try:
-                block = ahead[1].result()
+                block = self._ahead.popleft()[1].result()
             except Exception:  # noqa: BLE001 — read again below, in the caller's thread and retries
                 block = None
-        elif ahead is not None:
-            ahead[1].cancel()
+        elif self._ahead:  # a seek elsewhere
+            self._cancel()
+        if sequential:  # the blocks after this one, asked for before it is (blocks are BLOCK long but the last)
+            url, after = f"{self.fs.protocol}://{self.path}", self._ahead[-1][0] + self.BLOCK if self._ahead else at + self.BLOCK
+            while len(self._ahead) < self.AHEAD and after < self.size:
+                self._ahead.append((after, objstore.fetch_range(url, after, min(self.size, after + self.BLOCK),
+                                                                 self.fs.timeout)))
+                after += self.BLOCK
         if block is None:
             block = self.fs.cat_file(self.path, at, min(self.size, at + self.BLOCK))
         self._at, self._block = at, block
-        after = at + len(block)
-        if sequential and block and after < self.size:
-            url = f"{self.fs.protocol}://{self.path}"
-            self._ahead = (after, objstore.fetch_range(url, after, min(self.size, after + self.BLOCK),
-                                                        self.fs.timeout))
+
+    def _cancel(self) -> None:
+        while self._ahead:
+            self._ahead.popleft()[1].cancel()
 
     def close(self) -> None:
-        if self._ahead is not None:
-            self._ahead[1].cancel()
-        self._ahead, self._block = None, b""
+        self._cancel()
+        self._block = b""
 
 
 class Fetch:
