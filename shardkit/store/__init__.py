@@ -22,7 +22,7 @@ import tempfile
 
 from shardkit.store.remote import RemoteError, RemotePolicy, strip_protocol
 from shardkit.store.local import atomic_write, fsync_path, local_path, tmp_name
-from shardkit.store.calls import JOB_POLICY, _call, _policy, bound, filesystem, retry
+from shardkit.store.calls import JOB_POLICY, _call, _policy, bound, filesystem, lean, retry
 from shardkit.store.urls import BadURL, check_location
 from shardkit.store.local import is_url, join
 
@@ -91,9 +91,7 @@ def read_many(urls: list[str], policy: RemotePolicy | None = None) -> dict[str, 
             except OSError:
                 out[url] = None
         return out
-    from shardkit.store import objstore
-
-    if objstore.serves(urls[0], forks=_policy(policy).forks):  # its async GETs; a failed one read alone, retried
+    if lean(urls[0], policy):  # obstore's async GETs; a failed one read alone, retried
         got = dict(zip(urls, fetch_sources(urls, policy).result()))
     else:
         fs, _ = filesystem(urls[0], policy)
@@ -171,9 +169,7 @@ def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
 
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
-    from shardkit.store import objstore
-
-    if objstore.serves(url, forks=_policy(policy).forks):
+    if lean(url, policy):
         _remove_keys(url, policy)
         return
     try:

@@ -43,12 +43,20 @@ def bound(fs, nbytes: int = 0, policy: RemotePolicy | None = None) -> dict:
     return {"timeout": 2 * _policy(policy).timeout + nbytes / MIN_RATE}
 
 
+def lean(url: str, policy: RemotePolicy | None = None) -> bool:
+    """Whether obstore's client carries the calls on `url` made under `policy` (store.objstore.serves:
+    a reader's policy, which forks, starts no runtime in a process that forks its workers later)."""
+    from shardkit.store import objstore
+
+    return objstore.serves(url, forks=_policy(policy).forks)
+
+
 def client(url: str, policy: RemotePolicy | None = None):
     """(filesystem, path) for a call of the hot paths: obstore's client where it serves `url`
     (store.objstore), else the fsspec filesystem."""
     from shardkit.store import objstore
 
-    if objstore.serves(url, forks=_policy(policy).forks):
+    if lean(url, policy):
         fs = objstore.Client(url, _policy(policy).timeout, lambda: filesystem(url, policy)[0])
         return fs, fs._strip_protocol(url)
     return filesystem(url, policy)

@@ -15,7 +15,7 @@ import heapq
 from typing import Iterator, NamedTuple
 
 from shardkit.store.remote import RemoteError, RemotePolicy
-from shardkit.store.calls import bound, filesystem, retry
+from shardkit.store.calls import bound, filesystem, lean, retry
 
 PAGE = 1000  # objects per listing request (S3's maximum)
 LAST = "\U0010ffff"  # the last code point: a folder's prefix + LAST sorts after every key below it
@@ -38,9 +38,7 @@ def version_number(version: str) -> int:
 def list_folder(url: str, policy: RemotePolicy | None = None) -> Iterator[Entry]:
     """The files and subfolders directly in `url`, in name order (a subfolder sorts as `name/`, as S3
     orders keys), page by page on S3; nothing when the folder does not exist."""
-    from shardkit.store import objstore
-
-    if objstore.serves(url, forks=policy is not None and policy.forks):
+    if lean(url, policy):
         yield from _keys_folder(url, policy)
         return
     fs, path = filesystem(url, policy)
@@ -133,7 +131,7 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
     without a trailing '/' and nothing below it, one request for the object itself."""
     from shardkit.store import objstore
 
-    if objstore.serves(url, forks=policy is not None and policy.forks):
+    if lean(url, policy):
         key, seconds = url.split("://", 1)[1].partition("/")[2], _timeout(policy)
 
         def probe() -> bool | None:
@@ -149,16 +147,17 @@ def has_any(url: str, policy: RemotePolicy | None = None) -> bool:
             return found
     fs, path = filesystem(url, policy)
     if _pages_s3(fs):
-        bucket, _, key = path.partition("/")
+        bucket, folder = _bucket_prefix(path)
 
         def first(prefix: str) -> str | None:  # the first key that starts with `prefix`
             page = retry(url, lambda: _list_objects(fs, policy, Bucket=bucket, Prefix=prefix, MaxKeys=1),
                          policy=policy)
             return (page.get("Contents") or [{}])[0].get("Key")
 
-        if first(key.strip("/") + "/" if key.strip("/") else "") is not None:
+        if first(folder) is not None:
             return True  # a key below the folder ('raw2/x' is not below 'raw')
-        return bool(key.strip("/")) and not url.endswith("/") and first(key) == key  # the object itself
+        key = path.partition("/")[2]
+        return bool(folder) and not url.endswith("/") and first(key) == key  # the object itself
     return bool(retry(url, lambda: fs.exists(path), policy=policy))
 
 
@@ -183,9 +182,7 @@ class Keys:
         self._skip, self.after = folder, folder + LAST
 
     def __iter__(self) -> Iterator[tuple[str, int, str]]:
-        from shardkit.store import objstore
-
-        if objstore.serves(self.url, forks=self.policy is not None and self.policy.forks):
+        if lean(self.url, self.policy):
             yield from self._paged(self._obstore_pages)
             return
         fs, path = filesystem(self.url, self.policy)

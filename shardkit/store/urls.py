@@ -12,6 +12,7 @@ import re
 
 from shardkit.errors import BadURL
 from shardkit.store.local import is_url  # noqa: F401 — where check_location's callers look for it
+from shardkit.store.calls import lean
 from shardkit.store.remote import OWN_CLIENT, missing_backend, unusable
 
 READ_ONLY = frozenset({"http", "https"})  # fsspec's http backend cannot write
@@ -98,7 +99,7 @@ def check_location(value, what: str, *, write: bool = False) -> str:
     if protocol in ("s3", "s3a"):
         _check_bucket(protocol, rest, what, value)
     try:
-        if _lean(f"{protocol}://{rest}"):  # obstore carries its calls: fsspec's backend, the fallback, is only looked for
+        if lean(f"{protocol}://{rest}"):  # obstore carries its calls: fsspec's backend, the fallback, is only looked for
             _find_backend(protocol)
         elif protocol not in OWN_CLIENT or what != "dataset":  # a dataset on http(s) is read by shardkit's own client
             _import_backend(protocol)
@@ -168,12 +169,6 @@ def _check_backend(protocol: str, what: str, value: str) -> None:
 # again would not notice a package that went missing).
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "http": "aiohttp", "https": "aiohttp", "gs": "gcsfs", "gcs": "gcsfs",
             "az": "adlfs", "abfs": "adlfs", "adl": "adlfs", "hf": "huggingface_hub"}
-
-
-def _lean(url: str) -> bool:
-    from shardkit.store import objstore
-
-    return objstore.serves(url)
 
 
 def _find_backend(protocol: str) -> None:
