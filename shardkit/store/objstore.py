@@ -175,16 +175,14 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 
 def run(coro):
-    """The coroutine's result, run on this process's loop (its waits bounded inside): counted for
-    the exit from the call to the result (_busy)."""
-    with _busy():
-        _late()
-        future = asyncio.run_coroutine_threadsafe(coro, _loop())
-        try:
-            got = future.result()
-        except BaseException:  # an interrupt too: the request does not go on behind the caller's back
-            future.cancel()
-            raise
+    """The coroutine's result, run on this process's loop (its waits bounded inside; counted for the
+    exit as _submit counts it)."""
+    future = _submit(lambda: coro)
+    try:
+        got = future.result()
+    except BaseException:  # an interrupt too: the request does not go on behind the caller's back
+        future.cancel()
+        raise
     if _STATE["closing"] == os.getpid():  # a later exit handler's call: its hand-off ends before the exit
         _settle()
     return got

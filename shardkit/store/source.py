@@ -132,11 +132,12 @@ class _Ranged:
             try:
                 block = self._ahead.popleft()[1].result()
             except Exception:  # noqa: BLE001 — read again below, in the caller's thread and retries
-                block = None
+                pass
         elif self._ahead:  # a seek elsewhere
             self._cancel()
         if sequential:  # the blocks after this one, asked for before it is (blocks are BLOCK long but the last)
-            url, after = f"{self.fs.protocol}://{self.path}", self._ahead[-1][0] + self.BLOCK if self._ahead else at + self.BLOCK
+            url = f"{self.fs.protocol}://{self.path}"
+            after = (self._ahead[-1][0] if self._ahead else at) + self.BLOCK
             while len(self._ahead) < self.AHEAD and after < self.size:
                 self._ahead.append((after, objstore.fetch_range(url, after, min(self.size, after + self.BLOCK),
                                                                  self.fs.timeout)))
