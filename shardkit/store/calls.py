@@ -48,7 +48,7 @@ def lean(url: str, policy: RemotePolicy | None = None) -> bool:
     a reader's policy, which forks, starts no runtime in a process that forks its workers later)."""
     from shardkit.store import objstore
 
-    return objstore.serves(url, forks=_policy(policy).forks)
+    return objstore.serves(url, forks=policy is not None and policy.forks)  # none given: JOB_POLICY, which does not fork
 
 
 def client(url: str, policy: RemotePolicy | None = None):
