@@ -10,6 +10,7 @@ TORCH  := torch==2.13.0
 # setuptools prints an information block (not a deprecation) on every editable install of a flat
 # layout, asking to mind folders named like the package; the install itself is clean.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+AZURITE := azurite@3.35.0
 
 .PHONY: demo test install bench clean
 
@@ -18,6 +19,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(QUIET_EDITABLE) $(BIN)/python -m pip install -q -e '.[dev]'
+	@# Azurite, the Azure Blob emulator the az:// tests run against (Node.js; without it they skip)
+	if command -v npm >/dev/null; then npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE) \
+	  || echo "npm could not install $(AZURITE): the az:// tests will skip"; \
+	  else echo "npm not found: the az:// tests will skip (Azurite needs Node.js)"; fi
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -15,12 +15,13 @@ from dataclasses import asdict, dataclass
 MASK = "***"
 
 # Query parameters whose value is a secret or a signature (names compared case-insensitively):
-# AWS SigV2/SigV4 presigned URLs, GCS signed URLs, Azure SAS, OAuth, and the usual API-key names.
+# AWS SigV2/SigV4 presigned URLs, GCS signed URLs, Azure SAS and connection strings, OAuth, and the
+# usual API-key names.
 SECRET_PARAMS = ("x-amz-signature", "x-amz-credential", "x-amz-security-token", "awsaccesskeyid", "signature",
                  "x-goog-signature", "x-goog-credential", "googleaccessid", "sig", "token", "key", "access_token",
                  "refresh_token", "id_token", "api_key", "apikey", "api-key", "access_key", "secret", "secret_key",
                  "client_secret", "password", "passwd", "pwd", "auth", "authorization", "credential", "credentials",
-                 "session_token", "security_token", "sas")
+                 "session_token", "security_token", "sas", "accountkey", "sharedaccesssignature")
 
 # scheme://userinfo@ : userinfo stops at the first '/', whitespace, quote or '@' (a path may hold '@').
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")

@@ -270,8 +270,22 @@ def publish(out: str, rel: str, *, durable: bool = True, policy: RemotePolicy | 
     os.remove(source)
 
 
+def _takes_parts(fs) -> bool:
+    """Whether fs.put_file takes a part size and a concurrency (s3fs, the lean client; adlfs has a
+    max_concurrency but no part size). The lean client is asked by its type: a lookup of another name
+    would build its fsspec fallback (see objstore.Client.max_concurrency)."""
+    import inspect
+
+    from shardkit.store import objstore
+
+    if isinstance(fs, objstore.Client):
+        return True
+    put = getattr(fs, "_put_file", None)
+    return put is not None and {"chunksize", "max_concurrency"} <= set(inspect.signature(put).parameters)
+
+
 def _upload(fs, source: str, path: str, policy: RemotePolicy | None) -> None:
-    if hasattr(fs, "max_concurrency"):  # s3fs: bounded part size and concurrency
+    if _takes_parts(fs):  # bounded part size and concurrency
         fs.put_file(source, path, chunksize=UPLOAD_PART, max_concurrency=UPLOAD_CONCURRENCY,
                     **bound(fs, os.path.getsize(source), policy))
     else:

@@ -1,4 +1,4 @@
-"""The lean client for s3:// on the hot paths: obstore (Rust's object_store), when installed.
+"""The lean client for s3:// and az:// on the hot paths: obstore (Rust's object_store), when installed.
 
 s3fs spends ~5 ms of client CPU on a 40 KB GET (botocore's request building and parsing); this client
 ~0.6 ms (bench/store_client_bench.py). `client(url, timeout)` gives an object with the few
@@ -36,7 +36,8 @@ import time
 
 from shardkit.identity import worker_info
 
-PROTOCOLS = frozenset({"s3", "s3a"})  # gs://, az:// stay on fsspec until tested against an emulator
+S3, AZURE = frozenset({"s3", "s3a"}), frozenset({"az", "abfs", "abfss"})
+PROTOCOLS = S3 | AZURE  # gs:// stays on fsspec (gcsfs): no emulator here answers a PUT as GCS does
 WHOLE = 8 << 20  # bytes: a body up to this is taken in one piece; a larger one chunk by chunk
 MIN_RATE = 1 << 20  # bytes/s, as store.calls.MIN_RATE: a slower transfer is taken for a stalled store
 UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_CONCURRENCY
@@ -55,8 +56,11 @@ def serves(url: str, forks: bool = False) -> bool:
     """Whether `url`'s calls go through obstore: its protocol is one it carries, obstore is installed,
     and SHARDKIT_OBJECT_CLIENT does not say `fsspec`. `forks`: a reader's call, which starts no
     runtime in a process that may still fork DataLoader workers (see reading_here)."""
-    if url.split("://", 1)[0] not in PROTOCOLS or os.environ.get("SHARDKIT_OBJECT_CLIENT", "") == "fsspec":
+    protocol, _, rest = url.partition("://")
+    if protocol not in PROTOCOLS or os.environ.get("SHARDKIT_OBJECT_CLIENT", "") == "fsspec":
         return False
+    if protocol in AZURE and "@" in rest.split("/", 1)[0]:
+        return False  # abfs://container@account.dfs.core.windows.net/...: the account in the URL, adlfs's form
     if _STATE["ran_in"] not in (None, os.getpid()):
         return False  # forked after a request here: obstore's runtime did not come along (it would hang)
     if forks and _STATE["ran_in"] is None and _STATE["reading"] != os.getpid() and worker_info() is None:
@@ -245,39 +249,70 @@ def _with_region(config: dict, bucket: str, timeout: float) -> dict:
     return {**config, "region": region or "us-east-1"}
 
 
+def _azure_settings() -> dict:
+    """The config of an Azure container's store: AZURE_STORAGE_CONNECTION_STRING's account, key, SAS
+    and blob endpoint (as adlfs reads it); obstore reads the other AZURE_* variables itself (account
+    name and key, SAS token, service principal, workload identity, managed identity, endpoint)."""
+    found = dict(part.split("=", 1) for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
+                 if "=" in part)
+    config = {}
+    for name, key in (("AccountName", "account_name"), ("AccountKey", "account_key"),
+                      ("SharedAccessSignature", "sas_key"), ("BlobEndpoint", "endpoint")):
+        if found.get(name):
+            config[key] = found[name]
+    if "endpoint" not in config and found.get("AccountName") and found.get("EndpointSuffix"):
+        protocol = found.get("DefaultEndpointsProtocol", "https")
+        config["endpoint"] = f"{protocol}://{found['AccountName']}.blob.{found['EndpointSuffix']}"
+    return config
+
+
 ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
        "AWS_SHARED_CREDENTIALS_FILE")
 
 
+def _settings_digest(protocol: str) -> str:
+    """The settings a store of `protocol` is made from, as a digest: no secret is kept in a key."""
+    env = os.environ
+    names = ENV if protocol in S3 else sorted(n for n in env if n.startswith("AZURE_"))
+    return hashlib.sha256(repr([(n, env.get(n)) for n in names]).encode()).hexdigest()
+
+
 def _store(url: str, timeout: float, *, bounded: bool = False):
-    """(obstore store, key) of an s3:// URL: one store per process, bucket and settings, kept alive.
+    """(obstore store, key) of an s3:// or az:// URL: one store per process, bucket (container) and
+    settings, kept alive.
     `bounded`: the store for calls made in the caller's thread (sync: no hand-off to the loop, half
     the CPU of a small GET), each request bounded as a whole to 2 x timeout + WHOLE at MIN_RATE;
     they move WHOLE bytes at most."""
-    bucket, _, key = url.split("://", 1)[1].partition("/")
-    # the settings a store was made with, as a digest: no secret is kept in the key
-    digest = hashlib.sha256(repr([os.environ.get(n) for n in ENV]).encode()).hexdigest()
-    ident = (bucket, digest, timeout, bounded)
+    protocol, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    ident = (protocol in S3, bucket, _settings_digest(protocol), timeout, bounded)
     with _LOCK:
         _fresh()
         store = _STATE["stores"].get(ident)
     if store is None:
         _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
-        store = _new_store(bucket, timeout, f"{2 * timeout + WHOLE / MIN_RATE:g}s" if bounded else "24h")
+        with _translated():  # settings it cannot use (no account) raise as the error fsspec would
+            store = _new_store(protocol, bucket, timeout, f"{2 * timeout + WHOLE / MIN_RATE:g}s" if bounded else "24h")
         with _LOCK:
             store = _STATE["stores"].setdefault(ident, store)
     return store, key
 
 
-def _new_store(bucket: str, timeout: float, total: str):
-    from obstore.store import S3Store
+def _new_store(protocol: str, bucket: str, timeout: float, total: str):
+    from obstore.store import AzureStore, S3Store
 
-    config, provider = _s3_settings(bucket, timeout)
+    if protocol in S3:
+        config, provider = _s3_settings(bucket, timeout)
+    else:
+        config, provider = _azure_settings(), None
+    endpoint = config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT" if protocol in AZURE else "", "")
     options = {"connect_timeout": f"{timeout:g}s", "timeout": total,  # else bounded per chunk here
-               "allow_http": str(config.get("endpoint", "")).startswith("http://"), "pool_max_idle_per_host": "64"}
-    return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
-                   credential_provider=provider)
+               "allow_http": str(endpoint).startswith("http://"), "pool_max_idle_per_host": "64"}
+    if protocol in S3:
+        return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
+                       credential_provider=provider)
+    return AzureStore(bucket, config=config, client_options=options, retry_config={"max_retries": 0})
 
 
 class StoreStatus(OSError):
@@ -296,10 +331,14 @@ def translate(error: BaseException) -> BaseException:
     import obstore.exceptions as ox
 
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if isinstance(error, ox.NotFoundError):
-        return FileNotFoundError(text)
+    code = re.search(r"<Code>\s*([A-Za-z]+)\s*</Code>", str(error))  # the store's name for it (S3, Azure)
+    text = text.split("<?xml", 1)[0].rstrip(" :") + (f" ({code.group(1)})" if code else "")
+    if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
+        return _with_status(FileNotFoundError(text), 404)
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
-        return PermissionError(text)
+        return _with_status(PermissionError(text), 403 if "403" in str(error) else None)
+    if "MissingAccount" in str(error) or "must be specified" in text:  # settings, not a fault that may pass
+        return ValueError(text)
     if isinstance(error, (ox.AlreadyExistsError, ox.PreconditionError)):  # a conditional PUT's condition failed
         return FileExistsError(text)
     if "ETag Header missing" in str(error):  # object_store needs one; a retry cannot bring it
@@ -309,15 +348,22 @@ def translate(error: BaseException) -> BaseException:
     if found:
         status = int(found.group(1) or found.group(2))
         if status == 404:
-            return FileNotFoundError(text)
+            return _with_status(FileNotFoundError(text), 404)
         if status == 403:
-            return PermissionError(text)
+            return _with_status(PermissionError(text), 403)
         return StoreStatus(status, text)
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(error).lower():
         return TimeoutError(text)
     if isinstance(error, (ox.InvalidPathError, ox.UnknownConfigurationKeyError, ox.NotSupportedError)):
         return ValueError(text)
     return ConnectionError(text)
+
+
+def _with_status(error: OSError, status: int | None) -> OSError:
+    """`error` with the HTTP status the store answered (remote._reason names it, and the store's code)."""
+    if status is not None:
+        error.status = status
+    return error
 
 
 @contextlib.contextmanager
@@ -327,8 +373,8 @@ def _translated():
     try:
         yield
     except Exception as e:  # noqa: BLE001 — re-raised as the matching builtin error
-        if type(e).__module__.startswith("obstore"):
-            raise translate(e) from None
+        if type(e).__module__.startswith("obstore") or (isinstance(e, FileNotFoundError) and "Debug source" in str(e)):
+            raise translate(e) from None  # obstore raises a 404 as the builtin, its text many lines long
         raise
 
 
@@ -376,10 +422,6 @@ class Client:
     """The fsspec methods store calls use, on obstore; everything else is the fsspec filesystem's."""
 
     async_impl = False  # store.calls.bound: the waits are bounded here, not by fsspec keywords
-    # store._upload asks for this (s3fs's) before passing a part size and concurrency: a lookup that
-    # fell through to the fsspec filesystem would build it (s3fs, botocore: 0.24 CPU-s a process)
-    # for an upload that never uses it. put_file takes the part size and concurrency it is given.
-    max_concurrency = UPLOAD_CONCURRENCY
 
     def __init__(self, url: str, timeout: float, fallback):
         self.protocol = url.split("://", 1)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ from shardkit.store.http_ranges import get as http_get
 from shardkit.store.local import is_url, local_path
 
 # Protocol -> the shardkit extra that installs its fsspec backend (others: the package fsspec names).
-EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3"}
+EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3", "az": "azure", "abfs": "azure", "abfss": "azure"}
 # HTTP statuses that may pass on a later try (timeouts, throttling, server errors); other 4xx never do.
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
@@ -100,9 +101,13 @@ def filesystem(url: str, policy: RemotePolicy | None = None):
             except ImportError as e:
                 raise missing_backend(protocol, e, "URL", url) from None
             except (TypeError, ValueError) as e:  # a backend that cannot be made from a URL alone
+                hint = remote_hint(url, e)  # or one that needs credentials (adlfs)
+                if hint:
+                    raise BadURL(f"URL {redact(url)!r}: {redact(str(e))}{hint}") from None
                 raise BadURL(unusable(protocol, "URL", url, f"{type(e).__name__}: {e}")) from None
             if hasattr(fs, "retries"):
                 fs.retries = 1
+            _no_retries(fs)
             _FS[key] = fs
     return fs, strip_protocol(fs, url)
 
@@ -120,12 +125,22 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
         # max_attempts counts retries after it (1 there would be a hidden second try per call).
         return {"config_kwargs": {"connect_timeout": p.timeout, "read_timeout": p.timeout,
                                   "retries": {"total_max_attempts": 1}}, "session": _s3_session()}
+    if protocol in ("az", "abfs", "abfss"):  # adlfs: the waits per operation (its retries: see _no_retries)
+        return {"connection_timeout": p.timeout, "read_timeout": p.timeout}
     if protocol in ("http", "https"):
         import aiohttp
 
         return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout,
                                                                    sock_read=p.timeout)}}
     return {}
+
+
+def _no_retries(fs) -> None:
+    """Azure's SDK under adlfs retries each request 3 times, 15 s apart and more, before with_retries
+    sees a failure: its policy is told to try once (adlfs takes no option for it)."""
+    policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
+    if policy is not None and hasattr(policy, "total_retries"):
+        policy.total_retries = 0
 
 
 def forget_filesystems() -> None:
@@ -182,10 +197,27 @@ def _status(error: BaseException) -> int | None:
     for e in _chain(error):
         if _cut(e):
             return None
-        status = getattr(e, "status", None) or getattr(e, "code", None)
-        if isinstance(status, int):
+        status = getattr(e, "status", None) or getattr(e, "code", None) or getattr(e, "status_code", None)
+        if isinstance(status, int):  # status_code: Azure's SDK (adlfs)
             return status
     return None
+
+
+_CODE = re.compile(r"<Code>\s*([A-Za-z]+)\s*</Code>|ErrorCode:\s*([A-Za-z]+)")
+
+
+def _store_code(error: BaseException) -> str:
+    """The store's own name for what went wrong (S3's and Azure's <Code>, e.g. ContainerNotFound), if
+    it said one."""
+    for e in _chain(error):
+        code = getattr(e, "error_code", None)  # Azure's SDK: a str enum
+        code = getattr(code, "value", code)
+        if isinstance(code, str) and code:
+            return code
+        found = _CODE.search(str(e))
+        if found:
+            return found.group(1) or found.group(2)
+    return ""
 
 
 class ShortBody(ConnectionError):
@@ -222,9 +254,15 @@ def _cut(error: BaseException) -> bool:
 def remote_hint(url: str, error: BaseException) -> str:
     """What fixes a failed remote read, when the cause is a known one ('' otherwise)."""
     text = f"{type(error).__name__} {error}".lower()
-    if str(url).split("://", 1)[0] == "s3" and "credential" in text:
+    protocol = str(url).split("://", 1)[0]
+    if protocol == "s3" and "credential" in text:
         return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
                 "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
+    if protocol in ("az", "abfs", "abfss") and (_status(error) == 403 or isinstance(error, PermissionError) or any(
+            word in text for word in ("credential", "missingaccount", "account must be", "account_name"))):
+        return ("; give Azure credentials the usual way: AZURE_STORAGE_CONNECTION_STRING, or "
+                "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or a service "
+                "principal (AZURE_STORAGE_CLIENT_ID, AZURE_STORAGE_CLIENT_SECRET, AZURE_STORAGE_TENANT_ID)")
     return ""
 
 
@@ -249,7 +287,8 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
             phrase = HTTPStatus(status).phrase
         except ValueError:  # a code the standard library does not name
             phrase = ""
-        return f"HTTP {status} {phrase}".rstrip()
+        code = _store_code(error)
+        return f"HTTP {status} {phrase}".rstrip() + (f" ({code})" if code else "")
     if isinstance(error, Stalled):
         return str(error)
     if isinstance(error, TimeoutError):
@@ -259,7 +298,8 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
         return f"the body broke off before its end ({getattr(cuts[-1], 'message', None) or cuts[-1]})"
     if isinstance(error, FileNotFoundError):  # fsspec's http backend says so for a 404 only
         return "HTTP 404 Not Found" if url.startswith(("http://", "https://")) else "not found"
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    text = str(error).strip().split("\n", 1)[0].split("<?xml", 1)[0].rstrip(" :")  # one line, no XML body
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def with_retries(url: str, policy: RemotePolicy, attempt):
