@@ -1,10 +1,13 @@
-"""Client CPU per request to an S3 store: today's path (s3fs through shardkit.store) against obstore.
+"""Client CPU per request to an object store: the fsspec path (s3fs, or adlfs for Azure, through
+shardkit.store) against obstore.
 
-A local S3 server (moto) runs in a separate process, so its CPU is not counted; the figure is this
-process's user+system CPU (all its threads: s3fs's event loop, obstore's tokio runtime) divided by
-the number of requests. Clients alternate round by round on the same objects (STYLE 15).
+A local S3 server (moto), or Azurite for `--store azure`, runs in a separate process, so its CPU is
+not counted; the figure is this process's user+system CPU (all its threads: fsspec's event loop,
+obstore's tokio runtime) divided by the number of requests. Clients alternate round by round on
+the same objects (STYLE 15).
 
     PYTHONPATH=$PWD python bench/store_client_bench.py [--small 300] [--large 12] [--rounds 3]
+    PYTHONPATH=$PWD python bench/store_client_bench.py --store azure   # Azurite from `make` (.venv/azurite)
 """
 
 from __future__ import annotations
@@ -49,17 +52,37 @@ def cpu_ms(fn, n: int) -> float:
     return (time.process_time() - start) * 1000 / n
 
 
-def clients(endpoint: str):
+def start_azurite() -> tuple[subprocess.Popen, str]:
+    """Azurite in its own process (tests/azurite_store.py's), the bench's container made, and its
+    connection string set the way adlfs and shardkit read it."""
+    import azurite_store
+
+    for name in [n for n in os.environ if n.startswith("AZURE_")]:
+        del os.environ[name]
+    proc = azurite_store.start_azurite()
+    server = azurite_store.Azure(proc.endpoint, BUCKET, proc)
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = server.connection_string
+    server.fs().mkdir(BUCKET)
+    return proc, proc.endpoint
+
+
+def clients(endpoint: str, kind: str = "s3"):
     """{name: (get(key) -> bytes, put(key, data))} for each client measured."""
     import obstore
-    from obstore.store import S3Store
+    from obstore.store import AzureStore, S3Store
 
     from shardkit import store
 
-    ob = S3Store(BUCKET, config={"endpoint": endpoint, "region": "us-east-1"}, client_options={"allow_http": True})
+    if kind == "s3":
+        ob = S3Store(BUCKET, config={"endpoint": endpoint, "region": "us-east-1"}, client_options={"allow_http": True})
+    else:
+        import azurite_store
+
+        ob = AzureStore(BUCKET, config={"account_name": azurite_store.ACCOUNT, "account_key": azurite_store.KEY,
+                                        "endpoint": endpoint}, client_options={"allow_http": True})
 
     def url(key):
-        return f"s3://{BUCKET}/{key}"
+        return f"{'s3' if kind == 's3' else 'az'}://{BUCKET}/{key}"
 
     def via(mode, fn):  # shardkit.store's calls with SHARDKIT_OBJECT_CLIENT=mode
         def call(*args):
@@ -67,19 +90,21 @@ def clients(endpoint: str):
             return fn(*args)
         return call
 
-    return {"s3fs (store.read/write)": (via("fsspec", lambda k: store.read(url(k))),
-                                        via("fsspec", lambda k, d: store.write(url(k), d))),
+    return {BASE[kind]: (via("fsspec", lambda k: store.read(url(k))), via("fsspec", lambda k, d: store.write(url(k), d))),
             "obstore (get/put), bare": (lambda k: bytes(obstore.get(ob, k).bytes()),
                                         lambda k, d: obstore.put(ob, k, d)),
             "store.read/write on obstore": (via("obstore", lambda k: store.read(url(k))),
                                             via("obstore", lambda k, d: store.write(url(k), d)))}
 
 
-def batch_ms(n: int, size: str) -> dict:
+BASE = {"s3": "s3fs (store.read/write)", "azure": "adlfs (store.read/write)"}
+
+
+def batch_ms(n: int, size: str, kind: str = "s3") -> dict:
     """Client CPU-ms per object of read_sources (concurrent GETs of a task's batch), each way."""
     from shardkit import store
 
-    urls = [f"s3://{BUCKET}/{size}/{i}" for i in range(n)]
+    urls = [f"{'s3' if kind == 's3' else 'az'}://{BUCKET}/{size}/{i}" for i in range(n)]
     out = {}
     for mode in ("fsspec", "obstore"):
         os.environ["SHARDKIT_OBJECT_CLIENT"] = mode
@@ -95,7 +120,19 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=300, help="40 KB objects per client per round")
     ap.add_argument("--large", type=int, default=12, help="4 MB objects per client per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--store", choices=("s3", "azure"), default="s3",
+                    help="s3: moto (s3fs against obstore); azure: Azurite (adlfs against obstore)")
     args = ap.parse_args()
+    if args.store == "azure":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        import azurite_store
+
+        proc, endpoint = start_azurite()
+        try:
+            run(args, endpoint)
+        finally:
+            azurite_store.stop_azurite(proc)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         proc, endpoint = start_server(tmp)
         try:
@@ -112,7 +149,7 @@ def run(args, endpoint: str) -> None:
     sizes = {"40KB": (40_000, args.small), "4MB": (4_000_000, args.large)}
     data = {s: os.urandom(b) for s, (b, _) in sizes.items()}
     table: dict[tuple, list] = {}
-    cl = clients(endpoint)
+    cl = clients(endpoint, args.store)
     for name, (get, put) in cl.items():  # warm: imports, connections, credentials
         put("warm", b"x")
         get("warm")
@@ -122,12 +159,12 @@ def run(args, endpoint: str) -> None:
                 table.setdefault((name, s, "PUT"), []).append(cpu_ms(lambda i: put(f"{s}/{i}", data[s]), n))
                 table.setdefault((name, s, "GET"), []).append(cpu_ms(lambda i: get(f"{s}/{i}"), n))
     try:
-        for k, v in batch_ms(args.small - args.small % 50, "40KB").items():
+        for k, v in batch_ms(args.small - args.small % 50, "40KB", args.store).items():
             table[(k, "40KB", "GET")] = [v]
     except ImportError:
         pass
-    base = "s3fs (store.read/write)"
-    print(f"{'client':34} {'size':5} {'op':4} {'CPU-ms/request (median of rounds)':>34} {'vs s3fs':>8}")
+    base = BASE[args.store]
+    print(f"{'client':34} {'size':5} {'op':4} {'CPU-ms/request (median of rounds)':>34} {'vs ' + base.split()[0]:>8}")
     for (name, s, op), v in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         med = sorted(v)[len(v) // 2]
         ref = sorted(table[(base, s, op)])[len(table[(base, s, op)]) // 2]
