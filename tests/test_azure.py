@@ -138,6 +138,62 @@ def test_a_second_job_on_the_same_out_exits_3(tmp_path, azure, monkeypatch, clie
     again.release()
 
 
+@pytest.mark.parametrize("form", ["sas only", "lower case"])
+def test_a_connection_string_is_read_as_azures_sdk_reads_it(azure, monkeypatch, form):
+    """A SAS-only string (the portal's form: its account is in BlobEndpoint) and keys in lower case
+    serve obstore as they serve adlfs."""
+    import datetime as dt
+
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    from shardkit import store
+    from shardkit.store import objstore
+    from shardkit.store.remote import forget_filesystems
+
+    from azurite_store import ACCOUNT
+
+    now = dt.datetime.now(dt.timezone.utc)
+    sas = generate_account_sas(ACCOUNT, KEY, ResourceTypes(service=True, container=True, object=True),
+                               AccountSasPermissions(read=True, write=True, list=True, create=True),
+                               expiry=now + dt.timedelta(hours=1), start=now - dt.timedelta(minutes=5))
+    if form == "sas only":
+        connection = f"BlobEndpoint={azure.endpoint};SharedAccessSignature={sas}"
+    else:
+        connection = azure.connection_string.replace("AccountName", "accountname").replace("AccountKey", "accountkey")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    for client in ("obstore", "fsspec"):
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+        forget_filesystems()
+        assert objstore.serves(azure.url("x")) == (client == "obstore")
+        store.write(azure.url(f"{client}/a.bin"), b"abc" * 1000)
+        assert store.read(azure.url(f"{client}/a.bin")) == b"abc" * 1000
+
+
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_a_stale_lease_is_taken_over_and_a_live_one_kept(azure, monkeypatch, caplog, client):
+    import socket
+    import time
+
+    from shardkit.errors import FolderLocked
+    from shardkit.store import lease as L
+
+    if client == "fsspec":
+        monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", "fsspec")
+    fs, path = azure.fs(), f"{azure.container}/out/.shardkit/lease"
+    held = {"command": "shardkit build", "pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00 +0000",
+            "token": "x", "refreshed": time.time(), "ttl": L.TTL}
+    fs.pipe_file(path, json.dumps(held).encode())  # a live holder on another host
+    with pytest.raises(FolderLocked):
+        L.Lease(azure.url("out"), "shardkit build").take()
+    gone = {**held, "pid": 2 ** 22 + 7, "host": socket.gethostname()}  # a process gone from this host
+    fs.pipe_file(path, json.dumps(gone).encode())
+    lease = L.Lease(azure.url("out"), "shardkit build")
+    lease.take()
+    assert json.loads(fs.cat_file(path))["pid"] == os.getpid()
+    lease.release()
+    assert not fs.exists(path)
+
+
 def test_a_wrong_key_or_a_missing_container_fails_in_one_line_without_the_secret(raw, tmp_path, azure):
     src = azure.upload(raw, "raw")
     wrong = "A" * 86 + "=="
@@ -149,7 +205,9 @@ def test_a_wrong_key_or_a_missing_container_fails_in_one_line_without_the_secret
              (bad, ["verify", azure.url("ds")], "HTTP 403 Forbidden (AuthorizationFailure)"),
              (azure.connection_string, ["build", str(raw), "az://no-such-container/out", *job],
               "HTTP 404 Not Found (ContainerNotFound)"),
-             (None, ["build", src, str(tmp_path / "out2"), *job], "AZURE_STORAGE_CONNECTION_STRING")]
+             (None, ["build", src, str(tmp_path / "out2"), *job], "AZURE_STORAGE_CONNECTION_STRING"),
+             (f"AccountKey={wrong}", ["build", src, str(tmp_path / "out3"), *job], "names no account"),
+             (bad.replace(azure.endpoint, "not a url"), ["verify", azure.url("ds")], "not a url")]
     for client in ("obstore", "fsspec"):
         env["SHARDKIT_OBJECT_CLIENT"] = client
         for connection, args, expected in cases:
@@ -161,6 +219,8 @@ def test_a_wrong_key_or_a_missing_container_fails_in_one_line_without_the_secret
             said = proc.stdout + proc.stderr
             assert proc.returncode in (1, 2) and proc.stderr.strip().count("\n") == 0, (client, said)
             assert expected in said and "az://" in said, (client, said)
+            if expected == "not a url" and client == "obstore":  # settings, not a fault: tried once
+                assert "not retried" in said, said
             assert wrong not in said and KEY not in said and wrong[:20] not in said, said
         for file in Path(tmp_path).rglob("*"):
             if file.is_file():

@@ -116,7 +116,7 @@ class Lease:
             record = json.loads(data)
         except ValueError:
             record = {}
-        return (record if isinstance(record, dict) else {}), str(info.get("ETag") or info.get("etag") or "")  # adlfs: etag
+        return (record if isinstance(record, dict) else {}), str(info.get("ETag", ""))
 
     def take(self) -> None:
         """Create the lease, or take over a stale one; FolderLocked naming the holder otherwise."""

@@ -250,19 +250,34 @@ def _with_region(config: dict, bucket: str, timeout: float) -> dict:
 
 
 def _azure_settings() -> dict:
-    """The config of an Azure container's store: AZURE_STORAGE_CONNECTION_STRING's account, key, SAS
-    and blob endpoint (as adlfs reads it); obstore reads the other AZURE_* variables itself (account
-    name and key, SAS token, service principal, workload identity, managed identity, endpoint)."""
-    found = dict(part.split("=", 1) for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
-                 if "=" in part)
+    """The config of an Azure container's store from AZURE_STORAGE_CONNECTION_STRING, read as adlfs
+    (Azure's SDK) reads it: its keys in any case; AccountName, AccountKey, SharedAccessSignature and
+    BlobEndpoint (or DefaultEndpointsProtocol + EndpointSuffix); a SAS-only string's account taken
+    from its BlobEndpoint (`https://ACCOUNT.blob...`, or the emulator's `http://HOST:PORT/ACCOUNT`);
+    UseDevelopmentStorage=true for the local emulator. obstore reads the other AZURE_* variables
+    itself (account name and key, SAS token, service principal, workload and managed identity,
+    AZURE_STORAGE_ENDPOINT)."""
+    import urllib.parse
+
+    found = {name.strip().lower(): value.strip() for name, _, value in
+             (part.partition("=") for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";"))
+             if value.strip()}
+    if found.get("usedevelopmentstorage", "").lower() == "true":
+        return {"use_emulator": "true"}
     config = {}
-    for name, key in (("AccountName", "account_name"), ("AccountKey", "account_key"),
-                      ("SharedAccessSignature", "sas_key"), ("BlobEndpoint", "endpoint")):
+    for name, key in (("accountname", "account_name"), ("accountkey", "account_key"),
+                      ("sharedaccesssignature", "sas_key"), ("blobendpoint", "endpoint")):
         if found.get(name):
             config[key] = found[name]
-    if "endpoint" not in config and found.get("AccountName") and found.get("EndpointSuffix"):
-        protocol = found.get("DefaultEndpointsProtocol", "https")
-        config["endpoint"] = f"{protocol}://{found['AccountName']}.blob.{found['EndpointSuffix']}"
+    if "endpoint" not in config and found.get("accountname") and found.get("endpointsuffix"):
+        protocol = found.get("defaultendpointsprotocol", "https")
+        config["endpoint"] = f"{protocol}://{found['accountname']}.blob.{found['endpointsuffix']}"
+    if "endpoint" in config and "account_name" not in config:
+        parts = urllib.parse.urlsplit(config["endpoint"])
+        host, path = parts.hostname or "", parts.path.strip("/")
+        account = host.split(".", 1)[0] if ".blob." in host else path.split("/", 1)[0]
+        if account:
+            config["account_name"] = account
     return config
 
 
@@ -292,8 +307,12 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
         store = _STATE["stores"].get(ident)
     if store is None:
         _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
-        with _translated():  # settings it cannot use (no account) raise as the error fsspec would
+        try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
             store = _new_store(protocol, bucket, timeout, f"{2 * timeout + WHOLE / MIN_RATE:g}s" if bounded else "24h")
+        except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
+            if not type(e).__module__.startswith("obstore"):
+                raise
+            raise ValueError(str(translate(e))) from None
         with _LOCK:
             store = _STATE["stores"].setdefault(ident, store)
     return store, key
@@ -307,8 +326,10 @@ def _new_store(protocol: str, bucket: str, timeout: float, total: str):
     else:
         config, provider = _azure_settings(), None
     endpoint = config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT" if protocol in AZURE else "", "")
+    emulator = protocol in AZURE and (config.get("use_emulator") or os.environ.get("AZURE_STORAGE_USE_EMULATOR", "")
+                                      ).lower() in ("true", "1")
     options = {"connect_timeout": f"{timeout:g}s", "timeout": total,  # else bounded per chunk here
-               "allow_http": str(endpoint).startswith("http://"), "pool_max_idle_per_host": "64"}
+               "allow_http": str(endpoint).startswith("http://") or emulator, "pool_max_idle_per_host": "64"}
     if protocol in S3:
         return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
                        credential_provider=provider)
@@ -337,8 +358,6 @@ def translate(error: BaseException) -> BaseException:
         return _with_status(FileNotFoundError(text), 404)
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
         return _with_status(PermissionError(text), 403 if "403" in str(error) else None)
-    if "MissingAccount" in str(error) or "must be specified" in text:  # settings, not a fault that may pass
-        return ValueError(text)
     if isinstance(error, (ox.AlreadyExistsError, ox.PreconditionError)):  # a conditional PUT's condition failed
         return FileExistsError(text)
     if "ETag Header missing" in str(error):  # object_store needs one; a retry cannot bring it

@@ -259,7 +259,11 @@ def remote_hint(url: str, error: BaseException) -> str:
         return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
                 "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
     if protocol in ("az", "abfs", "abfss") and (_status(error) == 403 or isinstance(error, PermissionError) or any(
-            word in text for word in ("credential", "missingaccount", "account must be", "account_name"))):
+            word in text for word in ("credential", "missingaccount", "account must be", "account_name",
+                                      "connection string", "connection_string"))):
+        if os.environ.get("AZURE_STORAGE_CONNECTION_STRING") and _status(error) != 403:
+            return ("; AZURE_STORAGE_CONNECTION_STRING names no account: it takes AccountName and AccountKey (or "
+                    "SharedAccessSignature), and BlobEndpoint for a store elsewhere than Azure's cloud")
         return ("; give Azure credentials the usual way: AZURE_STORAGE_CONNECTION_STRING, or "
                 "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or a service "
                 "principal (AZURE_STORAGE_CLIENT_ID, AZURE_STORAGE_CLIENT_SECRET, AZURE_STORAGE_TENANT_ID)")
