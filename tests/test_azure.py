@@ -253,3 +253,73 @@ def test_a_store_that_answers_503_or_resets_is_retried_within_retries_then_one_l
     line = [l for l in result.output.splitlines() if shard in l]
     assert line and "503" in line[0], result.output
     assert len([m for m, p in faults.seen if p == path]) == 2, (faults.seen, result.output)  # a try, one retry
+
+
+@pytest.fixture(scope="module")
+def az_cluster(azurite, tmp_path_factory):
+    """`dask scheduler` and two `dask worker` processes, each in a folder of its own (no shared disk),
+    the Azurite container reachable through the connection string they inherit."""
+    from azurite_store import Azure
+    from test_object_store_cluster import _free_port, _own_folders, _stop, _wait_for_workers
+
+    base = tmp_path_factory.mktemp("az-cluster")
+    server = Azure(azurite.endpoint, f"cluster{os.getpid()}", azurite)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith("AZURE_")]:
+            mp.delenv(name)
+        mp.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+        mp.setenv("DASK_CONFIG", str(ROOT / "docker" / "dask"))
+        server.fs().mkdir(server.container)
+        address, procs = f"tcp://127.0.0.1:{_free_port()}", []
+        try:
+            procs.append(subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
+                                           address.rsplit(":", 1)[1], "--no-dashboard"], start_new_session=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          **_own_folders(base, "scheduler")))
+            for i in range(2):
+                own = _own_folders(base, f"worker{i}")
+                procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
+                                               "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
+                                               "--local-directory", own["cwd"]], start_new_session=True,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **own))
+            _wait_for_workers(address)
+            yield {"address": address, "azure": server, "base": base, "clients": 0}
+        finally:
+            for p in procs:
+                _stop(p)
+
+
+def test_az_to_az_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(az_cluster, tmp_path):
+    """The workers read and write only through the store; kill -9 of the client mid-build leaves
+    nothing named half-written, and the rerun (taking the lease over) gives the local build's bytes."""
+    import signal
+    import time
+
+    from conftest import tree_bytes
+    from shardkit.demo.datagen import raw_folder
+    from test_object_store_cluster import OPTS, SHARDKIT, _client
+
+    azure = az_cluster["azure"]
+    raw = tmp_path / "raw"
+    raw_folder(str(raw), images_per_class=10, documents=6, bad=True)
+    local = subprocess.run([SHARDKIT, "build", str(raw), str(tmp_path / "local"), "--workers", "0", *OPTS],
+                           capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stderr
+    src = azure.upload(str(raw), "raw")
+    first = _client(az_cluster, "build", src, azure.url("out"), "--scheduler", az_cluster["address"], *OPTS)
+    assert first.returncode == 0, first.stderr
+    assert tree_bytes(Path(azure.download("out", str(tmp_path / "got")))) == tree_bytes(tmp_path / "local")
+
+    args = ["build", src, azure.url("k"), "--scheduler", az_cluster["address"], *OPTS]
+    proc = _client(az_cluster, *args, wait=False)
+    while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in azure.objects("k")):
+        time.sleep(0.05)
+    assert proc.poll() is None  # mid-build: some shards done, not all
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "manifest.json" not in azure.objects("k")
+    rerun = _client(az_cluster, *args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "took over the lease" in rerun.stderr
+    assert tree_bytes(Path(azure.download("k", str(tmp_path / "got-k")))) == tree_bytes(tmp_path / "local")
