@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(QUIET_EDITABLE) $(BIN)/python -m pip install -q -e '.[dev]'
 	@# Azurite, the Azure Blob emulator the az:// tests run against (Node.js; without it they skip)
 	if command -v npm >/dev/null; then npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE) \
+	  || npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE) \
 	  || echo "npm could not install $(AZURITE): the az:// tests will skip"; \
 	  else echo "npm not found: the az:// tests will skip (Azurite needs Node.js)"; fi
 	touch $(STAMP)

@@ -260,7 +260,7 @@ def az_cluster(azurite, tmp_path_factory):
     """`dask scheduler` and two `dask worker` processes, each in a folder of its own (no shared disk),
     the Azurite container reachable through the connection string they inherit."""
     from azurite_store import Azure
-    from test_object_store_cluster import _free_port, _own_folders, _stop, _wait_for_workers
+    from test_object_store_cluster import _stop, start_cluster
 
     base = tmp_path_factory.mktemp("az-cluster")
     server = Azure(azurite.endpoint, f"cluster{os.getpid()}", azurite)
@@ -271,19 +271,9 @@ def az_cluster(azurite, tmp_path_factory):
         mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
         mp.setenv("DASK_CONFIG", str(ROOT / "docker" / "dask"))
         server.fs().mkdir(server.container)
-        address, procs = f"tcp://127.0.0.1:{_free_port()}", []
+        procs = []
         try:
-            procs.append(subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
-                                           address.rsplit(":", 1)[1], "--no-dashboard"], start_new_session=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          **_own_folders(base, "scheduler")))
-            for i in range(2):
-                own = _own_folders(base, f"worker{i}")
-                procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
-                                               "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
-                                               "--local-directory", own["cwd"]], start_new_session=True,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **own))
-            _wait_for_workers(address)
+            address = start_cluster(base, procs)
             yield {"address": address, "azure": server, "base": base, "clients": 0}
         finally:
             for p in procs:

@@ -42,24 +42,32 @@ def cluster(tmp_path_factory):
         mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
         mp.setenv("DASK_CONFIG", str(ROOT / "docker" / "dask"))  # as docker/compose.yml runs them
         s3 = start_s3(base, mp)
-        address, procs = f"tcp://127.0.0.1:{_free_port()}", []
+        procs = []
         try:
-            procs.append(subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
-                                           address.rsplit(":", 1)[1], "--no-dashboard"], start_new_session=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          **_own_folders(base, "scheduler")))
-            for i in range(2):
-                own = _own_folders(base, f"worker{i}")
-                procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
-                                               "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
-                                               "--local-directory", own["cwd"]], start_new_session=True,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **own))
-            _wait_for_workers(address)
+            address = start_cluster(base, procs)
             yield {"address": address, "s3": s3, "base": base, "clients": 0, "workers": procs[1:]}
         finally:
             for p in procs:
                 _stop(p)
             stop_s3(s3)
+
+
+def start_cluster(base: Path, procs: list) -> str:
+    """A `dask scheduler` and two `dask worker` processes (appended to `procs`, for _stop), each in a
+    folder of its own under `base`, with this process's environment; the scheduler's address once
+    both workers are up."""
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    procs.append(subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
+                                   address.rsplit(":", 1)[1], "--no-dashboard"], start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **_own_folders(base, "scheduler")))
+    for i in range(2):
+        own = _own_folders(base, f"worker{i}")
+        procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
+                                       "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
+                                       "--local-directory", own["cwd"]], start_new_session=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **own))
+    _wait_for_workers(address)
+    return address
 
 
 def _wait_for_workers(address: str) -> None:
