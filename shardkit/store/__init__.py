@@ -188,7 +188,13 @@ def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
     page: list[str] = []
 
     def flush():
-        retry(url, lambda: objstore.delete_many(url, page, _policy(policy).timeout), write=True, policy=policy)
+        def attempt():
+            try:
+                objstore.delete_many(url, page, _policy(policy).timeout)
+            except objstore.BulkRefused:  # Azure refused the batch: one DELETE a key, through fsspec
+                fs, path = filesystem(url, policy)
+                fs.rm([f"{path.rstrip('/')}/{rel}" for rel in page])
+        retry(url, attempt, write=True, policy=policy)
         page.clear()
 
     def one_by_fsspec(rel: str):

@@ -531,11 +531,11 @@ class Client:
                 "LastModified": meta["last_modified"]}
 
     def rm_file(self, path: str, **_) -> None:
-        import obstore
-
         store, key = self._store(path, bounded=True)  # a DELETE: in the caller's thread, bounded as a whole
-        with _sync():
-            obstore.delete(store, key)
+        try:
+            _deleted(store, key, self.protocol)
+        except BulkRefused:
+            self._fallback().rm_file(path)  # one DELETE of adlfs's
 
 
 class UnnamedKey(ValueError):
@@ -586,14 +586,29 @@ def list_pages(url: str, after: str | None, timeout: float):
             yield [(m["path"], m["size"], m["e_tag"] or "") for m in batch]
 
 
-def delete_many(folder: str, keys: list[str], timeout: float) -> None:
-    """The objects `keys` (relative to the folder URL `folder`) deleted in bulk (S3's DeleteObjects,
-    1,000 a request), in the caller's thread."""
+class BulkRefused(OSError):
+    """Azure refused a Blob Batch (obstore deletes through it, even one key): Azurite does under a
+    SAS, with a 500. The caller deletes through fsspec (adlfs), one DELETE a key."""
+
+
+def _deleted(store, keys, protocol: str) -> None:
     import obstore
 
+    try:
+        with _sync():
+            obstore.delete(store, keys)
+    except StoreStatus as e:
+        if protocol in AZURE and "bulk delete" in str(e):
+            raise BulkRefused(str(e)) from None
+        raise
+
+
+def delete_many(folder: str, keys: list[str], timeout: float) -> None:
+    """The objects `keys` (relative to the folder URL `folder`) deleted in bulk (S3's DeleteObjects,
+    1,000 a request; Azure's Blob Batch, 256), in the caller's thread; BulkRefused where Azure
+    refused the batch."""
     store, prefix = _store(folder.rstrip("/") + "/", timeout, bounded=True)
-    with _sync():
-        obstore.delete(store, [prefix + key for key in keys])
+    _deleted(store, [prefix + key for key in keys], folder.split("://", 1)[0])
 
 
 def fetch_many(urls: list[str], timeout: float):
