@@ -168,6 +168,25 @@ def test_a_build_under_a_sas_on_obstore_deletes_where_azure_refuses_a_batch(raw,
     assert not any(k.endswith("lease") for k in azure.objects("out"))
 
 
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_a_delete_the_store_refuses_says_delete_in_one_line(azure, monkeypatch, client):
+    from shardkit import store
+    from shardkit.store.calls import WriteError
+    from shardkit.store.remote import forget_filesystems
+
+    azure.fs().pipe_file(f"{azure.container}/x/a.bin", b"1")
+    sas = _account_sas(read=True, write=True, list=True, create=True)  # no delete
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"BlobEndpoint={azure.endpoint};SharedAccessSignature={sas}")
+    monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client)
+    forget_filesystems()
+    with pytest.raises(WriteError) as e:
+        store.remove(azure.url("x/a.bin"))
+    said = str(e.value)
+    assert said.startswith(f"cannot delete {azure.url('x/a.bin')}: HTTP 403 Forbidden") and "\n" not in said, said
+    assert "sig=" not in said and sas.split("sig=")[-1][:12] not in said
+    assert azure.fs().cat_file(f"{azure.container}/x/a.bin") == b"1"
+
+
 @pytest.mark.parametrize("form", ["sas only", "lower case"])
 def test_a_connection_string_is_read_as_azures_sdk_reads_it(azure, monkeypatch, form):
     """A SAS-only string (the portal's form: its account is in BlobEndpoint) and keys in lower case

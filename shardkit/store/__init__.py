@@ -156,7 +156,7 @@ def remove(url: str, policy: RemotePolicy | None = None) -> None:
             os.remove(local_path(url))
         return
     try:
-        _call(url, lambda fs, path: fs.rm_file(path, **bound(fs, 0, policy)), write=True, policy=policy)
+        _call(url, lambda fs, path: fs.rm_file(path, **bound(fs, 0, policy)), write=True, verb="delete", policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
@@ -173,7 +173,7 @@ def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
         _remove_keys(url, policy)
         return
     try:
-        _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True, policy=policy)
+        _call(url, lambda fs, path: fs.rm(path, recursive=True), write=True, verb="delete", policy=policy)
     except (RemoteError, FileNotFoundError) as e:
         if not _missing(e):
             raise
@@ -194,12 +194,12 @@ def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
             except objstore.BulkRefused:  # Azure refused the batch: one DELETE a key, through fsspec
                 fs, path = filesystem(url, policy)
                 fs.rm([f"{path.rstrip('/')}/{rel}" for rel in page])
-        retry(url, attempt, write=True, policy=policy)
+        retry(url, attempt, write=True, verb="delete", policy=policy)
         page.clear()
 
     def one_by_fsspec(rel: str):
         fs, path = filesystem(url, policy)
-        retry(url, lambda: fs.rm_file(f"{path.rstrip('/')}/{rel}"), write=True, policy=policy)
+        retry(url, lambda: fs.rm_file(f"{path.rstrip('/')}/{rel}"), write=True, verb="delete", policy=policy)
 
     keys = Keys(url, policy)
     try:

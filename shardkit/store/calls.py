@@ -18,11 +18,12 @@ def _policy(p: RemotePolicy | None) -> RemotePolicy:
 
 
 class WriteError(RemoteError):
-    """A file could not be written to a store: `detail` says why and what was tried."""
+    """A file could not be written to a store (or deleted there: `verb`): `detail` says why and what
+    was tried."""
 
-    def __init__(self, url: str, detail: str, not_found: bool = False):
+    def __init__(self, url: str, detail: str, not_found: bool = False, verb: str = "write"):
         super().__init__(url, detail, not_found)
-        self.args = (f"cannot write {url}: {detail}",)
+        self.args = (f"cannot {verb} {self.url}: {self.detail}",)
 
 
 MIN_RATE = 1 << 20  # bytes/s: an upload slower than this on average is taken for a stalled store
@@ -62,18 +63,19 @@ def client(url: str, policy: RemotePolicy | None = None):
     return filesystem(url, policy)
 
 
-def retry(url: str, attempt, *, write: bool = False, policy: RemotePolicy | None = None):
+def retry(url: str, attempt, *, write: bool = False, verb: str = "write", policy: RemotePolicy | None = None):
     """attempt() with the policy's retries (remote.with_retries); the RemoteError when it cannot pass names
-    `url`, whether it was read or written, and the policy's options for a slower store (its `fix`)."""
+    `url`, whether it was read or written (`verb`: or deleted), and the policy's options for a slower
+    store (its `fix`)."""
     try:
         return with_retries(url, _policy(policy), attempt)
     except RemoteError as e:
         if not write:
             raise
-        raise WriteError(url, e.detail, e.not_found) from e.__cause__
+        raise WriteError(url, e.detail, e.not_found, verb) from e.__cause__
 
 
-def _call(url: str, attempt, *, write: bool = False, policy: RemotePolicy | None = None):
+def _call(url: str, attempt, *, write: bool = False, verb: str = "write", policy: RemotePolicy | None = None):
     """attempt(fs, path) with retry(): the client of `url` (see client) and its path there."""
     fs, path = client(url, policy)
-    return retry(url, lambda: attempt(fs, path), write=write, policy=policy)
+    return retry(url, lambda: attempt(fs, path), write=write, verb=verb, policy=policy)
