@@ -75,6 +75,8 @@ def test_a_dataset_on_az_reads_as_on_disk_with_workers_verify_and_show(raw, tmp_
     result = run("verify", url)
     assert result.exit_code == 0 and "ok:" in result.output, result.output
     assert run("inspect", url).exit_code == 0
+    planned = run("plan", url, "--rate", "1000", "--out", tmp_path / "plan")
+    assert planned.exit_code == 0 and "round trip" in planned.output, planned.output  # the store probed
 
     def keys(root, cache):
         ds = StreamingDataset(root, cache_dir=str(tmp_path / cache), fields=["jpg", "cls"], shuffle=False)

@@ -60,6 +60,8 @@ def test_verify_inspect_show_and_streaming_read_a_dataset_on_s3(raw, tmp_path, s
     result = run("verify", url)
     assert result.exit_code == 0 and "ok:" in result.output, result.output
     assert run("inspect", url).exit_code == 0
+    planned = run("plan", url, "--rate", "1000", "--out", tmp_path / "plan")
+    assert planned.exit_code == 0 and "round trip" in planned.output, planned.output  # the store probed
     ds = StreamingDataset(url, cache_dir=str(tmp_path / "cache"), shuffle=False)
     key = next(iter(ds))["__key__"]
     assert run("show", url, key, "--cache-dir", tmp_path / "cache2").exit_code == 0

@@ -321,19 +321,19 @@ def _one_worker(ds, batch: int, budget_s: float) -> tuple[float, float]:
 
 
 def store_rate(src: str, table) -> tuple[float, float]:
-    """(round trip s, one connection's bytes/s) of the store: a 1-byte range read, then a whole shard."""
-    import urllib.request
-
+    """(round trip s, one connection's bytes/s) of the store: a 1-byte range read, then a whole shard,
+    each through the client the reader's own reads of that store take (store.remote: http(s) on
+    shardkit's connections, s3://, az://, ... through fsspec's backend)."""
     from shardkit.store.local import join
+    from shardkit.store.remote import read_bytes, read_range
 
     url = join(src, table[0].path)
+    read_range(url, 0, 1)  # the connection made and the client built, outside the timing
     t0 = time.perf_counter()
-    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=0-0"}), timeout=30) as r:
-        r.read()
+    read_range(url, 1, 2)
     rtt = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as r:
-        got = len(r.read())
+    got = len(read_bytes(url))
     took = time.perf_counter() - t0
     return rtt, got / max(1e-6, took - rtt)
 
