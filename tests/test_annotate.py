@@ -378,3 +378,10 @@ def test_scores_chain_edits_fill_verdicts_and_count_what_a_scorer_cannot_give():
     assert cols["counter_missing"] == [None, 1, None, None]
     assert got.keep.tolist() == [True, False, True, True] and got.rules[1] == "masker: 3 digits or more"
     assert got.failed == {"counter": 2}
+
+
+def test_annotate_of_a_url_says_that_out_must_be_local_and_how():
+    from shardkit.cli import main
+
+    result = CliRunner().invoke(main, ["annotate", "s3://bucket/ds", "--scorers", "text-length"])
+    assert result.exit_code == 1 and "must be a local folder" in result.output and "copy the dataset there" in result.output

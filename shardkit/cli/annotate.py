@@ -8,8 +8,18 @@ from shardkit.cli.options import progress_option, scheduler_option, workers_opti
 from shardkit.stages.filters import FILTERS
 
 
+class _Folder(click.Path):
+    """A local folder; a URL passes through to annotate(), which says that OUT must be local and how
+    to get there (click would only say that no such folder exists)."""
+
+    def convert(self, value, param, ctx):
+        from shardkit.store.local import is_url
+
+        return value if is_url(str(value)) else super().convert(value, param, ctx)
+
+
 @click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=_Folder(exists=True, file_okay=False))
 @click.option("--scorers", default=None, metavar="NAMES",
               help=f"Comma-separated scorers whose columns to add: {', '.join(sorted(FILTERS))}.")
 @click.option("--scorer-option", "scorer_option", multiple=True, metavar="SCORER.OPTION=VALUE",
