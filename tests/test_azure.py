@@ -168,6 +168,13 @@ def test_a_build_under_a_sas_on_obstore_deletes_where_azure_refuses_a_batch(raw,
     assert remote.reused_shards == len(remote.shards) > 0
     assert same_files(str(tmp_path / "local"), azure.download("out", str(tmp_path / "got"))) == []
     assert not any(k.endswith("lease") for k in azure.objects("out"))
+    from shardkit import store
+
+    fs = azure.fs()
+    for name in ("a[1].bin", "a1.bin", "b*.bin", "c?.bin", "d/e.bin"):  # names a glob would read otherwise
+        fs.pipe_file(f"{azure.container}/tree/{name}", b"1")
+    store.remove_tree(azure.url("tree"))
+    assert azure.objects("tree") == {}
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])

@@ -104,6 +104,29 @@ def test_plan_on_an_http_dataset(tmp_path):
     assert any("local cache" in c["change"] for c in doc["changes"])
 
 
+def test_plan_on_an_http_server_that_ignores_range(tmp_path):
+    """The standard library's server sends whole files to Range requests: the probe times the store
+    with whole reads (the reader reads whole shards there too)."""
+    import functools
+    import http.server
+    import threading
+
+    from factory import make_dataset
+
+    root, _ = make_dataset(tmp_path / "ds", 16, shards=1, fields=("jpg", "cls"), size=(32, 32))
+    handler = functools.partial(type("Quiet", (http.server.SimpleHTTPRequestHandler,),
+                                     {"log_message": lambda *a: None}), directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        doc = _check(plan(f"http://127.0.0.1:{server.server_address[1]}", "--rate", "1e9", "--batch", "8",
+                          "--out", str(tmp_path / "p")), tmp_path / "p")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert doc["probe"]["remote"] and doc["probe"]["rtt_s"] > 0 and doc["probe"]["conn_bytes_per_s"] > 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["{ds}"], "no target"),
     (["{ds}", "--rate", "100", "--fields", "nope"], "unknown field 'nope'"),

@@ -192,8 +192,10 @@ def _remove_keys(url: str, policy: RemotePolicy | None) -> None:
             try:
                 objstore.delete_many(url, page, _policy(policy).timeout)
             except objstore.BulkRefused:  # Azure refused the batch: one DELETE a key, through fsspec
-                fs, path = filesystem(url, policy)
-                fs.rm([f"{path.rstrip('/')}/{rel}" for rel in page])
+                fs, path = filesystem(url, policy)  # (rm_file: fs.rm would read '[' or '*' in a key as a glob)
+                for rel in page:
+                    with contextlib.suppress(FileNotFoundError):  # gone already (a retry of this page)
+                        fs.rm_file(f"{path.rstrip('/')}/{rel}")
         retry(url, attempt, write=True, verb="delete", policy=policy)
         page.clear()
 
