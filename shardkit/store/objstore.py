@@ -351,9 +351,11 @@ def translate(error: BaseException) -> BaseException:
     """An obstore error as the exception fsspec would have raised for the same answer."""
     import obstore.exceptions as ox
 
+    from shardkit.store.remote import _store_code
+
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    code = re.search(r"<Code>\s*([A-Za-z]+)\s*</Code>", str(error))  # the store's name for it (S3, Azure)
-    text = text.split("<?xml", 1)[0].rstrip(" :") + (f" ({code.group(1)})" if code else "")
+    code = _store_code(error)  # the store's name for it (S3's and Azure's <Code>), kept past the XML cut
+    text = text.split("<?xml", 1)[0].rstrip(" :") + (f" ({code})" if code else "")
     if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
         return _with_status(FileNotFoundError(text), 404)
     if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
