@@ -173,3 +173,11 @@ def raw(tmp_path):
     root = tmp_path / "raw"
     raw_folder(str(root), images_per_class=5, documents=3, bad=True)
     return str(root)
+
+
+def plant_duplicates(raw: str) -> None:
+    """Exact duplicates in the raw folder: a copy of an image and of a document under other names."""
+    import shutil
+
+    shutil.copy(os.path.join(raw, "cat", "000001.jpg"), os.path.join(raw, "cat", "000101.jpg"))
+    shutil.copy(os.path.join(raw, "doc_000.txt"), os.path.join(raw, "doc_100.txt"))

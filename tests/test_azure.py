@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from azurite_store import KEY, azure, azurite, faults  # noqa: F401 — the fixtures
 from click.testing import CliRunner
-from moto_store import raw, same_files  # noqa: F401 — raw: the fixture
+from moto_store import plant_duplicates, raw, same_files  # noqa: F401 — raw: the fixture
 
 from shardkit.cli import main
 from shardkit.config import BuildConfig, DedupConfig
@@ -100,11 +100,7 @@ def test_a_dataset_on_az_reads_as_on_disk_with_workers_verify_and_show(raw, tmp_
 def test_dedup_az_to_az_keeps_what_local_dedup_keeps(raw, tmp_path, azure):
     from shardkit.jobs.dedup import dedup
 
-    import shutil
-
-    # Plant duplicates: a copy of an image and of a document under other names.
-    shutil.copy(os.path.join(raw, "cat", "000001.jpg"), os.path.join(raw, "cat", "000101.jpg"))
-    shutil.copy(os.path.join(raw, "doc_000.txt"), os.path.join(raw, "doc_100.txt"))
+    plant_duplicates(raw)
     src = azure.upload(raw, "raw")
     local = dedup(DedupConfig(raw, str(tmp_path / "local"), workers=0, progress=False))
     remote = dedup(DedupConfig(src, azure.url("dedup"), workers=0, progress=False))
@@ -332,12 +328,9 @@ def az_cluster(azurite, tmp_path_factory):
 def test_az_to_az_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(az_cluster, tmp_path):
     """The workers read and write only through the store; kill -9 of the client mid-build leaves
     nothing named half-written, and the rerun (taking the lease over) gives the local build's bytes."""
-    import signal
-    import time
-
     from conftest import tree_bytes
     from shardkit.demo.datagen import raw_folder
-    from test_object_store_cluster import OPTS, SHARDKIT, _client
+    from test_object_store_cluster import OPTS, SHARDKIT, _client, kill_9_mid_build
 
     azure = az_cluster["azure"]
     raw = tmp_path / "raw"
@@ -351,13 +344,7 @@ def test_az_to_az_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(az
     assert tree_bytes(Path(azure.download("out", str(tmp_path / "got")))) == tree_bytes(tmp_path / "local")
 
     args = ["build", src, azure.url("k"), "--scheduler", az_cluster["address"], *OPTS]
-    proc = _client(az_cluster, *args, wait=False)
-    while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in azure.objects("k")):
-        time.sleep(0.05)
-    assert proc.poll() is None  # mid-build: some shards done, not all
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert "manifest.json" not in azure.objects("k")
+    kill_9_mid_build(_client(az_cluster, *args, wait=False), lambda: azure.objects("k"))
     rerun = _client(az_cluster, *args)
     assert rerun.returncode == 0, rerun.stderr
     assert "took over the lease" in rerun.stderr

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from moto_store import BUCKET, raw, s3, same_files  # noqa: F401 — s3, raw: the fixtures
+from moto_store import BUCKET, plant_duplicates, raw, s3, same_files  # noqa: F401 — s3, raw: the fixtures
 
 from shardkit.cli import main
 from shardkit.config import BuildConfig, DedupConfig
@@ -89,11 +89,7 @@ def test_verify_is_a_library_function(raw, tmp_path):
 def test_dedup_s3_to_s3_keeps_what_local_dedup_keeps(raw, tmp_path, s3):
     from shardkit.jobs.dedup import dedup
 
-    # Plant duplicates: a copy of an image and of a document under other names.
-    import shutil
-
-    shutil.copy(os.path.join(raw, "cat", "000001.jpg"), os.path.join(raw, "cat", "000101.jpg"))
-    shutil.copy(os.path.join(raw, "doc_000.txt"), os.path.join(raw, "doc_100.txt"))
+    plant_duplicates(raw)
     src = s3.upload(raw, "raw")
     local = dedup(DedupConfig(raw, str(tmp_path / "local"), workers=0, progress=False))
     remote = dedup(DedupConfig(src, s3.url("dedup"), workers=0, progress=False))

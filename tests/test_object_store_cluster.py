@@ -132,6 +132,17 @@ def local(raw, tmp_path_factory):
     return tree_bytes(out)
 
 
+def kill_9_mid_build(proc, keys) -> None:
+    """kill -9 of the build `proc` once a shard is done (a marker among `keys()`, OUT's keys) and before
+    the manifest: it must still be running then, and it leaves no manifest."""
+    while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in keys()):
+        time.sleep(0.05)
+    assert proc.poll() is None  # mid-build: some shards done, not all
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "manifest.json" not in keys()
+
+
 def _downloaded(s3, prefix: str, tmp_path: Path) -> dict:
     return tree_bytes(Path(s3.download(prefix, str(tmp_path / prefix.replace("/", "_")))))
 
@@ -173,13 +184,7 @@ def test_kill_9_of_the_client_then_rerun_gives_the_same_bytes(cluster, raw, loca
     s3 = cluster["s3"]
     src, out = s3.upload(str(raw), "k/raw"), s3.url("k/out")
     args = ["build", src, out, "--scheduler", cluster["address"], *OPTS]
-    proc = _client(cluster, *args, wait=False)
-    while proc.poll() is None and not any(k.startswith(".shardkit/done/") for k in s3.keys("k/out")):
-        time.sleep(0.05)
-    assert proc.poll() is None  # mid-build: some shards done, not all
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert "manifest.json" not in s3.keys("k/out")
+    kill_9_mid_build(_client(cluster, *args, wait=False), lambda: s3.keys("k/out"))
     _markers_name_whole_objects(s3, "k/out")
     rerun = _client(cluster, *args)
     assert rerun.returncode == 0, rerun.stderr  # the lease of a process gone from this host is taken over
