@@ -35,6 +35,7 @@ import threading
 import time
 
 from shardkit.identity import worker_info
+from shardkit.store.answers import store_code
 
 S3, AZURE = frozenset({"s3", "s3a"}), frozenset({"az", "abfs", "abfss"})
 PROTOCOLS = S3 | AZURE  # gs:// stays on fsspec (gcsfs): no emulator here answers a PUT as GCS does
@@ -351,10 +352,8 @@ def translate(error: BaseException) -> BaseException:
     """An obstore error as the exception fsspec would have raised for the same answer."""
     import obstore.exceptions as ox
 
-    from shardkit.store.remote import _store_code
-
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    code = _store_code(error)  # the store's name for it (S3's and Azure's <Code>), kept past the XML cut
+    code = store_code(error)  # the store's name for it (S3's and Azure's <Code>), kept past the XML cut
     text = text.split("<?xml", 1)[0].rstrip(" :") + (f" ({code})" if code else "")
     if isinstance(error, (ox.NotFoundError, FileNotFoundError)):
         return _with_status(FileNotFoundError(text), 404)

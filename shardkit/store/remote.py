@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from shardkit.errors import BadURL, ConfigError, ShardkitError, redact
+from shardkit.store.answers import chain, store_code
 from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
 from shardkit.store.http_ranges import get as http_get
@@ -181,43 +181,17 @@ def _timestamp(value):
         return parse_timestamp(value)  # anything else botocore reads (epoch numbers)
 
 
-def _chain(error: BaseException | None):
-    """The error, its cause, their causes (a few levels)."""
-    for _ in range(8):
-        if error is None:
-            return
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def _status(error: BaseException) -> int | None:
     """The HTTP status a store answered with (fsspec reports some as FileNotFoundError), if any.
     A body that broke off is no answer: aiohttp gives its ContentLengthError `code` 400, the
     status its own parser would have sent, not one the store sent."""
-    for e in _chain(error):
+    for e in chain(error):
         if _cut(e):
             return None
         status = getattr(e, "status", None) or getattr(e, "code", None) or getattr(e, "status_code", None)
         if isinstance(status, int):  # status_code: Azure's SDK (adlfs)
             return status
     return None
-
-
-_CODE = re.compile(r"<Code>\s*([A-Za-z]+)\s*</Code>|ErrorCode:\s*([A-Za-z]+)")
-
-
-def _store_code(error: BaseException) -> str:
-    """The store's own name for what went wrong (S3's and Azure's <Code>, e.g. ContainerNotFound), if
-    it said one."""
-    for e in _chain(error):
-        code = getattr(e, "error_code", None)  # Azure's SDK: a str enum
-        code = getattr(code, "value", code)
-        if isinstance(code, str) and code:
-            return code
-        found = _CODE.search(str(e))
-        if found:
-            return found.group(1) or found.group(2)
-    return ""
 
 
 class ShortBody(ConnectionError):
@@ -274,7 +248,7 @@ def retryable(error: BaseException, url: str) -> bool:
     """The one classifier of remote errors: True for a fault of the store or the network that may
     pass on a later try (a timeout, a reset, a body cut short, HTTP 408/425/429/5xx); False for an
     answer a retry cannot change (404, 403, other 4xx, a missing backend or credentials)."""
-    if any(_cut(e) for e in _chain(error)):
+    if any(_cut(e) for e in chain(error)):
         return True
     status = _status(error)
     if status is not None:
@@ -291,13 +265,13 @@ def _reason(error: BaseException, policy: RemotePolicy, url: str) -> str:
             phrase = HTTPStatus(status).phrase
         except ValueError:  # a code the standard library does not name
             phrase = ""
-        code = _store_code(error)
+        code = store_code(error)
         return f"HTTP {status} {phrase}".rstrip() + (f" ({code})" if code else "")
     if isinstance(error, Stalled):
         return str(error)
     if isinstance(error, TimeoutError):
         return f"no answer within the {policy.timeout:g} s timeout"
-    cuts = [e for e in _chain(error) if _cut(e)]
+    cuts = [e for e in chain(error) if _cut(e)]
     if cuts:  # the innermost says it best (aiohttp's outer error quotes it with its parser's "400")
         return f"the body broke off before its end ({getattr(cuts[-1], 'message', None) or cuts[-1]})"
     if isinstance(error, FileNotFoundError):  # fsspec's http backend says so for a 404 only
