@@ -1,13 +1,14 @@
-"""Client CPU per request to an object store: the fsspec path (s3fs, or adlfs for Azure, through
-shardkit.store) against obstore.
+"""Client CPU per request to an object store: the fsspec path (s3fs, adlfs for Azure, gcsfs for
+GCS, through shardkit.store) against obstore.
 
-A local S3 server (moto), or Azurite for `--store azure`, runs in a separate process, so its CPU is
+A local S3 server (moto), Azurite for `--store azure` or fake-gcs-server for `--store gcs`, runs in a separate process, so its CPU is
 not counted; the figure is this process's user+system CPU (all its threads: fsspec's event loop,
 obstore's tokio runtime) divided by the number of requests. Clients alternate round by round on
 the same objects (STYLE 15).
 
     PYTHONPATH=$PWD python bench/store_client_bench.py [--small 300] [--large 12] [--rounds 3]
     PYTHONPATH=$PWD python bench/store_client_bench.py --store azure   # Azurite from `make` (.venv/azurite)
+    PYTHONPATH=$PWD python bench/store_client_bench.py --store gcs     # GETs only on obstore: it reads gs://
 """
 
 from __future__ import annotations
@@ -66,15 +67,34 @@ def start_azurite() -> tuple[subprocess.Popen, str]:
     return proc, proc.endpoint
 
 
+def start_gcs() -> tuple[subprocess.Popen, str]:
+    """fake-gcs-server in its own process (tests/gcs_store.py's), the bench's bucket made, and
+    STORAGE_EMULATOR_HOST set the way gcsfs and shardkit read it."""
+    import gcs_store
+
+    proc = gcs_store.start_fake_gcs()
+    gcs_store.new_bucket(proc.endpoint, BUCKET)
+    os.environ["STORAGE_EMULATOR_HOST"] = proc.endpoint
+    return proc, proc.endpoint
+
+
+SCHEME = {"s3": "s3", "azure": "az", "gcs": "gs"}
+
+
 def clients(endpoint: str, kind: str = "s3"):
-    """{name: (get(key) -> bytes, put(key, data))} for each client measured."""
+    """{name: (get(key) -> bytes, put(key, data) or None)} for each client measured."""
     import obstore
     from obstore.store import AzureStore, S3Store
 
     from shardkit import store
+    from shardkit.store import objstore
 
     if kind == "s3":
         ob = S3Store(BUCKET, config={"endpoint": endpoint, "region": "us-east-1"}, client_options={"allow_http": True})
+    elif kind == "gcs":
+        from obstore.store import GCSStore
+
+        ob = GCSStore(BUCKET, config=objstore._gcs_settings(), client_options={"allow_http": True})
     else:
         import azurite_store
 
@@ -82,7 +102,7 @@ def clients(endpoint: str, kind: str = "s3"):
                                         "endpoint": endpoint}, client_options={"allow_http": True})
 
     def url(key):
-        return f"{'s3' if kind == 's3' else 'az'}://{BUCKET}/{key}"
+        return f"{SCHEME[kind]}://{BUCKET}/{key}"
 
     def via(mode, fn):  # shardkit.store's calls with SHARDKIT_OBJECT_CLIENT=mode
         def call(*args):
@@ -92,19 +112,19 @@ def clients(endpoint: str, kind: str = "s3"):
 
     return {BASE[kind]: (via("fsspec", lambda k: store.read(url(k))), via("fsspec", lambda k, d: store.write(url(k), d))),
             "obstore (get/put), bare": (lambda k: bytes(obstore.get(ob, k).bytes()),
-                                        lambda k, d: obstore.put(ob, k, d)),
+                                        None if kind == "gcs" else lambda k, d: obstore.put(ob, k, d)),
             "store.read/write on obstore": (via("obstore", lambda k: store.read(url(k))),
                                             via("obstore", lambda k, d: store.write(url(k), d)))}
 
 
-BASE = {"s3": "s3fs (store.read/write)", "azure": "adlfs (store.read/write)"}
+BASE = {"s3": "s3fs (store.read/write)", "azure": "adlfs (store.read/write)", "gcs": "gcsfs (store.read/write)"}
 
 
 def batch_ms(n: int, size: str, kind: str = "s3") -> dict:
     """Client CPU-ms per object of read_sources (concurrent GETs of a task's batch), each way."""
     from shardkit import store
 
-    urls = [f"{'s3' if kind == 's3' else 'az'}://{BUCKET}/{size}/{i}" for i in range(n)]
+    urls = [f"{SCHEME[kind]}://{BUCKET}/{size}/{i}" for i in range(n)]
     out = {}
     for mode in ("fsspec", "obstore"):
         os.environ["SHARDKIT_OBJECT_CLIENT"] = mode
@@ -120,18 +140,20 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=300, help="40 KB objects per client per round")
     ap.add_argument("--large", type=int, default=12, help="4 MB objects per client per round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--store", choices=("s3", "azure"), default="s3",
-                    help="s3: moto (s3fs against obstore); azure: Azurite (adlfs against obstore)")
+    ap.add_argument("--store", choices=("s3", "azure", "gcs"), default="s3",
+                    help="s3: moto (s3fs against obstore); azure: Azurite (adlfs against obstore); gcs: "
+                         "fake-gcs-server (gcsfs against obstore's GETs)")
     args = ap.parse_args()
-    if args.store == "azure":
+    if args.store in ("azure", "gcs"):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
         import azurite_store
+        import gcs_store
 
-        proc, endpoint = start_azurite()
+        proc, endpoint = start_azurite() if args.store == "azure" else start_gcs()
         try:
             run(args, endpoint)
         finally:
-            azurite_store.stop_azurite(proc)
+            azurite_store.stop_azurite(proc) if args.store == "azure" else gcs_store.stop(proc)
         return
     with tempfile.TemporaryDirectory() as tmp:
         proc, endpoint = start_server(tmp)
@@ -150,13 +172,17 @@ def run(args, endpoint: str) -> None:
     data = {s: os.urandom(b) for s, (b, _) in sizes.items()}
     table: dict[tuple, list] = {}
     cl = clients(endpoint, args.store)
+    writer = next(iter(cl.values()))[1]  # the fsspec path's: it writes on every store
+    writer("warm", b"x")
     for name, (get, put) in cl.items():  # warm: imports, connections, credentials
-        put("warm", b"x")
         get("warm")
     for r in range(args.rounds):
         for name, (get, put) in cl.items():
             for s, (_, n) in sizes.items():
-                table.setdefault((name, s, "PUT"), []).append(cpu_ms(lambda i: put(f"{s}/{i}", data[s]), n))
+                if put is not None:
+                    table.setdefault((name, s, "PUT"), []).append(cpu_ms(lambda i: put(f"{s}/{i}", data[s]), n))
+                elif r == 0:  # the objects the GETs read, written by the fsspec path (not timed)
+                    [writer(f"{s}/{i}", data[s]) for i in range(n)]
                 table.setdefault((name, s, "GET"), []).append(cpu_ms(lambda i: get(f"{s}/{i}"), n))
     try:
         for k, v in batch_ms(args.small - args.small % 50, "40KB", args.store).items():

@@ -305,24 +305,13 @@ def az_cluster(azurite, tmp_path_factory):
     """`dask scheduler` and two `dask worker` processes, each in a folder of its own (no shared disk),
     the Azurite container reachable through the connection string they inherit."""
     from azurite_store import Azure
-    from test_object_store_cluster import _stop, start_cluster
+    from test_object_store_cluster import store_cluster
 
-    base = tmp_path_factory.mktemp("az-cluster")
     server = Azure(azurite.endpoint, f"cluster{os.getpid()}", azurite)
-    with pytest.MonkeyPatch.context() as mp:
-        for name in [n for n in os.environ if n.startswith("AZURE_")]:
-            mp.delenv(name)
-        mp.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-        mp.setenv("DASK_CONFIG", str(ROOT / "docker" / "dask"))
+    with store_cluster(tmp_path_factory.mktemp("az-cluster"), "AZURE_",
+                       {"AZURE_STORAGE_CONNECTION_STRING": server.connection_string}) as cluster:
         server.fs().mkdir(server.container)
-        procs = []
-        try:
-            address = start_cluster(base, procs)
-            yield {"address": address, "azure": server, "base": base, "clients": 0}
-        finally:
-            for p in procs:
-                _stop(p)
+        yield {**cluster, "azure": server}
 
 
 def test_az_to_az_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(az_cluster, tmp_path):

@@ -5,6 +5,7 @@ nothing a manifest or marker names half-written, and one job holds an OUT at a t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,6 +51,25 @@ def cluster(tmp_path_factory):
             for p in procs:
                 _stop(p)
             stop_s3(s3)
+
+
+@contextlib.contextmanager
+def store_cluster(base: Path, hide: str, env: dict):
+    """A cluster (start_cluster) whose processes reach a store through `env`, the host's variables
+    that start with `hide` unset: {"address", "base", "clients"} for _client; stopped at the end."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith(hide)]:
+            mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+        mp.setenv("DASK_CONFIG", str(ROOT / "docker" / "dask"))
+        procs = []
+        try:
+            yield {"address": start_cluster(base, procs), "base": base, "clients": 0}
+        finally:
+            for p in procs:
+                _stop(p)
 
 
 def start_cluster(base: Path, procs: list) -> str:

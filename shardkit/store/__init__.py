@@ -169,7 +169,7 @@ def remove_tree(url: str, policy: RemotePolicy | None = None) -> None:
 
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
-    if lean(url, policy):
+    if lean(url, policy, write=True):
         _remove_keys(url, policy)
         return
     try:

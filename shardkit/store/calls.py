@@ -44,12 +44,14 @@ def bound(fs, nbytes: int = 0, policy: RemotePolicy | None = None) -> dict:
     return {"timeout": 2 * _policy(policy).timeout + nbytes / MIN_RATE}
 
 
-def lean(url: str, policy: RemotePolicy | None = None) -> bool:
+def lean(url: str, policy: RemotePolicy | None = None, *, write: bool = False) -> bool:
     """Whether obstore's client carries the calls on `url` made under `policy` (store.objstore.serves:
-    a reader's policy, which forks, starts no runtime in a process that forks its workers later)."""
+    a reader's policy, which forks, starts no runtime in a process that forks its workers later);
+    `write`: a write's (gs:// is read on obstore, written through gcsfs: objstore.WRITES)."""
     from shardkit.store import objstore
 
-    return objstore.serves(url, forks=policy is not None and policy.forks)  # none given: JOB_POLICY, which does not fork
+    forks = policy is not None and policy.forks  # none given: JOB_POLICY, which does not fork
+    return objstore.serves(url, forks=forks) and (not write or objstore.writes(url))
 
 
 def client(url: str, policy: RemotePolicy | None = None):

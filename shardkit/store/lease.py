@@ -4,7 +4,9 @@ A local OUT keeps its flock (store.locks.folder_lock). An object store has no lo
 writes: `PUT If-None-Match: *` (S3; GCS: ifGenerationMatch=0) creates OUT/.shardkit/lease only
 where none exists, so of two jobs exactly one gets it. The lease records its holder (command, pid,
 host, start) and when it was last refreshed; the running job rewrites it every REFRESH seconds
-(S3: `If-Match` its own ETag, so a job that lost the lease cannot clobber the next holder's). A
+(S3, Azure: `If-Match` its own ETag, so a job that lost the lease cannot clobber the next holder's;
+GCS through gcsfs, which has no write matching a generation: a plain write, the refresh and the
+takeover unguarded, the create still exclusive). A
 second job is refused (FolderLocked, exit 3) naming the holder. A lease that nobody refreshed for
 TTL seconds, or whose holder ran on this host and is gone (kill -9), is taken over with one line. A
 store that ignores conditional writes is detected (a second create succeeds) and gets one warning

@@ -1,4 +1,5 @@
-"""The lean client for s3:// and az:// on the hot paths: obstore (Rust's object_store), when installed.
+"""The lean client for s3://, az:// and gs:// (its reads) on the hot paths: obstore (Rust's object_store),
+when installed.
 
 s3fs spends ~5 ms of client CPU on a 40 KB GET (botocore's request building and parsing); this client
 ~0.6 ms (bench/store_client_bench.py). `client(url, timeout)` gives an object with the few
@@ -37,8 +38,12 @@ import time
 from shardkit.identity import worker_info
 from shardkit.store.answers import store_code
 
-S3, AZURE = frozenset({"s3", "s3a"}), frozenset({"az", "abfs", "abfss"})
-PROTOCOLS = S3 | AZURE  # gs:// stays on fsspec (gcsfs): no emulator here answers a PUT as GCS does
+S3, AZURE, GCS = frozenset({"s3", "s3a"}), frozenset({"az", "abfs", "abfss"}), frozenset({"gs", "gcs"})
+PROTOCOLS = S3 | AZURE | GCS
+# Protocols whose writes (PUTs, uploads, deletes) obstore carries. gs:// is read here and written
+# through gcsfs: the GCS emulator this project tests against (fake-gcs-server) refuses object_store's
+# XML-API PUT and answers its bulk delete without deleting, so obstore's GCS writes go untested.
+WRITES = S3 | AZURE
 WHOLE = 8 << 20  # bytes: a body up to this is taken in one piece; a larger one chunk by chunk
 MIN_RATE = 1 << 20  # bytes/s, as store.calls.MIN_RATE: a slower transfer is taken for a stalled store
 UPLOAD_PART, UPLOAD_CONCURRENCY = 16 << 20, 4  # as store.UPLOAD_PART / UPLOAD_CONCURRENCY
@@ -67,6 +72,11 @@ def serves(url: str, forks: bool = False) -> bool:
     if forks and _STATE["ran_in"] is None and _STATE["reading"] != os.getpid() and worker_info() is None:
         return False  # a training script's main process: its workers, forked later, keep obstore
     return available()
+
+
+def writes(url: str) -> bool:
+    """Whether obstore also carries the writes on `url` (a URL it serves: see WRITES)."""
+    return url.partition("://")[0] in WRITES
 
 
 def reading_here() -> None:
@@ -287,22 +297,48 @@ ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_P
        "AWS_SHARED_CREDENTIALS_FILE")
 
 
+def _gcs_settings() -> dict:
+    """The config of a GCS bucket's store. obstore reads GOOGLE_SERVICE_ACCOUNT(_KEY),
+    GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default credentials and the metadata
+    server itself; STORAGE_EMULATOR_HOST (the variable Google's clients and gcsfs read for a local
+    emulator) is given to it as the endpoint, without OAuth."""
+    import json
+
+    emulator = _gcs_emulator()
+    if not emulator:
+        return {}
+    return {"service_account_key": json.dumps({"gcs_base_url": emulator, "disable_oauth": True,
+                                               "client_email": "", "private_key": "", "private_key_id": ""})}
+
+
+def _gcs_emulator() -> str:
+    """STORAGE_EMULATOR_HOST as a URL ('' when unset); a bare host:port is http, as gcsfs takes it."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
+    return host if not host or "://" in host else f"http://{host}"
+
+
+def _family(protocol: str) -> str:
+    return "s3" if protocol in S3 else "gcs" if protocol in GCS else "azure"
+
+
 def _settings_digest(protocol: str) -> str:
     """The settings a store of `protocol` is made from, as a digest: no secret is kept in a key."""
     env = os.environ
-    names = ENV if protocol in S3 else sorted(n for n in env if n.startswith("AZURE_"))
+    family = _family(protocol)
+    names = (ENV if family == "s3" else sorted(n for n in env if n.startswith("AZURE_")) if family == "azure"
+             else sorted(n for n in env if n.startswith("GOOGLE_")) + ["STORAGE_EMULATOR_HOST"])
     return hashlib.sha256(repr([(n, env.get(n)) for n in names]).encode()).hexdigest()
 
 
 def _store(url: str, timeout: float, *, bounded: bool = False):
-    """(obstore store, key) of an s3:// or az:// URL: one store per process, bucket (container) and
+    """(obstore store, key) of an s3://, gs:// or az:// URL: one store per process, bucket (container) and
     settings, kept alive.
     `bounded`: the store for calls made in the caller's thread (sync: no hand-off to the loop, half
     the CPU of a small GET), each request bounded as a whole to 2 x timeout + WHOLE at MIN_RATE;
     they move WHOLE bytes at most."""
     protocol, _, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
-    ident = (protocol in S3, bucket, _settings_digest(protocol), timeout, bounded)
+    ident = (_family(protocol), bucket, _settings_digest(protocol), timeout, bounded)
     with _LOCK:
         _fresh()
         store = _STATE["stores"].get(ident)
@@ -320,13 +356,14 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
 
 
 def _new_store(protocol: str, bucket: str, timeout: float, total: str):
-    from obstore.store import AzureStore, S3Store
+    from obstore.store import AzureStore, GCSStore, S3Store
 
     if protocol in S3:
         config, provider = _s3_settings(bucket, timeout)
     else:
-        config, provider = _azure_settings(), None
-    endpoint = config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT" if protocol in AZURE else "", "")
+        config, provider = _azure_settings() if protocol in AZURE else _gcs_settings(), None
+    endpoint = (config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT" if protocol in AZURE else "", "")
+                or (_gcs_emulator() if protocol in GCS else ""))
     emulator = protocol in AZURE and (config.get("use_emulator") or os.environ.get("AZURE_STORAGE_USE_EMULATOR", "")
                                       ).lower() in ("true", "1")
     options = {"connect_timeout": f"{timeout:g}s", "timeout": total,  # else bounded per chunk here
@@ -334,6 +371,8 @@ def _new_store(protocol: str, bucket: str, timeout: float, total: str):
     if protocol in S3:
         return S3Store(bucket, config=config, client_options=options, retry_config={"max_retries": 0},
                        credential_provider=provider)
+    if protocol in GCS:
+        return GCSStore(bucket, config=config, client_options=options, retry_config={"max_retries": 0})
     return AzureStore(bucket, config=config, client_options=options, retry_config={"max_retries": 0})
 
 
@@ -439,7 +478,8 @@ async def _get(store, key: str, start, end, timeout: float, sink=None):
 
 
 class Client:
-    """The fsspec methods store calls use, on obstore; everything else is the fsspec filesystem's."""
+    """The fsspec methods store calls use, on obstore; everything else is the fsspec filesystem's, and
+    so are the writes on a protocol whose writes obstore does not carry (gs://: see WRITES)."""
 
     async_impl = False  # store.calls.bound: the waits are bounded here, not by fsspec keywords
 
@@ -488,6 +528,10 @@ class Client:
         """`mode="create"` (If-None-Match: *) and `IfMatch=ETag` as s3fs takes them (the lease): a
         conditional PUT whose failed condition raises FileExistsError; it answers {"ETag": ...}."""
         conditional = mode == "create" or IfMatch is not None
+        if self.protocol not in WRITES:  # gcsfs: mode="create" is ifGenerationMatch=0; it has no write that
+            # matches a generation, so IfMatch is dropped: the lease's refresh and takeover on gs:// are
+            # plain writes, as on gcsfs alone (whose info names no ETag to match)
+            return self._fallback().pipe_file(path, data, mode=mode)
         if len(data) <= WHOLE or conditional:  # one PUT in the caller's thread, bounded as a whole
             import obstore
 
@@ -505,6 +549,8 @@ class Client:
         keywords, as store._upload passes them)."""
         from pathlib import Path
 
+        if self.protocol not in WRITES:
+            return self._fallback().put_file(source, path, chunksize=chunksize)
         self._put(path, Path(source), os.path.getsize(source), chunksize, max_concurrency)
 
     def _put(self, path: str, data, nbytes: int, part: int = UPLOAD_PART,
@@ -532,6 +578,8 @@ class Client:
                 "LastModified": meta["last_modified"]}
 
     def rm_file(self, path: str, **_) -> None:
+        if self.protocol not in WRITES:
+            return self._fallback().rm_file(path)
         store, key = self._store(path, bounded=True)  # a DELETE: in the caller's thread, bounded as a whole
         try:
             _deleted(store, key, self.protocol)

@@ -18,7 +18,8 @@ from shardkit.store.http_ranges import get as http_get
 from shardkit.store.local import is_url, local_path
 
 # Protocol -> the shardkit extra that installs its fsspec backend (others: the package fsspec names).
-EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3", "az": "azure", "abfs": "azure", "abfss": "azure"}
+EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3", "az": "azure", "abfs": "azure", "abfss": "azure",
+          "gs": "gcs", "gcs": "gcs"}
 # HTTP statuses that may pass on a later try (timeouts, throttling, server errors); other 4xx never do.
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ImportError,
@@ -127,6 +128,13 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
                                   "retries": {"total_max_attempts": 1}}, "session": _s3_session()}
     if protocol in ("az", "abfs", "abfss"):  # adlfs: the waits per operation (its retries: see _no_retries)
         return {"connection_timeout": p.timeout, "read_timeout": p.timeout}
+    if protocol in ("gs", "gcs"):  # gcsfs: each request's connect and read waits (none on the whole)
+        import aiohttp
+
+        if os.environ.get("STORAGE_EMULATOR_HOST"):  # a local emulator: no gRPC lookup of the bucket's kind
+            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # (60 s each, unanswered there)
+
+        return {"requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout, sock_read=p.timeout)}
     if protocol in ("http", "https"):
         import aiohttp
 
@@ -137,10 +145,19 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
 
 def _no_retries(fs) -> None:
     """Azure's SDK under adlfs retries each request 3 times, 15 s apart and more, before with_retries
-    sees a failure: its policy is told to try once (adlfs takes no option for it)."""
+    sees a failure: its policy is told to try once (adlfs takes no option for it). gcsfs wraps its
+    request methods in a loop of 6 tries, 1 to 32 s apart, fixed when the class is made: this
+    filesystem calls the methods it wraps."""
+    import types
+
     policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
     if policy is not None and hasattr(policy, "total_retries"):
         policy.total_retries = 0
+    if type(fs).__module__.startswith("gcsfs"):
+        for name in ("_request", "_get_file_request"):
+            inner = getattr(getattr(type(fs), name, None), "__wrapped__", None)
+            if inner is not None:
+                setattr(fs, name, types.MethodType(inner, fs))
 
 
 def forget_filesystems() -> None:
@@ -232,6 +249,11 @@ def remote_hint(url: str, error: BaseException) -> str:
     if protocol == "s3" and "credential" in text:
         return ("; give S3 credentials the usual way: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, or "
                 "AWS_PROFILE naming a profile in ~/.aws/credentials (an S3-compatible server: AWS_ENDPOINT_URL)")
+    if protocol in ("gs", "gcs") and (_status(error) in (401, 403) or any(
+            word in text for word in ("credential", "token request", "service account", "defaultcredentials"))):
+        return ("; give GCS credentials the usual way: GOOGLE_APPLICATION_CREDENTIALS naming a service account's "
+                "key file, `gcloud auth application-default login`, or the metadata server of a Google Cloud machine "
+                "(a local emulator: STORAGE_EMULATOR_HOST)")
     if protocol in ("az", "abfs", "abfss") and (_status(error) == 403 or isinstance(error, PermissionError) or any(
             word in text for word in ("credential", "missingaccount", "account must be", "account_name",
                                       "connection string", "connection_string"))):
