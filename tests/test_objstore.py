@@ -525,7 +525,7 @@ def test_once_the_exit_began_a_batch_starts_no_more_requests(s3, answers, monkey
     for url in urls:
         store.write(url, b"x")
     answers[f"/{urls[0].split('://', 1)[1]}"] = ["stall"]
-    monkeypatch.setattr(objstore, "WINDOW", 1)
+    monkeypatch.setitem(objstore._STATE, "pool", objstore._Pool(1))  # one GET at a time: the first stalls
     future = objstore.fetch_many(urls, 1.0)
     monkeypatch.setitem(objstore._STATE, "closing", os.getpid())  # the exit begins (_quiet)
     got = future.result(timeout=30)

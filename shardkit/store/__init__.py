@@ -355,7 +355,7 @@ def read_sources(urls: list[str], policy: RemotePolicy | None = None) -> list:
 
 def fetch_sources(urls: list[str], policy: RemotePolicy | None = None):
     """read_sources started in the background: its `.result()` is read_sources' list. On a store the
-    requests go out now, on the filesystem's event loop, while the caller goes on (it works on the
+    requests go out now (obstore: threads of its pool; fsspec: its event loop), while the caller goes on (it works on the
     previous batch meanwhile); locally the files are read when the result is asked for."""
     from shardkit.store.source import Fetch
 
