@@ -329,7 +329,16 @@ def baseline_rounds(roots: dict, store, cache: str, rounds: int, codes: dict) ->
     """Raw and JPEG datasets: one epoch per run in a fresh process (imports done before the clock
     starts), local with this checkout and http with each of `codes` ({name: checkout}), interleaved
     and rotated each round; medians and the ratios of each code's http rate to the first's, and the
-    parts in flight the store saw (less noisy than rates on a loaded machine)."""
+    parts in flight the store saw (less noisy than rates on a loaded machine). Per epoch also the CPU
+    per sample of the reader (the epoch's process and its workers) and of the store (this process's
+    threads, which do nothing else meanwhile): on a machine of its own the store's would not be taken
+    from the reader's cores, so local's reader CPU over http's is the rate this reader could reach.
+    And the rate after the first batch (`steady`): a 6,000-sample epoch lasts ~1.5 s, of which the
+    first batch's wait is a large share; a run of 1e8 samples goes at the steady rate."""
+    def reader_cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
     runs: dict = {}
     for r in range(rounds):
         for (kind, size), root in roots.items():
@@ -339,28 +348,33 @@ def baseline_rounds(roots: dict, store, cache: str, rounds: int, codes: dict) ->
             variants = [("local", codes[next(iter(codes))], root, "-")] + https
             k = r % len(variants)
             for name, code, src, c in variants[k:] + variants[:k]:  # rotate: no variant always first
-                seen = len(store.spans)
+                seen, cpu0, store0 = len(store.spans), reader_cpu(), time.process_time()
                 got = subprocess.run([sys.executable, "-c", EPOCH, src, c], env=dict(os.environ, PYTHONPATH=code),
                                      cwd=code, check=True, capture_output=True, text=True).stdout.split("\n")[-2]
                 rate, first, n, cpu = json.loads(got)
+                reader, served = 1000 * (reader_cpu() - cpu0) / n, 1000 * (time.process_time() - store0) / n
+                steady = (n - BATCH) / (n / rate - first)
                 parts = in_flight(store.spans[seen:])
-                runs.setdefault((kind, size, name), []).append((rate, first, parts))
+                runs.setdefault((kind, size, name), []).append((rate, first, parts, reader, served, steady))
                 print(f"round {r}: {kind:4s} {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
-                      f"parts in flight {parts:4.1f}  ({n} samples)", flush=True)
+                      f"steady {steady:7.0f}/s  parts in flight {parts:4.1f}  CPU ms/sample reader {reader:.3f} "
+                      f"store {served:.3f}  ({n} samples)", flush=True)
     from shardkit.manifest import load_manifest
 
     print(f"\nmedian of {rounds} round(s); store: 50 ms to the first byte, 25 MB/s per connection")
     for (kind, size), root in roots.items():
         m = load_manifest(root)
         per = sum(s.bytes for s in m.shards) / m.samples
-        med = {name: tuple(statistics.median(x[i] for x in v) for i in range(3))
+        med = {name: tuple(statistics.median(x[i] for x in v) for i in range(6))
                for (k, z, name), v in runs.items() if (k, z) == (kind, size)}
         # raw: the link is the bound; JPEG: the link carries far more than the reader, so local is
         goal = 0.8 * min(med["local"][0], LINK / per) if kind == "raw" else 0.9 * med["local"][0]
         base = med[f"http {next(iter(codes))}"]
-        for name, (rate, first, parts) in med.items():
+        for name, (rate, first, parts, reader, served, steady) in med.items():
             print(f"  {kind:4s} {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
-                  f"parts in flight {parts:4.1f}  / goal {rate / goal:.2f}  / {next(iter(codes))} {rate / base[0]:.2f}")
+                  f"parts in flight {parts:4.1f}  / goal {rate / goal:.2f}  / {next(iter(codes))} {rate / base[0]:.2f}  "
+                  f"steady {steady:.0f}/s (/ local's {steady / med['local'][5]:.2f})  "
+                  f"CPU ms/sample reader {reader:.3f} (local's / this {med['local'][3] / reader:.2f}) store {served:.3f}")
         print(f"  {kind:4s} {size:7s} goal: " + ("0.8 x min(local, 8 x 25 MB/s)" if kind == "raw" else "0.9 x local")
               + f" = {goal:.0f} samples/s, first batch <= 1.5 s")
 

@@ -230,3 +230,34 @@ def test_gs_to_gs_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(gs
     assert rerun.returncode == 0, rerun.stderr
     assert "took over the lease" in rerun.stderr
     assert tree_bytes(Path(gcs.download("k", str(tmp_path / "got-k")))) == tree_bytes(tmp_path / "local")
+
+
+@pytest.mark.timeout(120)
+def test_a_write_to_a_store_that_stops_reading_ends_within_its_bound(monkeypatch):
+    """gcsfs's own waits are per read of the answer: sending a body to a store that stops reading
+    it would wait for ever. The lean client's fallback gives gcsfs the call's bound as a whole
+    (2 x timeout + the body at 1 MB/s), as store.calls.bound gives it to fsspec's own calls."""
+    import socket
+    import threading
+    import time
+
+    from shardkit import store
+    from shardkit.store.calls import WriteError
+    from shardkit.store.remote import RemotePolicy
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(8)], daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    _client(monkeypatch, "obstore")
+    t = time.monotonic()
+    try:
+        with pytest.raises(WriteError, match="cannot write gs://stuck/x.bin"):
+            store.write("gs://stuck/x.bin", b"x" * (8 << 20), policy=RemotePolicy(timeout=1.0, retries=0))
+    finally:
+        listener.close()
+        for connection, _ in held:
+            connection.close()
+    assert time.monotonic() - t < 2 * 1.0 + 8 + 10

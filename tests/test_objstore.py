@@ -380,12 +380,26 @@ def test_a_source_with_a_key_obstore_cannot_name_builds_as_on_fsspec(raw, s3):
 
 
 LATE_EXIT_HANDLER = r"""
-import atexit, sys
+import atexit, sys, time
 from shardkit import store
 
 url = sys.argv[1]
-atexit.register(lambda: (store.write(url + ".bye", b"bye"), store.read(url + ".bye"), print("bye", flush=True)))
-store.write(url, b"x")
+
+
+def bye():  # registered before objstore is imported (by the first call): it runs after objstore's _quiet
+    from shardkit.store import objstore
+
+    assert objstore._STATE["closing"]
+    store.write(url + ".bye", b"bye")
+    store.read(url + ".bye")
+    objstore.WHOLE = 10  # url's 100 bytes: a GET of the batch read on the loop, from a thread of the pool
+    t = time.monotonic()
+    assert store.read_sources([url + ".bye", url]) == [b"bye", b"x" * 100]
+    print("bye", round(time.monotonic() - t), flush=True)
+
+
+atexit.register(bye)
+store.write(url, b"x" * 100)
 """
 
 
@@ -397,7 +411,7 @@ def test_an_exit_handler_registered_before_the_client_may_still_call_the_store(s
 
     out = subprocess.run([sys.executable, "-c", LATE_EXIT_HANDLER, s3.url("late/x")], capture_output=True,
                          text=True, timeout=60, cwd=tmp_path)
-    assert (out.returncode, out.stdout) == (0, "bye\n"), out.stderr[-2000:]
+    assert (out.returncode, out.stdout) == (0, "bye 0\n"), out.stderr[-2000:]  # the batch at once, not re-read
     assert store.read(s3.url("late/x.bye")) == b"bye"
 
 
@@ -525,9 +539,36 @@ def test_once_the_exit_began_a_batch_starts_no_more_requests(s3, answers, monkey
     for url in urls:
         store.write(url, b"x")
     answers[f"/{urls[0].split('://', 1)[1]}"] = ["stall"]
-    monkeypatch.setitem(objstore._STATE, "pool", objstore._Pool(1))  # one GET at a time: the first stalls
+    monkeypatch.setattr(objstore, "WINDOW", 1)  # one GET at a time: the first stalls
     future = objstore.fetch_many(urls, 1.0)
     monkeypatch.setitem(objstore._STATE, "closing", os.getpid())  # the exit begins (_quiet)
     got = future.result(timeout=30)
     assert isinstance(got[0], (TimeoutError, ConnectionError)), got  # stalled, or not started yet
     assert all(isinstance(g, ConnectionError) and "exiting" in str(g) for g in got[1:]), got
+
+
+def test_each_batch_has_its_window_whatever_other_batches_hold(s3, answers, monkeypatch):
+    """The pool's threads are shared by the process's batches, but a batch whose GETs all stall
+    does not keep another batch waiting: the pool grows."""
+    import threading
+    import time
+
+    monkeypatch.setattr(objstore, "WINDOW", 2)
+    stalled = [s3.url(f"windows/stalled{i}") for i in range(2)]
+    quick = [s3.url(f"windows/quick{i}") for i in range(6)]
+    for url in stalled + quick:
+        store.write(url, b"q")
+    for url in stalled:
+        answers[f"/{url.split('://', 1)[1]}"] = ["stall"]
+    held = objstore.fetch_many(stalled, 30.0)
+    time.sleep(0.3)  # its two GETs are in flight, and stalled
+    got, t = [], time.monotonic()
+    threads = [threading.Thread(target=lambda: got.append(objstore.fetch_many(quick, 30.0).result(timeout=20)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == [[b"q"] * 6] * 2 and time.monotonic() - t < 10
+    assert not held.done()  # still stalled (released at the test's end)
+    held.cancel()

@@ -91,7 +91,7 @@ def read_many(urls: list[str], policy: RemotePolicy | None = None) -> dict[str, 
             except OSError:
                 out[url] = None
         return out
-    if lean(urls[0], policy):  # obstore's async GETs; a failed one read alone, retried
+    if lean(urls[0], policy):  # obstore's GETs in its pool's threads; a failed one read alone, retried
         got = dict(zip(urls, fetch_sources(urls, policy).result()))
     else:
         fs, _ = filesystem(urls[0], policy)

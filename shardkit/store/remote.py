@@ -131,7 +131,9 @@ def _options(protocol: str, p: RemotePolicy) -> dict:
     if protocol in ("gs", "gcs"):  # gcsfs: each request's connect and read waits (none on the whole)
         import aiohttp
 
-        if os.environ.get("STORAGE_EMULATOR_HOST"):  # a local emulator: no gRPC lookup of the bucket's kind
+        from shardkit.store.objstore import _gcs_emulator
+
+        if _gcs_emulator():  # a local emulator: no gRPC lookup of the bucket's kind
             os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # (60 s each, unanswered there)
 
         return {"requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=p.timeout, sock_read=p.timeout)}
@@ -147,14 +149,17 @@ def _no_retries(fs) -> None:
     """Azure's SDK under adlfs retries each request 3 times, 15 s apart and more, before with_retries
     sees a failure: its policy is told to try once (adlfs takes no option for it). gcsfs wraps its
     request methods in a loop of 6 tries, 1 to 32 s apart, fixed when the class is made: this
-    filesystem calls the methods it wraps."""
+    filesystem calls the methods it wraps. Where a subclass overrides one and calls the wrapped
+    parent (gcsfs's ExtendedGcsFileSystem, its default class, does so for get_file's requests),
+    that one keeps gcsfs's loop: a whole-file download through gcsfs (store.local_copy on the
+    fsspec path) may take gcsfs's 6 tries (~31 s) before with_retries sees a failure."""
     import types
 
     policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
     if policy is not None and hasattr(policy, "total_retries"):
         policy.total_retries = 0
     if type(fs).__module__.startswith("gcsfs"):
-        for name in ("_request", "_get_file_request"):
+        for name in ("_request", "_get_file_request", "_get_file_concurrent"):
             inner = getattr(getattr(type(fs), name, None), "__wrapped__", None)
             if inner is not None:
                 setattr(fs, name, types.MethodType(inner, fs))

@@ -162,8 +162,10 @@ class Fetch:
         self.urls, self.future, self.paths, self.policy = urls, None, list(urls), policy
         from shardkit.store import objstore
 
-        if urls and objstore.serves(urls[0]):  # s3:// on obstore: its async GETs, a window at a time
+        self.slack = 0.0  # seconds the fetch may take beyond the policy's waits
+        if urls and objstore.serves(urls[0]):  # on obstore: sync GETs in its pool's threads, a window at a time
             self.future = objstore.fetch_many(urls, _policy(policy).timeout)
+            self.slack = objstore.WHOLE / objstore.MIN_RATE  # each GET bounded as a whole: 2 x timeout + this
             return
         fs = filesystem(urls[0], policy)[0] if urls and is_url(urls[0]) else None
         if getattr(fs, "async_impl", False):  # s3fs, gcsfs, adlfs, http: concurrent requests on fsspec's loop
@@ -179,7 +181,7 @@ class Fetch:
         if self.future is not None:
             p = _policy(self.policy)
             try:
-                got = self.future.result(timeout=2 * p.timeout + 4 * len(self.urls) * p.timeout / 64)
+                got = self.future.result(timeout=2 * p.timeout + self.slack + 4 * len(self.urls) * p.timeout / 64)
             except BaseException as e:  # noqa: BLE001 — every file is then read alone, its errors named
                 self.future.cancel()  # an interrupt too: the batch does not go on fetching
                 if not isinstance(e, Exception):
