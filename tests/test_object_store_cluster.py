@@ -163,6 +163,31 @@ def kill_9_mid_build(proc, keys) -> None:
     assert "manifest.json" not in keys()
 
 
+def build_then_kill_9_and_rerun(cluster, store, tmp_path: Path) -> None:
+    """On `cluster` (store_cluster's), SRC and OUT on `store` (a test helper with upload, url,
+    download and objects: Azure's, GCS's): a build gives the local build's bytes; kill -9 of the
+    client mid-build leaves nothing named half-written, and the rerun (taking the lease over) gives
+    them too."""
+    from shardkit.demo.datagen import raw_folder
+
+    raw = tmp_path / "raw"
+    raw_folder(str(raw), images_per_class=10, documents=6, bad=True)
+    local = subprocess.run([SHARDKIT, "build", str(raw), str(tmp_path / "local"), "--workers", "0", *OPTS],
+                           capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stderr
+    src = store.upload(str(raw), "raw")
+    first = _client(cluster, "build", src, store.url("out"), "--scheduler", cluster["address"], *OPTS)
+    assert first.returncode == 0, first.stderr
+    assert tree_bytes(Path(store.download("out", str(tmp_path / "got")))) == tree_bytes(tmp_path / "local")
+
+    args = ["build", src, store.url("k"), "--scheduler", cluster["address"], *OPTS]
+    kill_9_mid_build(_client(cluster, *args, wait=False), lambda: store.objects("k"))
+    rerun = _client(cluster, *args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "took over the lease" in rerun.stderr
+    assert tree_bytes(Path(store.download("k", str(tmp_path / "got-k")))) == tree_bytes(tmp_path / "local")
+
+
 def _downloaded(s3, prefix: str, tmp_path: Path) -> dict:
     return tree_bytes(Path(s3.download(prefix, str(tmp_path / prefix.replace("/", "_")))))
 
