@@ -289,9 +289,9 @@ import json, sys, time
 sys.path[:0] = [%r, %r]
 import remote_bench
 src, cache = sys.argv[1:3]
-loader = remote_bench.shardkit_loader(src, cache if cache != "-" else None)[1]
+ds, loader = remote_bench.shardkit_loader(src, cache if cache != "-" else None)
 rate, first, n, cpu = remote_bench.epoch(loader)
-print(json.dumps([rate, first, n, cpu]))
+print(json.dumps([rate, first, n, cpu, ds.io_stats().get("network_wait_s", 0.0)]))
 """ % (HERE, os.path.join(HERE, "..", "tests"))
 
 
@@ -351,30 +351,32 @@ def baseline_rounds(roots: dict, store, cache: str, rounds: int, codes: dict) ->
                 seen, cpu0, store0 = len(store.spans), reader_cpu(), time.process_time()
                 got = subprocess.run([sys.executable, "-c", EPOCH, src, c], env=dict(os.environ, PYTHONPATH=code),
                                      cwd=code, check=True, capture_output=True, text=True).stdout.split("\n")[-2]
-                rate, first, n, cpu = json.loads(got)
+                rate, first, n, cpu, wait = json.loads(got)
+                waited = wait / (WORKERS * n / rate)  # of the workers' time in the epoch
                 reader, served = 1000 * (reader_cpu() - cpu0) / n, 1000 * (time.process_time() - store0) / n
                 steady = (n - BATCH) / (n / rate - first)
                 parts = in_flight(store.spans[seen:])
-                runs.setdefault((kind, size, name), []).append((rate, first, parts, reader, served, steady))
+                runs.setdefault((kind, size, name), []).append((rate, first, parts, reader, served, steady, waited))
                 print(f"round {r}: {kind:4s} {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
                       f"steady {steady:7.0f}/s  parts in flight {parts:4.1f}  CPU ms/sample reader {reader:.3f} "
-                      f"store {served:.3f}  ({n} samples)", flush=True)
+                      f"store {served:.3f}  workers waiting {100 * waited:.0f}%  ({n} samples)", flush=True)
     from shardkit.manifest import load_manifest
 
     print(f"\nmedian of {rounds} round(s); store: 50 ms to the first byte, 25 MB/s per connection")
     for (kind, size), root in roots.items():
         m = load_manifest(root)
         per = sum(s.bytes for s in m.shards) / m.samples
-        med = {name: tuple(statistics.median(x[i] for x in v) for i in range(6))
+        med = {name: tuple(statistics.median(x[i] for x in v) for i in range(7))
                for (k, z, name), v in runs.items() if (k, z) == (kind, size)}
         # raw: the link is the bound; JPEG: the link carries far more than the reader, so local is
         goal = 0.8 * min(med["local"][0], LINK / per) if kind == "raw" else 0.9 * med["local"][0]
         base = med[f"http {next(iter(codes))}"]
-        for name, (rate, first, parts, reader, served, steady) in med.items():
+        for name, (rate, first, parts, reader, served, steady, waited) in med.items():
             print(f"  {kind:4s} {size:7s} {name:24s} {rate:7.0f} samples/s  first batch {first:5.2f} s  "
                   f"parts in flight {parts:4.1f}  / goal {rate / goal:.2f}  / {next(iter(codes))} {rate / base[0]:.2f}  "
                   f"steady {steady:.0f}/s (/ local's {steady / med['local'][5]:.2f})  "
-                  f"CPU ms/sample reader {reader:.3f} (local's / this {med['local'][3] / reader:.2f}) store {served:.3f}")
+                  f"CPU ms/sample reader {reader:.3f} (local's / this {med['local'][3] / reader:.2f}) store {served:.3f}  "
+                  f"workers waiting for the store {100 * waited:.0f}% of their time")
         print(f"  {kind:4s} {size:7s} goal: " + ("0.8 x min(local, 8 x 25 MB/s)" if kind == "raw" else "0.9 x local")
               + f" = {goal:.0f} samples/s, first batch <= 1.5 s")
 
