@@ -335,6 +335,12 @@ def _settings_digest(protocol: str) -> str:
     return hashlib.sha256(repr([(n, env.get(n)) for n in names]).encode()).hexdigest()
 
 
+def _bound(timeout: float, nbytes: int) -> float:
+    """Seconds a call moving `nbytes` may take as a whole: two waits and the bytes at MIN_RATE (as
+    store.calls.bound gives fsspec's calls)."""
+    return 2 * timeout + nbytes / MIN_RATE
+
+
 def _store(url: str, timeout: float, *, bounded: bool = False):
     """(obstore store, key) of an s3://, gs:// or az:// URL: one store per process, bucket (container) and
     settings, kept alive.
@@ -350,7 +356,7 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
     if store is None:
         _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
         try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
-            store = _new_store(protocol, bucket, timeout, f"{2 * timeout + WHOLE / MIN_RATE:g}s" if bounded else "24h")
+            store = _new_store(protocol, bucket, timeout, f"{_bound(timeout, WHOLE):g}s" if bounded else "24h")
         except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
             if not type(e).__module__.startswith("obstore"):
                 raise
@@ -519,7 +525,7 @@ class Client:
     def _whole(self, nbytes: int) -> float:
         """The bound of a fallback's call as a whole, as store.calls.bound gives it to fsspec's (gcsfs's
         sock_read does not cover sending a body: a store that stops reading one would hold it)."""
-        return 2 * self.timeout + nbytes / MIN_RATE
+        return _bound(self.timeout, nbytes)
 
     def _store(self, path: str, bounded: bool = False):
         """`bounded`: the store for a call in the caller's thread, bounded as a whole (see _store)."""
@@ -573,7 +579,7 @@ class Client:
 
         store, key = self._store(path)
         run(_guard(lambda: obstore.put_async(store, key, data, chunk_size=part, max_concurrency=concurrency),
-                   2 * self.timeout + nbytes / MIN_RATE))
+                   _bound(self.timeout, nbytes)))
 
     def get_file(self, path: str, local: str, **_) -> None:
         store, key = self._store(path)
