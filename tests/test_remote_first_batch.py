@@ -53,9 +53,10 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
         assert len(first["__key__"]) == 4
         # the shards' GETs (a manifest GET still in flight at clear() lands in the log too)
         before = [span for span in store.spans if span[1] <= arrived and span[2].startswith("/shards/")]
-        # Two round trips: the indexes, then the first batch's rows by range (not whole shards).
+        # Two round trips: the indexes, then the first batch's rows by range (its whole shards'
+        # parts, asked for meanwhile, are one round trip after their own index).
         assert round_trips(before) == 2, sorted(before)
-        assert all(n < manifest.shards[0].bytes / 4 for _, _, p, n in before if p.endswith(".tar"))
+        assert any(n < manifest.shards[0].bytes / 4 for _, _, p, n in before if p.endswith(".tar"))
         rest = sum(len(b["__key__"]) for b in it)
         assert rest == 92
         assert all(store.gets[p] == 1 for p in indexes)  # each index fetched once, by one process
@@ -63,12 +64,13 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
         store.close()
 
 
-def test_a_batch_reads_its_rows_by_range_before_its_whole_shards_start(data, tmp_path):
-    """The first batch's row GETs do not share the store with 4 MiB parts: the parts of its shards
-    are asked for once its rows are in (first batch local + 0.20 s this way, + 0.34 s with both at
-    once, on the remote bench)."""
+def test_a_batch_s_whole_shards_download_while_its_rows_are_read_by_range(data, tmp_path):
+    """A batch's whole shards start with its rows read by range, not after them, so that they
+    download during those round trips; the batch comes from its rows, without waiting for them (on
+    the remote bench: epochs 1.10x (JPEG) and 1.17x (raw) as fast as with the parts asked for once
+    the rows were in)."""
     root, _ = data
-    store = Store(root, latency=0.1, rate=None)
+    store = Store(root, latency=0.1, rate=2e6)  # a 4 MiB part takes ~2 s, a 150 KB row ~0.1 s
     try:
         ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
         store.quiet()
@@ -80,8 +82,9 @@ def test_a_batch_reads_its_rows_by_range_before_its_whole_shards_start(data, tmp
         assert len(first["__key__"]) + rest == 96
         tars = [(r, a, n) for r, a, p, n in store.spans if p.endswith(".tar")]
         rows = [a for r, a, n in tars if n < 1 << 20 and a <= arrived]
-        parts = [r for r, a, n in tars if n >= 1 << 20]
+        parts = [(r, a) for r, a, n in tars if n >= 1 << 20]
         assert rows and parts
-        assert min(parts) >= max(rows), "a whole shard's part was asked for before the first batch's rows were in"
+        assert min(r for r, _ in parts) < max(rows), "the whole shards were asked for only once the rows were in"
+        assert arrived < min(a for _, a in parts), "the first batch waited for a whole shard's part"
     finally:
         store.close()
