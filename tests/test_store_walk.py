@@ -50,11 +50,15 @@ def _seen(listing) -> dict:
 
 
 @pytest.mark.parametrize("client", WALKS)
-@pytest.mark.parametrize("page", [1000, 2])
-def test_a_store_walk_finds_what_the_disk_walk_finds(s3, tmp_path, monkeypatch, client, page):
+@pytest.mark.parametrize("page,switch", [(1000, None), (2, None), (2, 1), (3, 2)])
+def test_a_store_walk_finds_what_the_disk_walk_finds(s3, tmp_path, monkeypatch, client, page, switch):
+    """`switch`: the listing goes on as one stream per folder after that many pages (store.listing
+    PARALLEL), skips and datasets met in folders listed so; None: one stream throughout."""
     import shardkit.store.listing as listing_module
 
     monkeypatch.setenv("SHARDKIT_OBJECT_CLIENT", client.split("-")[0])
+    monkeypatch.setattr(listing_module, "SWITCH", switch or 10 ** 9)
+    monkeypatch.setattr(listing_module, "PARALLEL", 3)
     if client == "fsspec-ls":
         monkeypatch.setattr(listing_module, "S3_CALL", "_call_s3_renamed")
     monkeypatch.setattr(listing_module, "PAGE", page)  # s3fs's pages of 2 keys: skips across pages
@@ -63,7 +67,7 @@ def test_a_store_walk_finds_what_the_disk_walk_finds(s3, tmp_path, monkeypatch, 
     src = _write(tmp_path / "src", TREE)
     local = walk(src, src + "/out")
     url = s3.upload(src, "src")
-    if client == "obstore":  # s3fs is never made for the listing
+    if client == "obstore" and switch is None:  # s3fs is never made for the listing of a small SRC
         monkeypatch.setattr(listing_module, "filesystem", lambda *a: pytest.fail("s3fs made for a listing"))
     remote = walk(url, s3.url("src/out"))
     assert _seen(remote) == _seen(local)

@@ -393,7 +393,7 @@ def _walk_store(root: str, out: str | None, policy, listing: Listing, cols: _Col
     names) and folder markers (keys that end in '/': counted in a note)."""
     from shardkit.store.listing import Keys, version_number
 
-    keys, path = Keys(root, policy), [_Open("", _Stems(cols, listing), None)]
+    keys, path = Keys(root, policy, parallel=True), [_Open("", _Stems(cols, listing), None)]
     base = root.rstrip("/") + "/"
     out_rel = out.rstrip("/")[len(base):] + "/" if out and out.startswith(base) else None  # OUT inside SRC
     n = 0
