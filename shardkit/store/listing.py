@@ -30,6 +30,9 @@ PARALLEL = 64
 SWITCH = 8
 QUEUE = 2
 DEPTH = 3  # levels a listing goes down to find folders to list in parallel (`train/00000/...`)
+# Keys a folder must hold, on average over those the first SWITCH pages met, for a stream each to
+# pay: a folder's stream costs a request and a thread, the one stream ~1/1,000 of a request a key.
+FOLDER_KEYS = 100
 LAST = "\U0010ffff"  # the last code point: a folder's prefix + LAST sorts after every key below it
 
 
@@ -189,6 +192,7 @@ class Keys:
         self._skip: str | None = None  # a folder being skipped: its keys left in the page are dropped
         self.own_marker = False  # whether the listing held the folder's own marker (`folder/`), left out
         self.marker_size, self.marker_version = 0, ""  # that marker's size and version
+        self.stop: threading.Event | None = None  # set: the next page is not asked for (_Stream.close)
 
     def skip(self, folder: str) -> None:
         """Pass over every key below `folder` (relative, ending in '/')."""
@@ -206,16 +210,23 @@ class Keys:
         if not (self.parallel and self.url.startswith("s3://")):
             yield from self._paged(opener)
             return
-        if (yield from self._paged(opener, SWITCH)):
+        spread = _Spread()
+        if not (yield from self._paged(opener, SWITCH, spread)):
+            return
+        if spread.worth() and _pages_s3(filesystem(self.url, self.policy)[0]):  # s3fs's delimiter pages
             yield from _Parallel(self, opener)
+        else:
+            yield from self._paged(opener)
 
-    def _paged(self, opener, most: int | None = None):
+    def _paged(self, opener, most: int | None = None, spread: "_Spread | None" = None):
         """The stream's keys from the key after `after`; with `most`: at most that many pages, and
-        then True (the stream may go on), else False."""
+        then True (the stream may go on), else False; `spread` counts the folders they fall in."""
         pages, n = None, 0
 
         def next_page():
             nonlocal pages
+            if self.stop is not None and self.stop.is_set():
+                raise _Stopped
             if pages is None:
                 pages = opener(self.after)
             try:
@@ -230,6 +241,8 @@ class Keys:
                 if self._filtered(rel):
                     continue
                 self.after = rel
+                if spread is not None:
+                    spread.add(rel)
                 yield rel, size, version
             if self._skip is not None:  # the skipped folder may run on past this page: ask after it
                 pages = None
@@ -397,27 +410,37 @@ class _Parallel:
         try:
             for chunk in stream:
                 for rel, size, version in chunk:
-                    if not keys._filtered(rel):
-                        keys.after = rel
-                        yield rel, size, version
-                if keys._skip is not None and folder.startswith(keys._skip):  # the whole folder skipped
-                    return
+                    if keys._filtered(rel):
+                        continue
+                    keys.after = rel
+                    yield rel, size, version
+                    if keys._skip is not None:  # skip() called on this key
+                        if folder.startswith(keys._skip):  # the whole folder
+                            return
+                        if keys._skip.startswith(folder):  # a folder in it: its stream moves past it
+                            stream.skip(keys._skip[len(folder):])
         finally:
             stream.close()
 
     def _units(self, level: str, after: str | None, depth: int):
         """The units of `level` (relative, '' or ending in '/') after the key `after`, in key order:
         ('file', rel, size, version), ('folder', rel, the key to list it from or None) and ('odd',
-        rel). A level of fewer than 2 folders on one page is gone down into, to DEPTH."""
+        rel). A level of fewer than 2 folders on one page is gone down into, to DEPTH; one of pages
+        of files and a folder at most is one stream (its files would come a page at a time anyway,
+        and obstore's stream costs less than a page with a delimiter)."""
         head = None
         if after is not None and "/" in after[len(level):]:  # the folder of `after`: listed on from it
             head = level + after[len(level):].split("/", 1)[0] + "/"
             if _odd(level, head):
                 yield "odd", head
                 return
-        pages = self._level(level, head + LAST if head else after)
+        pages = (([u for u in units if u[1] != head], more) for units, more in  # a key past head + LAST
+                 self._level(level, head + LAST if head else after))  # ('a/\U0010ffffx') names it again
         first, more = next(pages, ([], False))
         folders = [u for u in first if u[0] == "folder"] + ([head] if head else [])
+        if more and len(folders) < 2:
+            yield ("folder", level, after) if level else ("odd", level)  # SRC's own rest: its one stream
+            return
         if not more and len(folders) < 2 and depth < DEPTH:
             if head:
                 yield from self._units(head, after, depth + 1)
@@ -457,6 +480,33 @@ class _Parallel:
             args["ContinuationToken"] = page["NextContinuationToken"]
 
 
+class _Spread:
+    """How the keys a listing has given fall into folders, for each depth 1 to DEPTH + 1: the keys
+    below a folder of that depth and how many such folders (keys come sorted: a folder is counted
+    where a key leaves the one before)."""
+
+    def __init__(self):
+        self.last: list = [None] * (DEPTH + 1)
+        self.keys, self.folders = [0] * (DEPTH + 1), [0] * (DEPTH + 1)
+
+    def add(self, rel: str) -> None:
+        parts = rel.split("/")[:-1]
+        for d in range(min(len(parts), DEPTH + 1)):
+            prefix = "/".join(parts[:d + 1])
+            self.keys[d] += 1
+            if prefix != self.last[d]:
+                self.folders[d], self.last[d] = self.folders[d] + 1, prefix
+
+    def worth(self) -> bool:
+        """Whether a stream per folder pays: at the shallowest depth where the keys fall in 2 folders
+        or more, FOLDER_KEYS or more a folder; where they all fall in one folder, it is a large one
+        (SWITCH pages of it); none in a folder (a flat SRC): no."""
+        for d in range(DEPTH + 1):
+            if self.folders[d] >= 2:
+                return self.keys[d] >= FOLDER_KEYS * self.folders[d]
+        return self.folders[0] == 1
+
+
 def _odd(level: str, folder: str) -> bool:
     """Whether the subfolder `folder` of `level` cannot be listed as a prefix of its own: its name is
     empty, '.' or '..', or holds a character a URL reads (%, ?, #)."""
@@ -473,7 +523,10 @@ class _Stream:
         keys = parallel.keys
         self.q: queue.Queue = queue.Queue(QUEUE)
         self.stop = threading.Event()
+        self._skips: list[str] = []  # folders in it the merge skipped (relative to it), for the thread
+        self._lock = threading.Lock()
         sub = Keys(f"{keys.url}/{folder[:-1]}", keys.policy)
+        sub.stop = self.stop
         if after is not None:
             sub.after = after[len(folder):]
         threading.Thread(target=self._run, args=(sub, folder, after is None), daemon=True, name="shardkit-list").start()
@@ -486,6 +539,8 @@ class _Stream:
                     chunk.append((folder, sub.marker_size, sub.marker_version))
                 marker = False
                 chunk.append((folder + rel, size, version))
+                if self._skips:
+                    self._pass_over(sub)
                 if len(chunk) >= PAGE:
                     self._put(chunk)
                     chunk = []
@@ -500,6 +555,20 @@ class _Stream:
                 self._put(e)
             except _Stopped:
                 return
+
+    def skip(self, inner: str) -> None:
+        """The merge skipped the folder `inner` of this one (relative, ending in '/'): the thread's
+        listing moves past it, if it is still in it (its keys already listed are filtered by the merge)."""
+        with self._lock:
+            self._skips.append(inner)
+
+    def _pass_over(self, sub: Keys) -> None:
+        """In the thread, between two keys of `sub` (as the walk calls skip between keys)."""
+        with self._lock:
+            skips, self._skips = self._skips, []
+        for inner in skips:
+            if sub.after is not None and sub.after.startswith(inner):  # not past it yet
+                sub.skip(inner)
 
     def _put(self, item) -> None:
         while not self.stop.is_set():
@@ -520,8 +589,8 @@ class _Stream:
         self.stop.set()
 
 
-class _Stopped(Exception):
-    """A folder's stream was closed: its thread ends."""
+class _Stopped(BaseException):
+    """A folder's stream was closed: its thread ends (a BaseException: no retry takes it for a fault)."""
 
 
 def _close(units) -> None:
