@@ -177,8 +177,8 @@ class Fetcher:
     it pinned (None when another process is fetching it); `reserve(s)` holds room for s in the
     cache (None when there is none now), and `release(reservation)` gives it back once s landed;
     `order` yields shard indexes in first-use order; `skip`: shards already open. Nothing starts
-    before the first `want` (the reader's first batch: see Remote.pinned for whether its rows read by
-    range go first).
+    before the first `want` (the reader's first batch, which asks for its shards before it reads its
+    rows by range: see Remote.pinned).
 
     `cost(s)`: the GETs shard s's download queues on the process's connections, of which `slots`
     may be queued at once: pins run in the order they were started while that holds (one always
