@@ -103,18 +103,27 @@ def _version(content: dict) -> str:
     return str(content.get("ETag", content.get("LastModified", "")))
 
 
-def _s3_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
-    bucket, prefix = _bucket_prefix(path)
+def _delimited(fs, url: str, bucket: str, prefix: str, policy: RemotePolicy | None, start: str | None = None):
+    """s3fs's ListObjectsV2 answers for the folder `prefix` with a delimiter (its files, and its
+    subfolders as CommonPrefixes), PAGE names at a time after the key `start`, each retried alone."""
     args = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
+    if start is not None:
+        args["StartAfter"] = start
     while True:
         page = retry(url, lambda: _list_objects(fs, policy, **args), policy=policy)
+        yield page
+        if not page.get("IsTruncated"):
+            return
+        args["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def _s3_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
+    bucket, prefix = _bucket_prefix(path)
+    for page in _delimited(fs, url, bucket, prefix, policy):
         dirs = [Entry(p["Prefix"][len(prefix):-1], True, 0, "") for p in page.get("CommonPrefixes", [])]
         files = [Entry(c["Key"][len(prefix):], False, int(c["Size"]), _version(c))
                  for c in page.get("Contents", []) if len(c["Key"]) > len(prefix)]
         yield from heapq.merge(dirs, files, key=lambda e: e.name + "/" if e.is_dir else e.name)
-        if not page.get("IsTruncated"):
-            return
-        args["ContinuationToken"] = page["NextContinuationToken"]
 
 
 def _fsspec_folder(fs, url: str, path: str, policy: RemotePolicy | None) -> Iterator[Entry]:
@@ -213,10 +222,12 @@ class Keys:
         spread = _Spread()
         if not (yield from self._paged(opener, SWITCH, spread)):
             return
-        if spread.worth() and _pages_s3(filesystem(self.url, self.policy)[0]):  # s3fs's delimiter pages
-            yield from _Parallel(self, opener)
-        else:
-            yield from self._paged(opener)
+        if spread.worth():
+            fs, path = filesystem(self.url, self.policy)
+            if _pages_s3(fs):  # the folders come from s3fs's pages with a delimiter
+                yield from _Parallel(self, opener, fs, path)
+                return
+        yield from self._paged(opener)
 
     def _paged(self, opener, most: int | None = None, spread: "_Spread | None" = None):
         """The stream's keys from the key after `after`; with `most`: at most that many pages, and
@@ -373,9 +384,8 @@ class _Parallel:
     A folder's marker comes as 'a/' (a marker with a body, which consoles and tools do not write,
     reads as a file 'a' where obstore's one stream reads it)."""
 
-    def __init__(self, keys: Keys, opener):
-        self.keys, self.opener = keys, opener
-        self.fs, self.path = filesystem(keys.url, keys.policy)
+    def __init__(self, keys: Keys, opener, fs, path: str):
+        self.keys, self.opener, self.fs, self.path = keys, opener, fs, path
 
     def __iter__(self) -> Iterator[tuple[str, int, str]]:
         keys, units, ahead, streams = self.keys, self._units("", self.keys.after, 0), deque(), 0
@@ -458,12 +468,8 @@ class _Parallel:
         through a listing with a delimiter: its files (the folder's own marker among them, as the
         one stream gives it), and its subfolders."""
         bucket, prefix = _bucket_prefix(self.path)
-        args = {"Bucket": bucket, "Prefix": prefix + level, "Delimiter": "/", "MaxKeys": PAGE}
-        if start is not None:
-            args["StartAfter"] = prefix + start
-        url, policy = self.keys.url, self.keys.policy
-        while True:
-            page = retry(url, lambda: _list_objects(self.fs, policy, **args), policy=policy)
+        for page in _delimited(self.fs, self.keys.url, bucket, prefix + level, self.keys.policy,
+                               None if start is None else prefix + start):
             units = []
             for c in page.get("Contents", []):
                 rel = c["Key"][len(prefix):]
@@ -473,11 +479,7 @@ class _Parallel:
                 rel = p["Prefix"][len(prefix):]
                 units.append(("odd", rel) if _odd(level, rel) else ("folder", rel, None))
             units.sort(key=lambda u: u[1])
-            more = bool(page.get("IsTruncated"))
-            yield units, more
-            if not more:
-                return
-            args["ContinuationToken"] = page["NextContinuationToken"]
+            yield units, bool(page.get("IsTruncated"))
 
 
 class _Spread:
