@@ -295,6 +295,19 @@ print(json.dumps([rate, first, n, cpu, ds.io_stats().get("network_wait_s", 0.0)]
 """ % (HERE, os.path.join(HERE, "..", "tests"))
 
 
+def trusted_bundle(cert: str, work: str) -> str:
+    """A CA bundle of the system's roots and the store's certificate (what SSL_CERT_FILE names for
+    the clients): a client loads as many roots as it would against a real store."""
+    import ssl
+
+    path = os.path.join(work, "tls", "trusted.pem")
+    with open(ssl.get_default_verify_paths().cafile or os.devnull, "rb") as system, open(cert, "rb") as own:
+        data = system.read() + b"\n" + own.read()
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
 def checkout(rev: str, work: str) -> str:
     """The shardkit package of this repository at `rev`, exported once under `work` (git archive: no
     worktree registered): the folder to put on PYTHONPATH."""
@@ -396,6 +409,8 @@ def main() -> None:
     ap.add_argument("--baseline", action="append", default=None, metavar="REV",
                     help="instead of the runs: raw http epochs of this checkout and of REV (its shardkit package "
                          "exported under --work), each in a fresh process, interleaved (repeatable)")
+    ap.add_argument("--tls", action="store_true",
+                    help="the store over https (a certificate of its own, trusted beside the system's roots)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "shardkit-remote-bench2"))
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -411,7 +426,9 @@ def main() -> None:
             server.kill()
             server.wait()
         return
-    store = Store(args.work, latency=0.05, rate=25e6)
+    store = Store(args.work, latency=0.05, rate=25e6, tls=os.path.join(args.work, "tls") if args.tls else None)
+    if args.tls:  # trusted as a user's client trusts a store: the system's roots, and this one
+        os.environ["SSL_CERT_FILE"] = os.environ["CURL_CA_BUNDLE"] = trusted_bundle(store.cert, args.work)  # curl: WebDataset's
     if args.baseline:
         codes = {"current": os.path.abspath(os.path.join(HERE, ".."))}
         codes.update({rev: checkout(rev, args.work) for rev in args.baseline})

@@ -111,3 +111,40 @@ def test_a_forked_process_opens_connections_of_its_own(store):
     child.join()
     assert child.exitcode == 0 and os.getpid()
     assert read_range(url, 4, 8, NO_WAIT) == bytes(range(4, 8))  # the parent's connection still works
+
+
+@pytest.fixture
+def tls_store(tmp_path, monkeypatch):
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 64)
+    s = Store(str(tmp_path), latency=0.0, rate=None, tls=str(tmp_path / "tls"))
+    monkeypatch.setenv("SSL_CERT_FILE", s.cert)  # the client trusts the store's own certificate
+    yield s
+    s.close()
+
+
+def _tls_child(url, out):
+    out.put((read_range(url, 8, 12, NO_WAIT), len(http_ranges._tls)))
+
+
+def test_https_connections_of_a_process_share_one_tls_context(tls_store, monkeypatch):
+    """Making an SSLContext loads the system's CA bundle (~16 ms of CPU with Debian's): one per
+    process, not one per connection (a first batch's row GETs open one connection per thread)."""
+    made = []
+    real = http_ranges.ssl.create_default_context
+    monkeypatch.setattr(http_ranges.ssl, "create_default_context", lambda *a, **k: made.append(1) or real(*a, **k))
+    url = f"{tls_store.url}/f.bin"
+    threads = [threading.Thread(target=lambda i=i: read_range(url, i, i + 100, NO_WAIT)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert read_range(url, 10, 20, NO_WAIT) == bytes(range(10, 20))
+    assert tls_store.connections >= 8 and len(made) == 1  # 9 connections (8 threads and this one), one context
+    if "fork" in multiprocessing.get_all_start_methods():  # a forked child makes its own, once
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_tls_child, args=(url, out))
+        child.start()
+        assert out.get(timeout=30) == (bytes(range(8, 12)), 1)
+        child.join()
+        assert child.exitcode == 0

@@ -1,7 +1,7 @@
 """A throttled object store on 127.0.0.1 for tests and bench/remote_bench.py: files of a folder over
-HTTP with a delay before the first byte, a bandwidth cap per connection, Range requests, counters
-of GETs and bytes sent, bodies cut short on request (`cut`), and a kill switch (a store that
-disappears mid-transfer)."""
+HTTP (or HTTPS with a certificate of its own: `tls=`) with a delay before the first byte, a
+bandwidth cap per connection, Range requests, counters of GETs and bytes sent, bodies cut short on
+request (`cut`), and a kill switch (a store that disappears mid-transfer)."""
 
 from __future__ import annotations
 
@@ -22,23 +22,42 @@ class _Server(ThreadingHTTPServer):
     # GETs (a batch's rows: 32 at once), which the client sent again only after 1 s.
     request_queue_size = 256
 
+    tls = None  # an ssl.SSLContext: each connection is wrapped, its handshake done in its own thread
+
+    def finish_request(self, request, client_address):
+        if self.tls is not None:
+            import ssl
+
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):  # a client that gave up on the handshake
+                return
+            with self.store._lock:
+                self.store.connections += 1
+        super().finish_request(request, client_address)
+
     def handle_error(self, request, client_address):
+        import ssl
         import sys
 
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away: not news
+        if not isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLError)):  # a client that went away: not news
             super().handle_error(request, client_address)
 
 
 class Store:
     """Serves `root` at `url` until close(): `latency` s before each answer, `rate` bytes/s per
-    connection (None: unthrottled), Range requests answered with 206 unless `ranges=False`."""
+    connection (None: unthrottled), Range requests answered with 206 unless `ranges=False`; over
+    TLS when `tls` is a folder: a self-signed certificate for 127.0.0.1 is written there
+    (`cert`, what a client trusts through SSL_CERT_FILE), `url` is https://, and `connections`
+    counts the TLS connections the store accepted."""
 
     def __init__(self, root: str, latency: float = 0.05, rate: float | None = 25e6, ranges: bool = True,
-                 port: int = 0):
+                 port: int = 0, tls: str | None = None):
         self.root, self.latency, self.rate, self.ranges = str(root), latency, rate, ranges
         self.gets, self.range_gets, self.heads = Counter(), Counter(), Counter()
         self.sent = Counter()  # path -> bytes of it sent
         self.spans: list[tuple[float, float, str, int]] = []  # (received, answered, path, bytes) of each GET
+        self.opened: dict[tuple[float, str], float] = {}  # (received, path) of a GET -> when its connection was opened
         self.dead = threading.Event()
         self._cuts: dict[str, list] = {}  # path -> [times left, Content-Length sent?]
         self.trickling = ""  # GETs of paths starting so send their body a byte a second (`trickle`)
@@ -49,6 +68,12 @@ class Store:
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.cert, self.connections = None, 0
+        if tls is not None:
+            self.cert = self_signed(tls)
+            self.server.tls = _server_context(self.cert)
+            self.server.store = self
+            self.url = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -140,6 +165,10 @@ class Store:
                     store.heads[self.path] += 1
                 self._answer(body=False)
 
+            def setup(self):
+                self.opened = time.monotonic()
+                super().setup()
+
             def do_GET(self):
                 with store._lock:
                     store._answering += 1
@@ -184,6 +213,7 @@ class Store:
                     store.count_sent(self.path, self._send(path, start, stop) - (end - start))  # a cut send
                     with store._lock:
                         store.spans.append((received, time.monotonic(), self.path, end - start))
+                        store.opened[(received, self.path)] = self.opened
                     if cut or not length:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -197,8 +227,7 @@ class Store:
                         if store.dead.is_set():  # break the connection mid-body
                             self.connection.shutdown(socket.SHUT_RDWR)
                             return sent
-                        n = os.sendfile(self.connection.fileno(), f.fileno(), start + sent,
-                                        min(CHUNK, end - start - sent))
+                        n = self._chunk(f, start + sent, min(CHUNK, end - start - sent))
                         if n == 0:
                             break
                         sent += n
@@ -209,6 +238,15 @@ class Store:
                             if ahead > 0:
                                 time.sleep(ahead)
                 return sent
+
+            def _chunk(self, f, offset: int, n: int) -> int:
+                """Bytes sent of the n at `offset` of file f: sendfile, or through TLS when the
+                connection has it (the kernel would send the file's bytes in the clear)."""
+                if store.cert is None:
+                    return os.sendfile(self.connection.fileno(), f.fileno(), offset, n)
+                data = os.pread(f.fileno(), n, offset)
+                self.connection.sendall(data)
+                return len(data)
 
             def _trickle(self, path: str, start: int, end: int) -> int:
                 with open(path, "rb") as f:
@@ -222,3 +260,44 @@ class Store:
                 return len(data)
 
         return Handler
+
+
+def self_signed(folder: str) -> str:
+    """A self-signed certificate for 127.0.0.1 (cert.pem) and its key (key.pem beside it), written
+    once to `folder`: the certificate's path."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    cert_path, key_path = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    if os.path.exists(cert_path):
+        return cert_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    os.makedirs(folder, exist_ok=True)
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    with open(cert_path + ".tmp", "wb") as f:  # the certificate last: its presence says both are whole
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    os.replace(cert_path + ".tmp", cert_path)
+    return cert_path
+
+
+def _server_context(cert: str):
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, os.path.join(os.path.dirname(cert), "key.pem"))
+    return context
