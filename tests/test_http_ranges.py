@@ -4,6 +4,7 @@ connections per thread, redirects, statuses the classifier reads, a store that i
 import multiprocessing
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -148,3 +149,23 @@ def test_https_connections_of_a_process_share_one_tls_context(tls_store, monkeyp
         assert out.get(timeout=30) == (bytes(range(8, 12)), 1)
         child.join()
         assert child.exitcode == 0
+
+
+def test_a_connection_opened_ahead_carries_the_thread_s_next_get(tls_store):
+    url = f"{tls_store.url}/f.bin"
+    done = []
+
+    def one():
+        http_ranges.connect(url)
+        time.sleep(0.2)
+        done.append(read_range(url, 0, 4, NO_WAIT))
+
+    t = threading.Thread(target=one)
+    t.start()
+    t.join()
+    tls_store.quiet()  # the GET's span is recorded once its last byte is sent
+    assert done == [bytes(range(4))] and tls_store.connections == 1  # no second handshake
+    (received, path, _), = [(r, p, n) for r, _, p, n in tls_store.spans]
+    assert received - tls_store.opened[(received, path)] > 0.15  # the GET went on the connection opened ahead
+    http_ranges.connect("https://127.0.0.1:1/nothing")  # nothing listens there: not kept, no error
+    assert ("https", "127.0.0.1", 1) not in http_ranges._local.open

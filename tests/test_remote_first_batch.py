@@ -2,6 +2,7 @@
 workers' first batches while they start, and a worker's first batch reads its rows by range (one
 round trip after the indexes), over the throttled store on 127.0.0.1 (tests/throttled.py)."""
 
+import sys
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ from throttled import Store
 from shardkit.loader import make_loader
 from shardkit.manifest import load_manifest
 from shardkit.reader.dataset import StreamingDataset
+from shardkit.reader import ranged
 from shardkit.reader.partition import locate
 
 
@@ -86,5 +88,68 @@ def test_a_batch_s_whole_shards_download_while_its_rows_are_read_by_range(data, 
         assert rows and parts
         assert min(r for r, _ in parts) < max(rows), "the whole shards were asked for only once the rows were in"
         assert arrived < min(a for _, a in parts), "the first batch waited for a whole shard's part"
+    finally:
+        store.close()
+
+
+def test_a_first_batch_s_rows_go_on_connections_opened_while_its_indexes_came(data, tmp_path, monkeypatch):
+    """Over https a new connection costs a TLS handshake (a round trip, ~1 ms of CPU) before its GET:
+    the threads that send a first batch's rows by range open theirs while its indexes come (over
+    the throttled store with TLS: first batch local + 0.28 s against + 0.37 s; bench/RESULTS.md)."""
+    root, _ = data
+    manifest = load_manifest(root)
+    store = Store(root, latency=0.25, rate=None, tls=str(tmp_path / "tls"))
+    monkeypatch.setenv("SSL_CERT_FILE", store.cert)  # the client trusts the store's own certificate
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1)
+        store.quiet()
+        store.spans.clear()  # the manifest's GET
+        first = next(iter(make_loader(ds, batch_size=8, num_workers=0)))
+        expected = next(iter(make_loader(StreamingDataset(root, seed=3), batch_size=8, num_workers=0)))
+        assert list(first["__key__"]) == list(expected["__key__"])
+        assert np.array_equal(np.asarray(first["raw"]), np.asarray(expected["raw"]))
+        store.quiet()
+        shards = [span for span in store.spans if span[2].startswith("/shards/")]
+        indexes = [span for span in shards if span[2].endswith(".parquet")]
+        rows = [span for span in shards if span[2].endswith(".tar") and span[3] < manifest.shards[0].bytes / 4]
+        assert indexes and len(rows) >= 4
+        answered = min(a for _, a, _, _ in indexes)
+        assert all(store.opened[(r, p)] < answered for r, _, p, _ in rows), (answered, rows, store.opened)
+    finally:
+        store.close()
+
+
+def test_a_first_batch_whose_index_is_gone_fails_at_once_naming_it(data, tmp_path):
+    """The threads held for the rows' GETs while the indexes come are let go when an index fails:
+    the error comes at once, not after their wait (the policy's timeout)."""
+    import shutil
+
+    from shardkit.errors import ShardError
+
+    root, _ = data
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    store = Store(str(copy), latency=0.05, rate=None)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1, fetch_ahead=0)
+        for index in (copy / "shards").glob("*.parquet"):
+            index.unlink()
+        started = time.monotonic()
+        with pytest.raises(ShardError, match="idx.parquet"):
+            next(iter(make_loader(ds, batch_size=8, num_workers=0)))
+        assert time.monotonic() - started < 5
+
+        def held() -> int:  # threads still waiting in ranged._opened for the indexes
+            frames = []
+            for frame in sys._current_frames().values():
+                while frame is not None:
+                    frames.append(frame.f_code)
+                    frame = frame.f_back
+            return sum(code is ranged._opened.__code__ for code in frames)
+
+        deadline = time.monotonic() + 2
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held() == 0  # let go, not held for the policy's timeout (15 s)
     finally:
         store.close()

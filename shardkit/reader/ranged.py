@@ -13,12 +13,13 @@ value is checked against the xxh3 the index records, so this path needs checksum
 from __future__ import annotations
 
 import mmap
+import threading
 
 import numpy as np
 
 from shardkit.contract import CHECKSUM_SUFFIX, ShardInfo
 from shardkit.errors import ShardError
-from shardkit.store.remote import RemoteError, read_range
+from shardkit.store.remote import RemoteError, open_ahead, opens_ahead, read_range
 from shardkit.reader import ranged_parquet
 from shardkit.reader.cache import Pin, PinnedShard
 from shardkit.reader.shards import read_index
@@ -78,6 +79,12 @@ def _spans(index_path: str, shard: ShardInfo, url: str) -> np.ndarray:
     return np.stack([lo, hi], axis=1)
 
 
+def _opened(url: str, policy, ready: threading.Event) -> None:
+    """A pool thread's connection to url's store opened, the thread then held until `ready`."""
+    open_ahead(url, policy)
+    ready.wait(policy.timeout)
+
+
 class Unchecked(ShardError):
     """The shard's index records no checksums (an older build): its rows cannot be read by range."""
 
@@ -103,10 +110,10 @@ def runs(spans: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, np.ndarray
 
 class RangedRows:
     """The rows of remote shards read by range in one process, per shard (a Landed each), fetched
-    on `pool` with `policy`; an error of shard s passes through `tag(error, s)`."""
+    on `pool` (of `threads` threads) with `policy`; an error of shard s passes through `tag(error, s)`."""
 
-    def __init__(self, pool, policy, tag, specs=None):
-        self.pool, self.policy, self.tag, self.specs = pool, policy, tag, specs or {}
+    def __init__(self, pool, policy, tag, specs=None, threads: int = 1):
+        self.pool, self.policy, self.tag, self.specs, self.threads = pool, policy, tag, specs or {}, threads
         self.landed: dict[int, Landed] = {}
         self.unchecked: set[int] = set()  # shards whose index has no checksums: read whole
 
@@ -119,9 +126,14 @@ class RangedRows:
         `items`: first every index not here yet (pinned in its cache), then every row, each wave
         at once. A shard whose index has no checksums is left out (and noted in `unchecked`)."""
         fresh = [item for item in items if item[0] not in self.landed]
-        for item, landed in zip(fresh, self.pool.map(self._index, fresh)):
-            if landed is not None:
-                self.landed[item[0]] = landed
+        indexes = self.pool.map(self._index, fresh)  # sent first
+        ready = self._open_ahead(fresh)
+        try:
+            for item, landed in zip(fresh, indexes):
+                if landed is not None:
+                    self.landed[item[0]] = landed
+        finally:
+            ready.set()
         items = [item for item in items if item[0] in self.landed]
         gets = [(s, url, lo, hi) for s, _, _, url, rows in items
                 for lo, hi in self.landed[s].gets(self.landed[s].missing(rows))]
@@ -130,6 +142,22 @@ class RangedRows:
             self.landed[s].arrived([(lo, hi) for t, _, lo, hi in gets if t == s])
             self.landed[s].landed[np.asarray(rows, np.int64)] = True
         return {s: self.landed[s].pinned for s, *_ in items}, fetched
+
+    def _open_ahead(self, fresh) -> threading.Event:
+        """While the indexes of `fresh` come: threads of the pool for their rows' GETs, each with its
+        connection to the store opened (TCP and TLS), at most one per row asked and as many as the
+        pool has beside the index GETs. A first batch's rows otherwise went out on as many new
+        threads, each connecting first: a TLS handshake (a round trip and ~1 ms of CPU) before each
+        GET. Each holds its thread until the indexes are in (`set()` the Event returned), so that
+        they are distinct threads; the rows' GETs then find them idle."""
+        ready = threading.Event()
+        urls = {url for _, _, _, url, _ in fresh if opens_ahead(url)}
+        if urls:
+            url = min(urls)  # one store: a dataset's shards share its root (its host)
+            wanted = sum(len(rows) for *_, rows in fresh)
+            for _ in range(max(0, min(self.threads - len(fresh), wanted - len(fresh)))):
+                self.pool.submit(_opened, url, self.policy, ready)
+        return ready
 
     def drop(self, s: int, pinned) -> None:
         """The reader closed shard s (opened from `pinned`): its rows go."""
@@ -140,6 +168,9 @@ class RangedRows:
         s, cache, shard, url, _ = item
         if shard.format == "parquet":
             return self._footer(item)
+        # This thread carries one of the rows' GETs next: connected now, even where another thread
+        # or process fetches the index and this one waits for it (a first GET would connect anyway).
+        open_ahead(url, self.policy)
         try:
             index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
         except ShardError as e:

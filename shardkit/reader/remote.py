@@ -80,9 +80,9 @@ class Remote:
         # RANGE_THREADS as many: a row's GET is mostly the store's latency, and it must not queue
         # behind 4 MiB parts (a first batch's 64 rows then take one round trip, not eight).
         self._pool = _Counted(ThreadPoolExecutor(self.config.connections, thread_name_prefix="shardkit-get"), self.net)
-        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(RANGE_THREADS * self.config.connections,
-                                                                   thread_name_prefix="shardkit-range"), self.net),
-                                       self.config.remote_policy(), self._tag, self.specs)
+        threads = RANGE_THREADS * self.config.connections
+        self._rows = ranged.RangedRows(_Counted(ThreadPoolExecutor(threads, thread_name_prefix="shardkit-range"),
+                                                self.net), self.config.remote_policy(), self._tag, self.specs, threads)
 
     def cache(self, s: int) -> ShardCache:
         """The cache of shard s's dataset (one per dataset root: its folder and limit are its own)."""

@@ -186,6 +186,23 @@ def _body(response, url: str, start: int, end: int | None, into, deadline: _Dead
     return into
 
 
+def connect(url: str, timeout: float = 15.0) -> None:
+    """Open this thread's connection to `url`'s host now (TCP, and TLS for https), unless it has
+    one: so that a GET this thread sends later does not wait for it. Best effort: a connection that
+    fails is not kept (the GET opens its own, and reports what goes wrong)."""
+    parts = urllib.parse.urlsplit(url)
+    key = (parts.scheme, parts.hostname, parts.port)
+    if key in _local.open:
+        return
+    conn = _connect(parts, timeout)
+    try:
+        conn.connect()
+    except OSError:
+        conn.close()
+        return
+    _local.open[key] = conn
+
+
 def _request(url: str, headers: dict, timeout: float):
     """(response, connection) for a GET of `url`, on this thread's connection to its host: a kept-
     alive connection the store closed meanwhile is opened again once, at no try's expense."""

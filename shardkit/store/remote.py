@@ -14,6 +14,7 @@ from shardkit.errors import BadURL, ConfigError, ShardkitError, redact
 from shardkit.store.answers import chain, store_code
 from shardkit.store.http_ranges import FLOOR_RATE, Stalled
 from shardkit.store.http_ranges import RangeIgnored  # read_range raises it; callers catch it here
+from shardkit.store.http_ranges import connect as http_connect
 from shardkit.store.http_ranges import get as http_get
 from shardkit.store.local import is_url, local_path
 
@@ -375,6 +376,19 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
         return data
 
     return with_retries(url, policy, get)
+
+
+def opens_ahead(url: str) -> bool:
+    """Whether `open_ahead` opens anything for `url`: shardkit's own http(s) client keeps one
+    connection per thread and host; the object-store clients keep pools of their own."""
+    return url.split("://", 1)[0] in OWN_CLIENT
+
+
+def open_ahead(url: str, policy: RemotePolicy | None = None) -> None:
+    """This thread's connection to `url`'s host opened now (TCP and TLS) where `opens_ahead(url)`,
+    so that its next GET there is one round trip; best effort (the GET reports what fails)."""
+    if opens_ahead(url):
+        http_connect(url, (policy or RemotePolicy()).timeout)
 
 
 def refused_at_headers(url: str) -> bool:
