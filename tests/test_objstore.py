@@ -187,11 +187,96 @@ def test_without_a_region_the_bucket_s_own_is_asked_for(monkeypatch):
         raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", headers, None)
 
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(objstore, "_REGIONS", {})
     assert objstore._with_region({}, "photos", 1.0) == {"region": "eu-west-3"}
     assert objstore._with_region({"region": "us-west-2"}, "photos", 1.0) == {"region": "us-west-2"}
     local = {"endpoint": "http://127.0.0.1:9"}
     assert objstore._with_region(local, "photos", 1.0) == local
     assert asked == ["https://photos.s3.amazonaws.com/"]
+
+
+def test_a_bucket_s_region_is_asked_once_per_process_and_a_forked_child_keeps_it(monkeypatch):
+    """A worker makes a store per kind of call (bounded or not, each timeout), and its first batch's
+    threads ask for them at once: the region is asked of AWS once (a round trip and a TLS handshake
+    before the first GET), by none of them again, nor by a process forked after; an answer without
+    one (AWS unreachable) is not kept."""
+    import multiprocessing
+    import threading
+    import time
+    import urllib.request
+    from email.message import Message
+
+    asked = []
+
+    class Answer:
+        def __init__(self, region):
+            self.headers = Message()
+            if region:
+                self.headers["x-amz-bucket-region"] = region
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def urlopen(request, timeout):
+        asked.append(request.full_url)
+        time.sleep(0.05)  # the threads below all ask meanwhile
+        return Answer("ap-south-2" if "photos" in request.full_url else None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(objstore, "_REGIONS", {})
+    got = []
+    threads = [threading.Thread(target=lambda t=t: got.append(objstore._with_region({}, "photos", t)))
+               for t in (1.0, 2.0, 1.0, 5.0, 1.0, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [{"region": "ap-south-2"}] * 6 and asked == ["https://photos.s3.amazonaws.com/"]
+    assert objstore._with_region({}, "nowhere", 1.0) == {"region": "us-east-1"}  # unreachable: the default...
+    assert objstore._with_region({}, "nowhere", 1.0) == {"region": "us-east-1"}
+    assert asked.count("https://nowhere.s3.amazonaws.com/") == 2  # ...not kept: asked again
+    if "fork" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=lambda: out.put((objstore._with_region({}, "photos", 1.0), len(asked))))
+        child.start()
+        assert out.get(timeout=30) == ({"region": "ap-south-2"}, 3)  # the child did not ask
+        child.join()
+
+
+def test_threads_that_ask_for_one_store_at_once_make_it_once(monkeypatch):
+    """A first batch's threads ask for the store of a bucket together: one makes it, the others
+    wait for it (each made its own: a credential chain and a region each)."""
+    import threading
+    import time
+
+    made = []
+
+    def new_store(protocol, bucket, timeout, total):
+        made.append((protocol, bucket, total))
+        time.sleep(0.05)
+        return object()
+
+    monkeypatch.setattr(objstore, "_new_store", new_store)
+    monkeypatch.setitem(objstore._STATE, "stores", {})
+    monkeypatch.setitem(objstore._STATE, "making", {})
+    monkeypatch.setitem(objstore._STATE, "ran_in", objstore._STATE["ran_in"])
+    barrier, got = threading.Barrier(8), []
+
+    def ask(bounded):
+        barrier.wait()
+        got.append(objstore._store("s3://one-bucket/a/b.tar", 15.0, bounded=bounded))
+
+    threads = [threading.Thread(target=ask, args=(i % 2 == 0,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 2  # one bounded, one not
+    assert len({id(s) for s, _ in got}) == 2 and {k for _, k in got} == {"a/b.tar"}
 
 
 def test_a_build_on_obstore_never_builds_the_fsspec_client_for_its_reads_and_uploads(raw, tmp_path, s3,

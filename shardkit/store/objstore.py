@@ -55,7 +55,10 @@ LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
 QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into the runtime to end
 QUIET_FOR = 0.02  # seconds without a call in flight that the exit takes as quiet
 _STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0, "closing": None,
-                "pool": None}
+                "pool": None, "making": {}, "asking": None}
+# bucket -> its region as AWS named it (x-amz-bucket-region), where none is configured: asked once per
+# process and kept across a fork (a worker forked after the main process asked does not ask again).
+_REGIONS: dict[str, str] = {}
 _LOCK = threading.Lock()
 _LATE = contextvars.ContextVar("shardkit_objstore_late", default=False)  # see _late
 
@@ -102,7 +105,8 @@ def available() -> bool:
 def _fresh() -> None:
     """Forget the loop, pool and stores of the parent after a fork (their threads are not in this process)."""
     if _STATE["pid"] != os.getpid():
-        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None, pool=None)
+        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None, pool=None, making={},
+                      asking=threading.Lock())
 
 
 def _enter(admit: str | None) -> None:
@@ -249,18 +253,30 @@ def _with_region(config: dict, bucket: str, timeout: float) -> dict:
     x-amz-bucket-region header of any answer about the bucket (even a 403); us-east-1 otherwise."""
     if "region" in config or "endpoint" in config:
         return config
+    with _LOCK:
+        _fresh()
+        asking = _STATE["asking"]
+    with asking:  # asked once per process (and bucket), however many stores are made for it
+        if bucket not in _REGIONS:
+            region = _ask_region(bucket, timeout)
+            if region:  # an answer without one (unreachable) is not kept: the next store asks again
+                _REGIONS[bucket] = region
+    return {**config, "region": _REGIONS.get(bucket) or "us-east-1"}
+
+
+def _ask_region(bucket: str, timeout: float) -> str | None:
+    """The region AWS names in the x-amz-bucket-region header of a HEAD of the bucket (even a 403)."""
     import urllib.error
     import urllib.request
 
     request = urllib.request.Request(f"https://{bucket}.s3.amazonaws.com/", method="HEAD")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
-            region = answer.headers.get("x-amz-bucket-region")
+            return answer.headers.get("x-amz-bucket-region")
     except urllib.error.HTTPError as e:
-        region = e.headers.get("x-amz-bucket-region")
+        return e.headers.get("x-amz-bucket-region")
     except OSError:  # unreachable: the request itself will then say so, with its URL
-        region = None
-    return {**config, "region": region or "us-east-1"}
+        return None
 
 
 def _azure_settings() -> dict:
@@ -353,16 +369,23 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
     with _LOCK:
         _fresh()
         store = _STATE["stores"].get(ident)
+        making = _STATE["making"].setdefault(ident, threading.Lock()) if store is None else None
     if store is None:
-        _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
-        try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
-            store = _new_store(protocol, bucket, timeout, f"{_bound(timeout, WHOLE):g}s" if bounded else "24h")
-        except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
-            if not type(e).__module__.startswith("obstore"):
-                raise
-            raise ValueError(str(translate(e))) from None
-        with _LOCK:
-            store = _STATE["stores"].setdefault(ident, store)
+        # Made once: the threads that ask meanwhile (a first batch's index and row GETs, the parts)
+        # wait for it rather than each making one (a credential chain, and a region asked of AWS).
+        with making:
+            with _LOCK:
+                store = _STATE["stores"].get(ident)
+            if store is None:
+                _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
+                try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
+                    store = _new_store(protocol, bucket, timeout, f"{_bound(timeout, WHOLE):g}s" if bounded else "24h")
+                except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
+                    if not type(e).__module__.startswith("obstore"):
+                        raise
+                    raise ValueError(str(translate(e))) from None
+                with _LOCK:
+                    store = _STATE["stores"].setdefault(ident, store)
     return store, key
 
 
