@@ -279,6 +279,81 @@ def test_threads_that_ask_for_one_store_at_once_make_it_once(monkeypatch):
     assert len({id(s) for s, _ in got}) == 2 and {k for _, k in got} == {"a/b.tar"}
 
 
+def _at_once(n: int, call) -> list:
+    """(outcome, seconds) of call() in n threads started together: 'ok' or the exception's type name."""
+    import threading
+    import time
+
+    barrier, out = threading.Barrier(n), []
+
+    def one(i):
+        barrier.wait()
+        began = time.monotonic()
+        try:
+            call(i)
+            out.append(("ok", time.monotonic() - began))
+        except Exception as e:  # noqa: BLE001 — what each thread got
+            out.append((type(e).__name__, time.monotonic() - began))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_a_store_that_cannot_be_made_fails_every_thread_that_waited_for_it_at_once(monkeypatch):
+    """A credential chain that takes its time to find no credentials (boto3 tries the instance's
+    metadata service): the threads that asked meanwhile share its failure, not each run it again."""
+    import time
+
+    from botocore.exceptions import NoCredentialsError
+
+    tries = []
+
+    def new_store(protocol, bucket, timeout, total):
+        tries.append(1)
+        time.sleep(0.3)
+        raise NoCredentialsError()
+
+    monkeypatch.setattr(objstore, "_new_store", new_store)
+    monkeypatch.setitem(objstore._STATE, "stores", {})
+    monkeypatch.setitem(objstore._STATE, "making", {})
+    monkeypatch.setitem(objstore._STATE, "ran_in", objstore._STATE["ran_in"])
+    out = _at_once(6, lambda i: objstore._store("s3://no-credentials/a", 15.0))
+    assert [k for k, _ in out] == ["NoCredentialsError"] * 6 and len(tries) == 1
+    assert max(t for _, t in out) < 0.9  # one making (0.3 s), not six in turn (1.8 s)
+    with pytest.raises(NoCredentialsError):  # a later call tries again
+        objstore._store("s3://no-credentials/a", 15.0)
+    assert len(tries) == 2
+
+
+def test_an_unanswered_region_is_shared_by_the_stores_that_waited_and_other_buckets_do_not_wait(monkeypatch):
+    """AWS unreachable (each HEAD waits its timeout): the bounded and the unbounded store of a
+    bucket, made at once, wait one timeout between them; another bucket's question does not queue
+    behind it."""
+    import time
+    import urllib.request
+
+    asked = []
+
+    def urlopen(request, timeout):
+        asked.append(request.full_url)
+        if "slow" in request.full_url:
+            time.sleep(0.5)
+            raise OSError("timed out")
+        raise OSError("unreachable")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(objstore, "_REGIONS", {})
+    monkeypatch.setitem(objstore._STATE, "asking", {})
+    out = _at_once(3, lambda i: objstore._with_region({}, "slow-bucket" if i < 2 else "quick-bucket", 1.0))
+    assert [k for k, _ in out] == ["ok"] * 3
+    assert asked.count("https://slow-bucket.s3.amazonaws.com/") == 1
+    assert sorted(t for _, t in out)[0] < 0.3 and max(t for _, t in out) < 0.9  # quick; slow once (0.5 s)
+
+
 def test_a_build_on_obstore_never_builds_the_fsspec_client_for_its_reads_and_uploads(raw, tmp_path, s3,
                                                                                      monkeypatch, counted):
     """A worker process of an s3 -> s3 build reads sources and uploads shards: all on obstore, with no

@@ -55,7 +55,7 @@ LIST_CHUNK = 1000  # keys per page of a listing (S3 answers 1,000 a request)
 QUIET_WAIT = 5.0  # seconds: the longest the process's exit waits for calls into the runtime to end
 QUIET_FOR = 0.02  # seconds without a call in flight that the exit takes as quiet
 _STATE: dict = {"pid": None, "loop": None, "stores": {}, "ran_in": None, "reading": None, "busy": 0, "closing": None,
-                "pool": None, "making": {}, "asking": None}
+                "pool": None, "making": {}, "asking": {}}
 # bucket -> its region as AWS named it (x-amz-bucket-region), where none is configured: asked once per
 # process and kept across a fork (a worker forked after the main process asked does not ask again).
 _REGIONS: dict[str, str] = {}
@@ -105,8 +105,7 @@ def available() -> bool:
 def _fresh() -> None:
     """Forget the loop, pool and stores of the parent after a fork (their threads are not in this process)."""
     if _STATE["pid"] != os.getpid():
-        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None, pool=None, making={},
-                      asking=threading.Lock())
+        _STATE.update(pid=os.getpid(), loop=None, stores={}, busy=0, closing=None, pool=None, making={}, asking={})
 
 
 def _enter(admit: str | None) -> None:
@@ -253,15 +252,18 @@ def _with_region(config: dict, bucket: str, timeout: float) -> dict:
     x-amz-bucket-region header of any answer about the bucket (even a 403); us-east-1 otherwise."""
     if "region" in config or "endpoint" in config:
         return config
-    with _LOCK:
-        _fresh()
-        asking = _STATE["asking"]
-    with asking:  # asked once per process (and bucket), however many stores are made for it
-        if bucket not in _REGIONS:
-            region = _ask_region(bucket, timeout)
-            if region:  # an answer without one (unreachable) is not kept: the next store asks again
-                _REGIONS[bucket] = region
+    if bucket not in _REGIONS:  # asked once per process and bucket, however many stores are made for it
+        _once("asking", bucket, lambda: _asked(bucket, timeout))
     return {**config, "region": _REGIONS.get(bucket) or "us-east-1"}
+
+
+def _asked(bucket: str, timeout: float) -> None:
+    """The bucket's region asked of AWS into _REGIONS; an answer without one (unreachable) is not
+    kept: the threads that waited for it take the default, a store made later asks again."""
+    if bucket not in _REGIONS:
+        region = _ask_region(bucket, timeout)
+        if region:
+            _REGIONS[bucket] = region
 
 
 def _ask_region(bucket: str, timeout: float) -> str | None:
@@ -369,24 +371,78 @@ def _store(url: str, timeout: float, *, bounded: bool = False):
     with _LOCK:
         _fresh()
         store = _STATE["stores"].get(ident)
-        making = _STATE["making"].setdefault(ident, threading.Lock()) if store is None else None
     if store is None:
         # Made once: the threads that ask meanwhile (a first batch's index and row GETs, the parts)
-        # wait for it rather than each making one (a credential chain, and a region asked of AWS).
-        with making:
-            with _LOCK:
-                store = _STATE["stores"].get(ident)
-            if store is None:
-                _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
-                try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
-                    store = _new_store(protocol, bucket, timeout, f"{_bound(timeout, WHOLE):g}s" if bounded else "24h")
-                except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
-                    if not type(e).__module__.startswith("obstore"):
-                        raise
-                    raise ValueError(str(translate(e))) from None
-                with _LOCK:
-                    store = _STATE["stores"].setdefault(ident, store)
+        # wait for it rather than each making one (a credential chain, and a region asked of AWS),
+        # and share its failure rather than each trying again in turn.
+        store = _once("making", ident, lambda: _made(ident, protocol, bucket, timeout, bounded))
     return store, key
+
+
+def _made(ident: tuple, protocol: str, bucket: str, timeout: float, bounded: bool):
+    with _LOCK:
+        store = _STATE["stores"].get(ident)  # made meanwhile, by a thread that came just before
+    if store is not None:
+        return store
+    _STATE["ran_in"] = os.getpid()  # obstore's runtime starts with the first request
+    try:  # settings it cannot use (no account, an endpoint that is no URL): not a fault that may pass
+        store = _new_store(protocol, bucket, timeout, f"{_bound(timeout, WHOLE):g}s" if bounded else "24h")
+    except Exception as e:  # noqa: BLE001 — obstore's errors, and the credential chain's
+        if not type(e).__module__.startswith("obstore"):
+            raise
+        raise ValueError(str(translate(e))) from None
+    with _LOCK:
+        return _STATE["stores"].setdefault(ident, store)
+
+
+class _Attempt:
+    """One thread's making of something other threads asked for at the same time (see _once)."""
+
+    def __init__(self):
+        self.lock, self.result, self.error = threading.Lock(), None, None
+        self.lock.acquire()
+
+
+def _once(table: str, key, make):
+    """make(), run by one thread for all the threads that ask for `key` of _STATE[table] meanwhile:
+    they wait for it and get its result, or its failure (a copy of it raised in each), and do not
+    try again in turn. A thread that comes after it ended tries afresh. Its tables are dropped in a
+    forked child (_fresh): an attempt in the parent's thread is not the child's."""
+    with _LOCK:
+        _fresh()
+        attempts = _STATE[table]
+        attempt = attempts.get(key)
+        mine = attempt is None
+        if mine:
+            attempt = attempts[key] = _Attempt()
+    if mine:
+        try:
+            attempt.result = make()
+            return attempt.result
+        except BaseException as e:
+            attempt.error = e
+            raise
+        finally:
+            with _LOCK:
+                if attempts.get(key) is attempt:
+                    del attempts[key]
+            attempt.lock.release()
+    with attempt.lock:
+        pass
+    if attempt.error is not None:
+        raise _copied(attempt.error)
+    return attempt.result
+
+
+def _copied(error: BaseException) -> BaseException:
+    """A copy of `error` for another thread to raise (its traceback is its own); the error itself
+    where it cannot be copied."""
+    import copy
+
+    try:
+        return copy.copy(error).with_traceback(None)
+    except Exception:  # noqa: BLE001 — an exception type that does not copy
+        return error
 
 
 def _new_store(protocol: str, bucket: str, timeout: float, total: str):
