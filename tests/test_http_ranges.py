@@ -169,3 +169,61 @@ def test_a_connection_opened_ahead_carries_the_thread_s_next_get(tls_store):
     assert received - tls_store.opened[(received, path)] > 0.15  # the GET went on the connection opened ahead
     http_ranges.connect("https://127.0.0.1:1/nothing")  # nothing listens there: not kept, no error
     assert ("https", "127.0.0.1", 1) not in http_ranges._local.open
+
+
+def test_a_ca_bundle_rewritten_in_place_is_read_again(tls_store, monkeypatch, tmp_path):
+    """The context is made once per process, but a bundle file rewritten under the same name (a
+    rotated CA, a system update) is read again."""
+    from shardkit.store.remote import RemoteError
+
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(b"")
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    url = f"{tls_store.url}/f.bin"
+    with pytest.raises(RemoteError, match="CERTIFICATE_VERIFY_FAILED"):
+        read_range(url, 0, 4, NO_WAIT)
+    bundle.write_bytes(open(tls_store.cert, "rb").read())  # the store's certificate, trusted now
+    got = []
+    t = threading.Thread(target=lambda: got.append(read_range(url, 0, 4, NO_WAIT)))  # a new connection
+    t.start()
+    t.join()
+    assert got == [bytes(range(4))]
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_a_kept_alive_connection_the_store_reset_while_idle_is_opened_again(tmp_path, monkeypatch, tls):
+    """A connection (opened ahead, or used once) that the store resets while idle (an RST: over
+    https the next read is an SSLEOFError) is opened again once, not counted as a try."""
+    import socket
+    import struct
+
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 64)
+    s = Store(str(tmp_path), latency=0.0, rate=None, tls=str(tmp_path / "tls") if tls else None)
+    if tls:
+        monkeypatch.setenv("SSL_CERT_FILE", s.cert)
+    handler = s.server.RequestHandlerClass
+    handler.timeout = 0.2  # the store closes a connection idle for 0.2 s ...
+    finish = handler.finish
+
+    def reset(self):  # ... with an RST
+        finish(self)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    monkeypatch.setattr(handler, "finish", reset)
+    url, once = f"{s.url}/f.bin", RemotePolicy(retries=0, backoff=0.001)
+    got = []
+
+    def one():
+        http_ranges.connect(url)
+        time.sleep(0.5)
+        got.append(read_range(url, 4, 8, once))
+        time.sleep(0.5)
+        got.append(read_range(url, 8, 12, once))
+
+    try:
+        t = threading.Thread(target=one)
+        t.start()
+        t.join()
+        assert got == [bytes(range(4, 8)), bytes(range(8, 12))]
+    finally:
+        s.close()

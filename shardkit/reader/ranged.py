@@ -13,7 +13,8 @@ value is checked against the xxh3 the index records, so this path needs checksum
 from __future__ import annotations
 
 import mmap
-import threading
+import queue
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -79,10 +80,47 @@ def _spans(index_path: str, shard: ShardInfo, url: str) -> np.ndarray:
     return np.stack([lo, hi], axis=1)
 
 
-def _opened(url: str, policy, ready: threading.Event) -> None:
-    """A pool thread's connection to url's store opened, the thread then held until `ready`."""
-    open_ahead(url, policy)
-    ready.wait(policy.timeout)
+def _consecutive_runs(rows) -> int:
+    """Runs of consecutive row numbers among `rows`: the most GETs they take (runs() may merge more)."""
+    rows = np.unique(np.asarray(rows, np.int64))
+    return int(len(rows) and 1 + np.count_nonzero(np.diff(rows) > 1))
+
+
+class _Carriers:
+    """n threads of `pool` (`start`), each of which opens its connection to url's store, then runs
+    the jobs handed to `run` until `close()`, so that the GETs go on the connections opened (a
+    pool's next tasks may start new threads rather than take its idle ones). A carrier left
+    waiting would hold the process's exit (the pool's threads are joined then): the caller starts
+    them inside the try whose finally closes them."""
+
+    def __init__(self, pool, url: str, policy, n: int):
+        self.pool, self.url, self.policy, self.n, self.jobs = pool, url, policy, n, queue.SimpleQueue()
+
+    def start(self) -> None:
+        for _ in range(self.n):
+            self.pool.submit(self._carry, self.url, self.policy)
+
+    def _carry(self, url: str, policy) -> None:
+        open_ahead(url, policy)
+        while (job := self.jobs.get()) is not None:
+            fn, arg, future = job
+            try:
+                future.set_result(fn(arg))
+            except BaseException as e:  # noqa: BLE001 — the caller's to raise
+                future.set_exception(e)
+
+    def run(self, fn, args) -> list:
+        """[fn(a) for a in args], each on a carrier (at most n at once), in order; the first failure raised."""
+        futures = [Future() for _ in args]
+        for arg, future in zip(args, futures):
+            self.jobs.put((fn, arg, future))
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Every carrier ends once the jobs before it are done (a carrier a start cut short never
+        began: its end waits in the queue, unread)."""
+        for _ in range(self.n):
+            self.jobs.put(None)
 
 
 class Unchecked(ShardError):
@@ -127,37 +165,42 @@ class RangedRows:
         at once. A shard whose index has no checksums is left out (and noted in `unchecked`)."""
         fresh = [item for item in items if item[0] not in self.landed]
         indexes = self.pool.map(self._index, fresh)  # sent first
-        ready = self._open_ahead(fresh)
+        carriers = self._carriers(fresh)
         try:
+            if carriers is not None:
+                carriers.start()
             for item, landed in zip(fresh, indexes):
                 if landed is not None:
                     self.landed[item[0]] = landed
+            items = [item for item in items if item[0] in self.landed]
+            gets = [(s, url, lo, hi) for s, _, _, url, rows in items
+                    for lo, hi in self.landed[s].gets(self.landed[s].missing(rows))]
+            if carriers is not None:  # the connected threads carry the first GETs, the pool the rest
+                rest = self.pool.map(self._get, gets[carriers.n:])
+                fetched = sum(carriers.run(self._get, gets[:carriers.n])) + sum(rest)
+            else:
+                fetched = sum(self.pool.map(self._get, gets)) if len(gets) > 1 else sum(map(self._get, gets))
         finally:
-            ready.set()
-        items = [item for item in items if item[0] in self.landed]
-        gets = [(s, url, lo, hi) for s, _, _, url, rows in items
-                for lo, hi in self.landed[s].gets(self.landed[s].missing(rows))]
-        fetched = sum(self.pool.map(self._get, gets)) if len(gets) > 1 else sum(map(self._get, gets))
+            if carriers is not None:
+                carriers.close()
         for s, _, _, _, rows in items:  # rows with nothing stored count as landed too
             self.landed[s].arrived([(lo, hi) for t, _, lo, hi in gets if t == s])
             self.landed[s].landed[np.asarray(rows, np.int64)] = True
         return {s: self.landed[s].pinned for s, *_ in items}, fetched
 
-    def _open_ahead(self, fresh) -> threading.Event:
-        """While the indexes of `fresh` come: threads of the pool for their rows' GETs, each with its
-        connection to the store opened (TCP and TLS), at most one per row asked and as many as the
-        pool has beside the index GETs. A first batch's rows otherwise went out on as many new
-        threads, each connecting first: a TLS handshake (a round trip and ~1 ms of CPU) before each
-        GET. Each holds its thread until the indexes are in (`set()` the Event returned), so that
-        they are distinct threads; the rows' GETs then find them idle."""
-        ready = threading.Event()
+    def _carriers(self, fresh) -> "_Carriers | None":
+        """While the indexes of `fresh` come: threads of the pool that open their connection to the
+        store (TCP, and TLS for https) and then carry the rows' GETs; at most one per GET the rows
+        may take (a run of consecutive rows lies side by side in the tar: one GET) and as many as
+        the pool has beside the index GETs (an index thread may carry no connection: it may wait for
+        an index another thread or process fetches). A first batch's rows otherwise went out on as
+        many new threads, each connecting first: a TLS handshake (a round trip and ~1 ms of CPU)
+        before each GET. None where the store's client keeps its own pool (obstore, s3fs)."""
         urls = {url for _, _, _, url, _ in fresh if opens_ahead(url)}
-        if urls:
-            url = min(urls)  # one store: a dataset's shards share its root (its host)
-            wanted = sum(len(rows) for *_, rows in fresh)
-            for _ in range(max(0, min(self.threads - len(fresh), wanted - len(fresh)))):
-                self.pool.submit(_opened, url, self.policy, ready)
-        return ready
+        n = min(self.threads - len(fresh), sum(_consecutive_runs(rows) for *_, rows in fresh))
+        if not urls or n <= 0:
+            return None
+        return _Carriers(self.pool, min(urls), self.policy, n)  # one store: the dataset's root's host
 
     def drop(self, s: int, pinned) -> None:
         """The reader closed shard s (opened from `pinned`): its rows go."""
@@ -168,9 +211,6 @@ class RangedRows:
         s, cache, shard, url, _ = item
         if shard.format == "parquet":
             return self._footer(item)
-        # This thread carries one of the rows' GETs next: connected now, even where another thread
-        # or process fetches the index and this one waits for it (a first GET would connect anyway).
-        open_ahead(url, self.policy)
         try:
             index, pin = cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
         except ShardError as e:

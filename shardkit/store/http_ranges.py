@@ -54,7 +54,7 @@ class _Connections(threading.local):
 _local = _Connections()
 
 
-_tls: dict = {}  # (SSL_CERT_FILE, SSL_CERT_DIR) -> this process's ssl.SSLContext for https connections
+_tls: dict = {}  # (SSL_CERT_FILE, SSL_CERT_DIR) -> (the bundle's version, this process's ssl.SSLContext)
 _tls_lock = threading.Lock()
 
 
@@ -66,18 +66,30 @@ def _forget_all() -> None:  # a forked child must not share its parent's sockets
 
 
 def _tls_context() -> ssl.SSLContext:
-    """The SSLContext every https connection of this process is opened with, made once: making one
+    """The SSLContext the https connections of this process are opened with, made once: making one
     loads the system's CA bundle, ~16 ms of CPU (OpenSSL 3, Debian's ~150 roots), which a context per
-    connection paid for each of a first batch's row GETs (one fresh connection per thread). Keyed by
-    the variables OpenSSL reads the bundle's place from, so setting them later still counts."""
+    connection paid for each of a first batch's row GETs (one fresh connection per thread). Made
+    again when the variables OpenSSL reads the bundle's place from change, or the bundle file is
+    rewritten (its size, mtime and inode: one stat per connection opened)."""
     key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
-    context = _tls.get(key)
-    if context is None:
+    version = _bundle_version(key[0])
+    made = _tls.get(key)
+    if made is None or made[0] != version:
         with _tls_lock:
-            context = _tls.get(key)
-            if context is None:
-                context = _tls[key] = ssl.create_default_context()
-    return context
+            made = _tls.get(key)
+            if made is None or made[0] != version:
+                made = _tls[key] = (version, ssl.create_default_context())
+    return made[1]
+
+
+def _bundle_version(cafile: str | None):
+    """(inode, size, mtime) of the CA bundle a new context loads (SSL_CERT_FILE, else OpenSSL's
+    default file), None where there is none."""
+    try:
+        st = os.stat(cafile or ssl.get_default_verify_paths().cafile or "")
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 os.register_at_fork(after_in_child=_forget_all)
@@ -217,7 +229,7 @@ def _request(url: str, headers: dict, timeout: float):
         try:
             conn.request("GET", target or "/", headers=headers)
             return conn.getresponse(), conn
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
             _drop(conn)
             if not reused or attempt:
                 raise
