@@ -95,3 +95,46 @@ def test_show_of_one_sample_on_a_cold_cache_is_three_round_trips(data, store, tm
     assert store.requests() == 3, (dict(store.gets), dict(store.heads))
     shard = next(s for s in load_manifest(root).shards if s.path in "".join(store.gets))
     assert store.shard_bytes() < shard.index["bytes"] + 2 * shard.bytes / shard.samples  # not the shard
+
+
+def test_user_threads_sharing_one_remote_dataset_read_right_samples_while_an_epoch_runs(data, tmp_path):
+    """ds[i] and ds.get from 8 threads on one dataset, and an epoch read in this process (num_workers=0)
+    beside them: every sample is the local one. Before, the threads' rows read by range landed in
+    each other's buffers (ChecksumMismatch: "the shard is corrupt") and an open shard was closed
+    under another thread (KeyError)."""
+    import threading
+
+    import numpy as np
+
+    from shardkit.loader import make_loader
+
+    root, _ = data
+    local = StreamingDataset(root, seed=3)
+    with Store(root, latency=0.02, rate=None) as store:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1, fetch_ahead=0)
+        errors, read = [], []
+        picks = np.random.default_rng(0).choice(2000, 160, replace=False).tolist()
+
+        def user(t):
+            try:
+                for i in picks[t::8]:
+                    assert same(ds[i], local[i]), i
+                    assert same(ds.get(local[i]["__key__"]), local[i]), i
+                    read.append(i)
+            except BaseException as e:  # noqa: BLE001 — reported below
+                errors.append(repr(e))
+
+        def epoch():
+            try:
+                keys = [k for b in make_loader(ds, batch_size=50, num_workers=0) for k in b["__key__"]]
+                assert keys == [k for b in make_loader(local, batch_size=50, num_workers=0) for k in b["__key__"]]
+                read.append("epoch")
+            except BaseException as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=user, args=(t,)) for t in range(8)] + [threading.Thread(target=epoch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(read) == 161

@@ -66,9 +66,10 @@ class Lookup:
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
         ids = self._stored_ids(i)
-        if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
-            self._visit(int(locate(ids, self.ds.reader.offsets)[0][0]))
-        batch = self.ds.reader.read(ids, LOOKUP_EPOCH)
+        with self.ds.reader.turn():  # threads sharing the dataset take turns (BatchReader.turn)
+            if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
+                self._visit(int(locate(ids, self.ds.reader.offsets)[0][0]))
+            batch = self.ds.reader.read(ids, LOOKUP_EPOCH)
         if not length(batch):  # on_error='skip' left it out: say so rather than return nothing
             raise ShardError(f"sample {i} of dataset {self.ds.src} cannot be read: its shard or its bytes failed "
                              "their checks (on_error='skip' left it out; the log says why)")
