@@ -247,38 +247,6 @@ def test_a_bucket_s_region_is_asked_once_per_process_and_a_forked_child_keeps_it
         child.join()
 
 
-def test_threads_that_ask_for_one_store_at_once_make_it_once(monkeypatch):
-    """A first batch's threads ask for the store of a bucket together: one makes it, the others
-    wait for it (each made its own: a credential chain and a region each)."""
-    import threading
-    import time
-
-    made = []
-
-    def new_store(protocol, bucket, timeout, total):
-        made.append((protocol, bucket, total))
-        time.sleep(0.05)
-        return object()
-
-    monkeypatch.setattr(objstore, "_new_store", new_store)
-    monkeypatch.setitem(objstore._STATE, "stores", {})
-    monkeypatch.setitem(objstore._STATE, "making", {})
-    monkeypatch.setitem(objstore._STATE, "ran_in", objstore._STATE["ran_in"])
-    barrier, got = threading.Barrier(8), []
-
-    def ask(bounded):
-        barrier.wait()
-        got.append(objstore._store("s3://one-bucket/a/b.tar", 15.0, bounded=bounded))
-
-    threads = [threading.Thread(target=ask, args=(i % 2 == 0,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(made) == 2  # one bounded, one not
-    assert len({id(s) for s, _ in got}) == 2 and {k for _, k in got} == {"a/b.tar"}
-
-
 def _at_once(n: int, call) -> list:
     """(outcome, seconds) of call() in n threads started together: 'ok' or the exception's type name."""
     import threading
@@ -303,6 +271,32 @@ def _at_once(n: int, call) -> list:
     return out
 
 
+def _stores_made_by(monkeypatch, new_store) -> None:
+    """objstore's stores emptied for a test (put back after it), each made by new_store()."""
+    monkeypatch.setattr(objstore, "_new_store", new_store)
+    monkeypatch.setitem(objstore._STATE, "stores", {})
+    monkeypatch.setitem(objstore._STATE, "making", {})
+    monkeypatch.setitem(objstore._STATE, "ran_in", objstore._STATE["ran_in"])
+
+
+def test_threads_that_ask_for_one_store_at_once_make_it_once(monkeypatch):
+    """A first batch's threads ask for the store of a bucket together: one makes it, the others
+    wait for it (each made its own: a credential chain and a region each)."""
+    import time
+
+    made, got = [], []
+
+    def new_store(protocol, bucket, timeout, total):
+        made.append((protocol, bucket, total))
+        time.sleep(0.05)
+        return object()
+
+    _stores_made_by(monkeypatch, new_store)
+    out = _at_once(8, lambda i: got.append(objstore._store("s3://one-bucket/a/b.tar", 15.0, bounded=i % 2 == 0)))
+    assert [k for k, _ in out] == ["ok"] * 8 and len(made) == 2  # one bounded, one not
+    assert len({id(s) for s, _ in got}) == 2 and {k for _, k in got} == {"a/b.tar"}
+
+
 def test_a_store_that_cannot_be_made_fails_every_thread_that_waited_for_it_at_once(monkeypatch):
     """A credential chain that takes its time to find no credentials (boto3 tries the instance's
     metadata service): the threads that asked meanwhile share its failure, not each run it again."""
@@ -317,10 +311,7 @@ def test_a_store_that_cannot_be_made_fails_every_thread_that_waited_for_it_at_on
         time.sleep(0.3)
         raise NoCredentialsError()
 
-    monkeypatch.setattr(objstore, "_new_store", new_store)
-    monkeypatch.setitem(objstore._STATE, "stores", {})
-    monkeypatch.setitem(objstore._STATE, "making", {})
-    monkeypatch.setitem(objstore._STATE, "ran_in", objstore._STATE["ran_in"])
+    _stores_made_by(monkeypatch, new_store)
     out = _at_once(6, lambda i: objstore._store("s3://no-credentials/a", 15.0))
     assert [k for k, _ in out] == ["NoCredentialsError"] * 6 and len(tries) == 1
     assert max(t for _, t in out) < 0.9  # one making (0.3 s), not six in turn (1.8 s)
