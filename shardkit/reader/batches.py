@@ -27,7 +27,7 @@ DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (
 # blocks cover (block / samples per shard of them; a mixture's come from each source), never closed
 # while it reads them: more than this evicts (small shards, a large block), and a reopen costs a read.
 MAX_OPEN_SHARDS = 64
-_TURNS = threading.Lock()  # makes a reader's turn lock (BatchReader.turn) once per process
+_TURNS = threading.Lock()  # makes a Turns' lock once per process
 
 
 def _turns_forked() -> None:  # a forked child's: the parent's may have been held by another thread
@@ -36,6 +36,30 @@ def _turns_forked() -> None:  # a forked child's: the parent's may have been hel
 
 
 os.register_at_fork(after_in_child=_turns_forked)
+
+
+class Turns:
+    """The lock the threads of a process that share a reader take turns with (ds[i] and ds.get from
+    a pool of user threads, an epoch read beside them): its open shards, pins and rows read by range
+    are one thread's at a time. Without it two threads' lookups read zeros where the other's rows
+    were to land, or closed a shard the other was reading. One dataset per thread reads in parallel.
+    An RLock made in the process that uses it (one held across a fork stays held; a pickle drops it)."""
+
+    def __init__(self):
+        self._made = (None, None)  # (pid, RLock)
+
+    def lock(self) -> threading.RLock:
+        pid, lock = self._made
+        if pid != os.getpid():
+            with _TURNS:
+                pid, lock = self._made
+                if pid != os.getpid():
+                    lock = threading.RLock()
+                    self._made = (os.getpid(), lock)
+        return lock
+
+    def __getstate__(self):
+        return {"_made": (None, None)}
 COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
 
@@ -95,7 +119,7 @@ class BatchReader:
         self.skipped = torch.zeros(COUNTED_WORKERS, dtype=torch.int64).share_memory_()
         self.readers: OrderedDict = OrderedDict()  # shard index -> (reader, pinned files): the open shards
         self._row_groups = None  # made in the process that reads
-        self._turns = (None, None)  # (pid, RLock): see turn()
+        self.turns = Turns()  # held while a thread reads here
         self.remote = Remote(shards, config, tokens, _tagged, specs)  # where a shard's files come from
 
     @property
@@ -111,43 +135,25 @@ class BatchReader:
         `shared`: packed rows' input_ids and labels may be two views of one array (no transform edits them).
 
         Under on_error='skip' a failing shard's samples, or samples failing their checksum, are left out."""
-        with self.turn():
-            return self._read(ids, epoch, alloc, cross, shared)
-
-    def turn(self) -> threading.RLock:
-        """Held while a thread reads: the threads of a process that share this reader (ds[i] and
-        ds.get from a pool of user threads) take turns. Its open shards, pins and rows read by range
-        are one thread's at a time: two threads' lookups read zeros for another's rows, or closed a
-        shard the other was reading. One dataset per thread reads in parallel. Made again in a
-        process other than the one that made it (a lock held across a fork stays held)."""
-        pid, lock = self._turns
-        if pid != os.getpid():
-            with _TURNS:
-                pid, lock = self._turns
-                if pid != os.getpid():
-                    lock = threading.RLock()
-                    self._turns = (os.getpid(), lock)
-        return lock
-
-    def _read(self, ids: np.ndarray, epoch: int, alloc, cross: bool, shared: bool) -> dict:
-        while True:
-            shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
-            try:
-                return self._build(shard_idx, rows, epoch, alloc, cross, shared)
-            except ShardError as e:
-                bad = getattr(e, "shard_index", None)
-                if self.config.on_error != "skip" or bad is None:
-                    raise
-                if isinstance(e, ChecksumMismatch):  # only these samples: the rest of the shard is sound
-                    log.warning("skipping %d sample(s): %s", len(e.rows), e)
-                    drop = (shard_idx == bad) & np.isin(rows, e.rows)
-                    self.skipped[worker_identity()[0] % COUNTED_WORKERS] += int(drop.sum())
-                    ids = np.asarray(ids)[~drop]
-                    continue
-                log.warning("skipping shard %s: %s", self.shards[bad].path, e)
-                self.bad[bad] = 1
-                self.close(bad)
-                ids = np.asarray(ids)[shard_idx != bad]
+        with self.turns.lock():  # threads sharing this reader take turns (Turns)
+            while True:
+                shard_idx, rows = locate(np.asarray(ids, np.int64), self.offsets)
+                try:
+                    return self._build(shard_idx, rows, epoch, alloc, cross, shared)
+                except ShardError as e:
+                    bad = getattr(e, "shard_index", None)
+                    if self.config.on_error != "skip" or bad is None:
+                        raise
+                    if isinstance(e, ChecksumMismatch):  # only these samples: the rest of the shard is sound
+                        log.warning("skipping %d sample(s): %s", len(e.rows), e)
+                        drop = (shard_idx == bad) & np.isin(rows, e.rows)
+                        self.skipped[worker_identity()[0] % COUNTED_WORKERS] += int(drop.sum())
+                        ids = np.asarray(ids)[~drop]
+                        continue
+                    log.warning("skipping shard %s: %s", self.shards[bad].path, e)
+                    self.bad[bad] = 1
+                    self.close(bad)
+                    ids = np.asarray(ids)[shard_idx != bad]
 
     def _build(self, shard_idx: np.ndarray, rows: np.ndarray, epoch: int, alloc, cross: bool,
                shared: bool) -> dict:
@@ -280,14 +286,14 @@ class BatchReader:
 
     def close(self, s: int) -> None:
         """Close shard s here and unpin its cached files (they may be evicted now)."""
-        with self.turn():
+        with self.turns.lock():
             entry = self.readers.pop(s, None)
             if entry is not None:
                 self.remote.closed(s, entry[1])
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["readers"], state["_row_groups"], state["_turns"] = OrderedDict(), None, (None, None)
+        state["readers"], state["_row_groups"] = OrderedDict(), None
         return state
 
 

@@ -66,7 +66,7 @@ class Lookup:
     def sample(self, i: int) -> dict:
         """Sample i (0 <= i < total), decoded as streaming yields it, the dataset's transform applied."""
         ids = self._stored_ids(i)
-        with self.ds.reader.turn():  # threads sharing the dataset take turns (BatchReader.turn)
+        with self.ds.reader.turns.lock():  # threads sharing the dataset take turns (batches.Turns)
             if self.bounded:  # the read below locates the shard itself; this is only for the pin bookkeeping
                 self._visit(int(locate(ids, self.ds.reader.offsets)[0][0]))
             batch = self.ds.reader.read(ids, LOOKUP_EPOCH)
