@@ -182,3 +182,22 @@ def test_a_store_that_never_finishes_the_tls_handshake_fails_within_one_timeout(
     finally:
         store.closed.set()
         store.close()
+
+
+def test_rows_side_by_side_open_one_connection_ahead_not_one_per_row(data, tmp_path, monkeypatch):
+    """24 consecutive rows are one run of bytes (one GET at most): the threads connected ahead of it
+    are counted by runs of consecutive rows, not by rows (24 rows opened 24 TLS connections)."""
+    root, _ = data
+    store = Store(root, latency=0.05, rate=None, tls=str(tmp_path / "tls"))
+    monkeypatch.setenv("SSL_CERT_FILE", store.cert)
+    try:
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=4, fetch_ahead=0)
+        store.quiet()
+        before = store.connections
+        batch = ds.reader.read(np.arange(24), 0)  # shard 0's first 24 rows, read by range
+        local = StreamingDataset(root).reader.read(np.arange(24), 0)
+        assert list(batch["__key__"]) == list(local["__key__"]) and np.array_equal(batch["raw"], local["raw"])
+        store.quiet()
+        assert store.connections - before <= 2  # the index GET's, and one carrier for the run
+    finally:
+        store.close()
