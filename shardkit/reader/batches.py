@@ -27,6 +27,9 @@ DATASET_KEY = "__dataset__"  # batches of a mixture: the source of each sample (
 # blocks cover (block / samples per shard of them; a mixture's come from each source), never closed
 # while it reads them: more than this evicts (small shards, a large block), and a reopen costs a read.
 MAX_OPEN_SHARDS = 64
+COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
+
+
 _TURNS = threading.Lock()  # makes a Turns' lock once per process
 
 
@@ -60,7 +63,6 @@ class Turns:
 
     def __getstate__(self):
         return {"_made": (None, None)}
-COUNTED_WORKERS = 256  # skipped-sample counters, one per DataLoader worker: no two processes add to one
 
 
 class ShardSet:

@@ -197,8 +197,10 @@ class RangedRows:
         many new threads, each connecting first: a TLS handshake (a round trip and ~1 ms of CPU)
         before each GET. None where the store's client keeps its own pool (obstore, s3fs)."""
         urls = {url for _, _, _, url, _ in fresh if opens_ahead(url)}
+        if not urls:
+            return None
         n = min(self.threads - len(fresh), sum(_consecutive_runs(rows) for *_, rows in fresh))
-        if not urls or n <= 0:
+        if n <= 0:
             return None
         return _Carriers(self.pool, min(urls), self.policy, n)  # one store: the dataset's root's host
 

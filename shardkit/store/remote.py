@@ -378,10 +378,15 @@ def read_range(url: str, start: int, end: int, policy: RemotePolicy | None = Non
     return with_retries(url, policy, get)
 
 
+def _own_client(url: str) -> bool:
+    """Whether `url` is read with shardkit's own http(s) client (http_ranges)."""
+    return url.split("://", 1)[0] in OWN_CLIENT
+
+
 def opens_ahead(url: str) -> bool:
     """Whether `open_ahead` opens anything for `url`: shardkit's own http(s) client keeps one
     connection per thread and host; the object-store clients keep pools of their own."""
-    return url.split("://", 1)[0] in OWN_CLIENT
+    return _own_client(url)
 
 
 def open_ahead(url: str, policy: RemotePolicy | None = None) -> None:
@@ -396,14 +401,14 @@ def refused_at_headers(url: str) -> bool:
     answer's headers (shardkit's own http client drops the connection unread: http_ranges), so that
     the parts of a file may all be asked at once without first finding out whether Range works
     (a probe of one round trip: 0.07 s before a fresh cache's first shard, traced on the bench)."""
-    return url.split("://", 1)[0] in OWN_CLIENT
+    return _own_client(url)
 
 
 def _reader(url: str, policy: RemotePolicy):
     """read(start, end, into=None) -> bytes of `url` (end None: to its end; `into`: a buffer to read
     them into, returned as filled), without retries: shardkit's own client for http(s)
     (http_ranges), else fsspec's."""
-    if url.split("://", 1)[0] in OWN_CLIENT:
+    if _own_client(url):
         return lambda start, end, into=None: http_get(url, start, end, policy.timeout, into)
     from shardkit.store import objstore
 
