@@ -295,9 +295,11 @@ def test_http_needs_no_extra_unless_the_store_ignores_range(served, tmp_path, mo
 
     from shardkit.errors import ConfigError
     from shardkit.reader import download
+    from shardkit.store.remote import forget_filesystems
 
     url = served[1]
     monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if `pip install shardkit` without [http]
+    forget_filesystems()  # an http filesystem an earlier test made (aiohttp there) is not this install's
     _, got = batches(url, tmp_path / "cache", workers=0, shuffle=False)  # shards of one GET each
     assert sorted(k for b in got for k in b["__key__"]) == sorted(served[3])
     monkeypatch.setattr(download, "PART", 1024)  # now each shard is read in parts, and Range is ignored
