@@ -8,6 +8,7 @@ import itertools
 import threading
 
 import numpy as np
+import numpy.ma  # noqa: F401 — see below
 import torch
 from torch.utils.data import IterableDataset
 
@@ -18,6 +19,10 @@ from shardkit.reader import decode, spans
 from shardkit.reader.partition import Plan, locate
 from shardkit.reader.position import Position
 from shardkit.reader.tokens import STORED
+
+# numpy.ma above: np.unique (a shuffle's blocks, a batch's rows) imports it on its first call, 14 ms
+# of CPU. Imported here, in the process that forks the loader's workers, no worker pays it on its
+# first batch (traced: bench/RESULTS.md, "The first remote batch, taken apart").
 
 # Packed token rows per DataLoader item: a worker builds this many rows (several consecutive batches)
 # at once, because each item costs ~100-200 us of DataLoader and transport work in the main process
