@@ -117,7 +117,12 @@ def test_the_store_sees_at_most_the_shards_the_connections_queue(data, tmp_path,
     try:
         # 2 connections queue 4 GETs: each shard (5+ parts) is fetched alone, its parts 2 at a time
         ds, remote = read_epoch(store.url, tmp_path / "cache", connections=2)
-        assert store.most_at_once(".tar") == 1
+        # In the order the store received them, a shard's GETs all come before the next shard's: no
+        # two shards interleave. (By arrival, not by when each answer ended: an answer's end is
+        # stamped once its sender thread runs again, late on a loaded machine.)
+        arrived = [p for _, _, p, _ in sorted(store.spans) if p.endswith(".tar")]
+        runs = [p for i, p in enumerate(arrived) if i == 0 or p != arrived[i - 1]]
+        assert len(runs) == len(set(runs)) == len(shards), runs
         assert all(store.range_gets["/" + s.path] >= 5 for s in shards)
     finally:
         store.close()

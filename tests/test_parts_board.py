@@ -145,14 +145,14 @@ def test_a_helper_stuck_on_a_part_holds_the_owner_no_longer_than_a_parts_tries(b
     store, data, sha, cache = blob
     cache.mkdir()
     dest = str(cache / "big.bin")
-    policy = RemotePolicy(timeout=0.5, retries=0)  # patience: 0.5 + 64 KiB at 64 KiB/s + 1 = 2.5 s
+    policy = RemotePolicy(timeout=1, retries=0)  # patience: 1 + 64 KiB at 64 KiB/s + 1 = 3 s
     owner, done = _start_owner(store, dest, sha, policy)
     ctx = multiprocessing.get_context("fork")
     held = ctx.Value("i", -1)
     helper = ctx.Process(target=_hold_a_part, args=(dest, held, 4))  # 4 parts: one patience for all
     helper.start()
     try:
-        owner.join(9)  # ~1 s alone, + 2.5 s of patience once (four times: ~11 s)
+        owner.join(9)  # ~1 s alone, + 3 s of patience once (four times: ~13 s)
         assert done.value == 1 and open(dest, "rb").read() == data and helper.is_alive()
     finally:
         os.kill(helper.pid, signal.SIGKILL)

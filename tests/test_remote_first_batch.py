@@ -57,7 +57,11 @@ def test_the_first_batch_is_its_indexes_fetched_by_the_main_process_then_its_row
         before = [span for span in store.spans if span[1] <= arrived and span[2].startswith("/shards/")]
         # Two round trips: the indexes, then the first batch's rows by range (its whole shards'
         # parts, asked for meanwhile, are one round trip after their own index).
-        assert round_trips(before) == 2, sorted(before)
+        # (Counted over the index and row GETs: a whole shard's second part, a round trip after its
+        # first, may land before `arrived` when the hand-over to this process is slow.)
+        from shardkit.reader.download import PART
+
+        assert round_trips([span for span in before if span[3] < PART]) == 2, sorted(before)
         assert any(n < manifest.shards[0].bytes / 4 for _, _, p, n in before if p.endswith(".tar"))
         rest = sum(len(b["__key__"]) for b in it)
         assert rest == 92
@@ -172,13 +176,13 @@ def test_a_store_that_never_finishes_the_tls_handshake_fails_within_one_timeout(
             raise OSError("closed")
 
     try:
-        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1, timeout=1,
+        ds = StreamingDataset(store.url, cache_dir=str(tmp_path / "cache"), seed=3, connections=1, timeout=2,
                               retries=0)
         store.server.tls = Silent()
         started = time.monotonic()
         with pytest.raises(ShardkitError, match="tried 1 time"):
             ds[5]
-        assert time.monotonic() - started < 1.6
+        assert time.monotonic() - started < 3.2  # one timeout (2 s), not two
     finally:
         store.closed.set()
         store.close()
