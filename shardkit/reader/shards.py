@@ -18,6 +18,7 @@ from shardkit.reader.values import (ROW_GROUP_CACHE_BYTES, ByteLRU, _bytes_diges
 from shardkit.sample import Sample
 
 BLOCK = 512
+HEADER_ROWS = 1 << 16  # rows whose tar headers are checked at once (6.5 MB of name fields)
 
 
 def _scan_tar(path: str) -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
@@ -100,19 +101,32 @@ class TarShard:
             self._check_headers()
 
     def _check_headers(self) -> None:
-        """Each member's tar header must name `{key}.{field}`: catches shifted or overwritten data."""
+        """Each member's tar header must name `{key}.{field}`: catches shifted or overwritten data.
+        The name field (100 bytes, NUL-padded) is compared to the name for a whole field at once:
+        the first 99 bytes equal, the last equal or NUL (a 100-byte name may fill it, or leave its
+        last byte for the NUL). One row at a time, this was ~2.6 ms of a 1,942-row shard's 6.2 ms open."""
         for field, offs in self.offsets.items():
             sizes = self.sizes[field]
             if len(offs) and int((offs + sizes).max()) > len(self.buf):
                 raise ShardError(f"shard {self.url}: member data runs past the end of the file; rebuild the dataset")
-            for key, off in zip(self.keys, offs.tolist()):
-                if off < 0:
-                    continue
-                name = f"{key}.{field}".encode()
-                stored = self.mm[off - BLOCK:off - BLOCK + 100].rstrip(b"\0")
-                if not (name.startswith(stored) and len(stored) >= min(len(name), 99)):
-                    raise ShardError(f"shard {self.url} is corrupt: the header before {key}.{field} reads "
-                                     f"{stored[:40]!r}; rebuild the dataset")
+            rows = np.flatnonzero(offs >= 0)
+            for lo in range(0, len(rows), HEADER_ROWS):  # bounded temporaries for shards of many rows
+                self._check_names(field, rows[lo:lo + HEADER_ROWS])
+
+    def _check_names(self, field: str, rows: np.ndarray) -> None:
+        starts = self.offsets[field][rows] - BLOCK
+        bad = np.flatnonzero(starts < 0)  # no room for a header before the member
+        if not len(bad):
+            stored = self.buf[starts[:, None] + np.arange(100)]
+            names = np.array([f"{self.keys[r]}.{field}".encode() for r in rows.tolist()], dtype="S100")
+            want = names.view(np.uint8).reshape(len(rows), 100)
+            ok = (stored[:, :99] == want[:, :99]).all(axis=1) & ((stored[:, 99] == 0) | (stored[:, 99] == want[:, 99]))
+            bad = np.flatnonzero(~ok)
+        if len(bad):
+            r, start = int(rows[bad[0]]), max(0, int(starts[bad[0]]))
+            stored = bytes(self.mm[start:start + 100]).rstrip(b"\0")
+            raise ShardError(f"shard {self.url} is corrupt: the header before {self.keys[r]}.{field} reads "
+                             f"{stored[:40]!r}; rebuild the dataset")
 
     def has(self, field: str) -> bool:
         return field in self.offsets
