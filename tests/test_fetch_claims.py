@@ -167,3 +167,58 @@ def test_a_fetch_ahead_waits_for_an_index_this_process_is_fetching_and_then_take
             os.close(fd)
     finally:
         store.close()
+
+
+def test_a_shard_downloads_while_its_index_comes(data, tmp_path):
+    """pin_shard asks for the shard's bytes at once and pins its index once they are in: over a
+    store of 0.3 s a GET, the shard's GET is sent before the index's answer (an epoch's first shards
+    started one index round trip late)."""
+    from shardkit.reader.cache import ShardCache
+    from shardkit.reader.values import values_checked
+
+    root, _ = data
+    shard = load_manifest(root).shards[0]
+    store = Store(root, latency=0.3, rate=None)
+    try:
+        cache = ShardCache(store.url, str(tmp_path / "cache"))
+        pinned = cache.pin_shard(shard, checked=lambda path, index: values_checked(shard, path, index))
+        try:
+            assert pinned.path and pinned.index and open(pinned.path, "rb").read(1)
+        finally:
+            pinned.release()
+        store.quiet()
+        spans = {path: (received, answered) for received, answered, path, _ in store.spans}
+        assert spans["/" + shard.path][0] < spans["/" + shard.index["path"]][1], spans
+        assert cache.fetched == 2
+    finally:
+        store.close()
+
+
+def test_an_index_that_fails_once_its_shard_came_leaves_nothing_pinned(data, tmp_path):
+    """The shard came (its own sha256 checked, its index being unusable), then its index fails: the
+    error is the index's, and neither file stays pinned (an evictor, or another process, may take them)."""
+    import dataclasses
+    import fcntl
+    import os
+
+    from shardkit.errors import ShardError
+    from shardkit.reader.cache import LOCK, ShardCache
+    from shardkit.reader.values import values_checked
+
+    root, _ = data
+    good = load_manifest(root).shards[1]
+    shard = dataclasses.replace(good, index=dict(good.index, sha256="0" * 64))  # the index does not match
+    store = Store(root, latency=0.0, rate=None)
+    try:
+        cache = ShardCache(store.url, str(tmp_path / "cache"))
+        with pytest.raises(ShardError, match="idx.parquet"):
+            cache.pin_shard(shard, checked=lambda path, index: values_checked(shard, path, index))
+        assert store.gets["/" + shard.path] >= 1 and os.path.getsize(os.path.join(cache.dir, shard.path)) == shard.bytes
+        for rel in (shard.path, shard.index["path"]):
+            fd = os.open(os.path.join(cache.dir, rel) + LOCK, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while anything pins it
+            finally:
+                os.close(fd)
+    finally:
+        store.close()

@@ -263,22 +263,29 @@ class ShardCache:
         shard for that reason left it to the reader, which then fetched the first batch's shards one
         after another (12 JPEG shards of 5.5 MB: 1.4 s waited, not 0.2). `checked(path, index)`:
         whether every value read from the fetched file will be checked against its own checksum
-        (then its sha256 is not computed: one check per byte); None: check the sha256."""
-        index, index_pin = None, Pin()
-        if shard.index:
-            index, index_pin = self.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), True,
-                                        direct=True)
-        verify = True if checked is None else (lambda path: not checked(path, index))
+        (then its sha256 is not computed: one check per byte); None: check the sha256.
+
+        The shard's download does not wait for its index: the index is pinned once the shard's
+        bytes are in (its round trip, or another thread's fetch of it, runs meanwhile). An epoch's
+        first shards started 40-60 ms after their indexes were asked for, that is after they came
+        (traced over the throttled store: bench/RESULTS.md, "The shards' downloads no longer wait
+        for their indexes")."""
+        index = _ShardIndex(self, shard)
+        verify = True if checked is None else (lambda path: index.verifies(path, checked))
+        got = None
         try:
             got = self.pin(shard.path, shard.sha256, shard.bytes, wait, verify=verify)
+            if got is None:
+                index.release()
+                return None
+            index_path, index_pin = index.pinned()
         except BaseException:
-            index_pin.release()
+            index.release()
+            if got is not None:
+                got[1].release()
             raise
-        if got is None:
-            index_pin.release()
-            return None
         self.evict()
-        return PinnedShard(got[0], index, (got[1], index_pin))
+        return PinnedShard(got[0], index_path, (got[1], index_pin))
 
     def evict(self) -> int:
         """Delete least recently used copies that no process pins until the folder fits
@@ -417,3 +424,34 @@ def fetch_to_temp(root: str, shard: ShardInfo, policy: RemotePolicy | None = Non
             pinned.release()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _ShardIndex:
+    """A shard's index sidecar, pinned in `cache` on first need (for the shard's verify, or once its
+    file is in), once; an error pinning it is raised by `pinned()` (inside verify the shard's own
+    sha256 is checked instead, so that the shard's bytes are not recorded as failed for its index)."""
+
+    def __init__(self, cache: ShardCache, shard: ShardInfo):
+        self.cache, self.shard = cache, shard
+        self.got: tuple[str | None, Pin] | None = None if shard.index else (None, Pin())
+        self.error: BaseException | None = None
+
+    def pinned(self) -> tuple[str | None, Pin]:
+        if self.got is None:
+            if self.error is not None:
+                raise self.error
+            index = self.shard.index
+            self.got = self.cache.pin(index["path"], index["sha256"], index.get("bytes"), True, direct=True)
+        return self.got
+
+    def verifies(self, path: str, checked) -> bool:
+        """Whether the shard file at `path` needs its sha256 checked (checked(path, index) says not)."""
+        try:
+            return not checked(path, self.pinned()[0])
+        except ShardError as e:
+            self.error = e
+            return True
+
+    def release(self) -> None:
+        if self.got is not None:
+            self.got[1].release()
