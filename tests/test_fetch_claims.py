@@ -222,3 +222,45 @@ def test_an_index_that_fails_once_its_shard_came_leaves_nothing_pinned(data, tmp
                 os.close(fd)
     finally:
         store.close()
+
+
+def test_an_index_already_failed_fails_the_shard_before_its_download(data, tmp_path):
+    """A failure of the index recorded beside it (by any process since the epoch began) fails
+    pin_shard at once: the shard is not downloaded for nothing."""
+    import dataclasses
+
+    from shardkit.errors import ShardError
+    from shardkit.reader.cache import ShardCache
+
+    root, _ = data
+    good = load_manifest(root).shards[2]
+    shard = dataclasses.replace(good, index=dict(good.index, sha256="0" * 64))
+    store = Store(root, latency=0.0, rate=None)
+    try:
+        cache = ShardCache(store.url, str(tmp_path / "cache"))
+        with pytest.raises(ShardError, match="idx.parquet"):  # another reader's fetch of the index fails
+            cache.pin(shard.index["path"], shard.index["sha256"], shard.index.get("bytes"), direct=True)
+        with pytest.raises(ShardError, match="idx.parquet.*failed .* ago in process"):
+            cache.pin_shard(shard, wait=False)
+        assert store.gets["/" + shard.path] == 0
+    finally:
+        store.close()
+
+
+def test_an_error_of_checked_is_raised_not_taken_for_the_index_s(data, tmp_path):
+    from shardkit.errors import ShardError
+    from shardkit.reader.cache import ShardCache
+
+    root, _ = data
+    shard = load_manifest(root).shards[3]
+    store = Store(root, latency=0.0, rate=None)
+
+    def checked(path, index):
+        raise ShardError("cannot tell")
+
+    try:
+        cache = ShardCache(store.url, str(tmp_path / "cache"))
+        with pytest.raises(ShardError, match="cannot tell"):
+            cache.pin_shard(shard, checked=checked)
+    finally:
+        store.close()

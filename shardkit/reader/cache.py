@@ -257,23 +257,24 @@ class ShardCache:
 
     def pin_shard(self, shard: ShardInfo, wait: bool = True, checked=None) -> PinnedShard | None:
         """A shard and its index, local and pinned; over cache_limit, unpinned copies are evicted.
-        `wait=False`: None at once when another process is fetching the shard's file. Its index is
-        waited for: a sidecar of one round trip, often in the hands of this process's own rows read by
-        range (a lock on a file is held against other threads too), and a fetch ahead that left the
-        shard for that reason left it to the reader, which then fetched the first batch's shards one
-        after another (12 JPEG shards of 5.5 MB: 1.4 s waited, not 0.2). `checked(path, index)`:
-        whether every value read from the fetched file will be checked against its own checksum
-        (then its sha256 is not computed: one check per byte); None: check the sha256.
+        `wait=False`: None at once when another process is fetching the shard's file (only the
+        shard's own lock is a reason to leave it). `checked(path, index)`: whether every value read
+        from the fetched file will be checked against its own checksum (then its sha256 is not
+        computed: one check per byte); None: check the sha256.
 
         The shard's download does not wait for its index: the index is pinned once the shard's
-        bytes are in (its round trip, or another thread's fetch of it, runs meanwhile). An epoch's
-        first shards started 40-60 ms after their indexes were asked for, that is after they came
-        (traced over the throttled store: bench/RESULTS.md, "The shards' downloads no longer wait
-        for their indexes")."""
+        bytes are in (for `checked`, or after), and waited for then: a sidecar of one round trip,
+        often in the hands of this process's own rows read by range (a lock on a file is held
+        against other threads too). Asked for first, an epoch's first shards started once their
+        indexes had come, one round trip late (traced over the throttled store: bench/RESULTS.md,
+        "The shards' downloads no longer wait for their indexes"). An index whose fetch already
+        failed (recorded beside it) fails the call before the shard is fetched."""
         index = _ShardIndex(self, shard)
         verify = True if checked is None else (lambda path: index.verifies(path, checked))
         got = None
         try:
+            if self.remote and shard.index and _failure(os.path.join(self.dir, shard.index["path"]), self.since):
+                index.pinned()  # raises the failure recorded (a fetch since `since` is tried again)
             got = self.pin(shard.path, shard.sha256, shard.bytes, wait, verify=verify)
             if got is None:
                 index.release()
@@ -447,10 +448,11 @@ class _ShardIndex:
     def verifies(self, path: str, checked) -> bool:
         """Whether the shard file at `path` needs its sha256 checked (checked(path, index) says not)."""
         try:
-            return not checked(path, self.pinned()[0])
+            index = self.pinned()[0]
         except ShardError as e:
             self.error = e
             return True
+        return not checked(path, index)
 
     def release(self) -> None:
         if self.got is not None:
