@@ -399,8 +399,7 @@ class _Attempt:
     """One thread's making of something other threads asked for at the same time (see _once)."""
 
     def __init__(self):
-        self.lock, self.result, self.error = threading.Lock(), None, None
-        self.lock.acquire()
+        self.done, self.result, self.error = threading.Event(), None, None
 
 
 def _once(table: str, key, make):
@@ -426,9 +425,8 @@ def _once(table: str, key, make):
             with _LOCK:
                 if attempts.get(key) is attempt:
                     del attempts[key]
-            attempt.lock.release()
-    with attempt.lock:
-        pass
+            attempt.done.set()
+    attempt.done.wait()
     if attempt.error is not None:
         raise _copied(attempt.error)
     return attempt.result
